@@ -1,0 +1,3 @@
+//! # kvbench
+//!
+//! Load generators and storage benchmarks (being built).

@@ -1,0 +1,162 @@
+//! Hint files: for each sealed data file, the key, sequence, expiry and
+//! position of every record, so a restart rebuilds the key directory without
+//! reading values.
+//!
+//! A hint is written while its segment is active, streamed into
+//! `<name>.hint.tmp`, and renamed into place only after the data file was
+//! fsynced at sealing; so a hint file that exists describes a sealed data
+//! file. A hint whose checksum, length or header does not match is ignored
+//! and its segment is scanned instead.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::format::{
+    FILE_HEADER_SIZE_BYTES, FileHeader, FileId, HINT_MAGIC, HINT_TRAILER_SIZE_BYTES, HintEntry,
+    HintTrailer, RecordKind, TEMP_SUFFIX, decode_hint_entry, decode_hint_trailer,
+    encode_hint_entry, encode_hint_trailer,
+};
+use crate::io::{Vfs, VfsFile, path_in};
+
+/// Hint bytes buffered in memory before they are written to the temp file.
+const HINT_FLUSH_BYTES: usize = 256 * 1024;
+
+/// Streams the hint of one data file into a temp file.
+#[derive(Debug)]
+pub(crate) struct HintWriter {
+    file: Arc<dyn VfsFile>,
+    tmp_path: PathBuf,
+    final_path: PathBuf,
+    buf: Vec<u8>,
+    written: u64,
+    hasher: crc32fast::Hasher,
+    count: u64,
+    last_commit: Option<(Vec<u8>, u32, u64)>,
+}
+
+impl HintWriter {
+    /// Starts the hint of data file `id` whose header is `header`.
+    pub(crate) fn create(vfs: &dyn Vfs, dir: &Path, id: &FileId, header: &FileHeader) -> Result<HintWriter> {
+        let final_path = path_in(dir, &id.hint_name());
+        let tmp_path = path_in(dir, &format!("{}{TEMP_SUFFIX}", id.hint_name()));
+        let file = vfs.create(&tmp_path).map_err(|e| Error::io(&tmp_path, e))?;
+        let mut buf = Vec::with_capacity(HINT_FLUSH_BYTES);
+        buf.extend_from_slice(&header.encode(HINT_MAGIC));
+        Ok(HintWriter {
+            file,
+            tmp_path,
+            final_path,
+            buf,
+            written: 0,
+            hasher: crc32fast::Hasher::new(),
+            count: 0,
+            last_commit: None,
+        })
+    }
+
+    /// Adds the entry of a put or tombstone record.
+    pub(crate) fn add(&mut self, kind: RecordKind, key: &[u8], value_len: u32, offset: u32, seq: u64, expiry_ms: u64) -> Result<()> {
+        debug_assert!(kind != RecordKind::Commit);
+        encode_hint_entry(&mut self.buf, kind, key, value_len, offset, seq, expiry_ms);
+        self.count += 1;
+        if self.buf.len() >= HINT_FLUSH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Notes a commit record; only the file's last one goes into the hint.
+    pub(crate) fn commit(&mut self, meta: &[u8], offset: u32, seq: u64) {
+        self.last_commit = Some((meta.to_vec(), offset, seq));
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        self.hasher.update(&self.buf);
+        self.file.write_all_at(&self.buf, self.written).map_err(|e| Error::io(&self.tmp_path, e))?;
+        self.written += self.buf.len() as u64;
+        self.buf.clear();
+        Ok(())
+    }
+
+    /// Writes the last commit entry and the trailer, fsyncs, and renames the
+    /// hint into place. The caller fsyncs the directory.
+    pub(crate) fn finish(mut self, vfs: &dyn Vfs, data_len: u64, data_crc: u32) -> Result<()> {
+        if let Some((meta, offset, seq)) = self.last_commit.take() {
+            encode_hint_entry(&mut self.buf, RecordKind::Commit, &meta, meta.len() as u32, offset, seq, 0);
+            self.count += 1;
+        }
+        self.hasher.update(&self.buf);
+        let hint_crc = self.hasher.clone().finalize();
+        let trailer = HintTrailer { entry_count: self.count, data_len, data_crc };
+        encode_hint_trailer(&mut self.buf, &trailer, hint_crc);
+        self.file.write_all_at(&self.buf, self.written).map_err(|e| Error::io(&self.tmp_path, e))?;
+        self.file.sync().map_err(|e| Error::io(&self.tmp_path, e))?;
+        vfs.rename(&self.tmp_path, &self.final_path).map_err(|e| Error::io(&self.final_path, e))?;
+        Ok(())
+    }
+
+    /// Abandons the hint (its temp file is deleted at the next open anyway).
+    pub(crate) fn discard(self, vfs: &dyn Vfs) {
+        let _ = vfs.remove(&self.tmp_path);
+    }
+}
+
+/// A valid hint: its bytes (entries in file order) and the trailer.
+#[derive(Debug)]
+pub(crate) struct LoadedHint {
+    bytes: Vec<u8>,
+    pub(crate) trailer: HintTrailer,
+}
+
+impl LoadedHint {
+    /// The entries, in the order of the records in the data file.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = HintEntry<'_>> + '_ {
+        let body = &self.bytes[..self.bytes.len() - HINT_TRAILER_SIZE_BYTES];
+        let mut pos = FILE_HEADER_SIZE_BYTES;
+        std::iter::from_fn(move || {
+            let (entry, size) = decode_hint_entry(&body[pos..])?;
+            pos += size;
+            Some(entry)
+        })
+    }
+}
+
+/// Reads and checks the hint of data file `id`, whose header is `header` and
+/// length `data_len`. `Ok(None)` means "missing or not trustworthy: scan".
+pub(crate) fn load(vfs: &dyn Vfs, dir: &Path, id: &FileId, header: &FileHeader, data_len: u64) -> Result<Option<LoadedHint>> {
+    let path = path_in(dir, &id.hint_name());
+    let file = match vfs.open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(&path, e)),
+    };
+    let len = file.len().map_err(|e| Error::io(&path, e))? as usize;
+    if len < FILE_HEADER_SIZE_BYTES + HINT_TRAILER_SIZE_BYTES {
+        return Ok(None);
+    }
+    let mut bytes = vec![0u8; len];
+    file.read_exact_at(&mut bytes, 0).map_err(|e| Error::io(&path, e))?;
+    let (body, trailer_bytes) = bytes.split_at(len - HINT_TRAILER_SIZE_BYTES);
+    let Some((trailer, hint_crc)) = decode_hint_trailer(trailer_bytes) else { return Ok(None) };
+    if crc32fast::hash(body) != hint_crc || trailer.data_len != data_len {
+        return Ok(None);
+    }
+    match FileHeader::decode(body, HINT_MAGIC, &id.hint_name()) {
+        Ok(found) if found == *header => {}
+        _ => return Ok(None),
+    }
+    // Walk the entries once so a structurally bad hint falls back to a scan
+    // before any of it reaches the key directory.
+    let mut pos = FILE_HEADER_SIZE_BYTES;
+    let mut count = 0u64;
+    while pos < body.len() {
+        let Some((_, size)) = decode_hint_entry(&body[pos..]) else { return Ok(None) };
+        pos += size;
+        count += 1;
+    }
+    if count != trailer.entry_count {
+        return Ok(None);
+    }
+    Ok(Some(LoadedHint { bytes, trailer }))
+}

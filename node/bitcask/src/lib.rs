@@ -1,0 +1,76 @@
+//! # bitcask
+//!
+//! A Bitcask storage engine: data lives in append-only segment files (one
+//! active, the rest sealed), an ordered in-memory key directory says where
+//! each key's latest record is, hint files let a restart rebuild that
+//! directory without reading values, and merge rewrites live records to
+//! reclaim space. It is the state machine of every raftcask node and also
+//! works on its own as an embedded store.
+//!
+//! Files are a deterministic function of the batches written: rotation
+//! depends only on bytes written and names only on sequence numbers, so two
+//! replicas fed the same batches hold byte-identical sealed files, which the
+//! cluster ships between replicas as snapshots. See `FORMAT.md` for every
+//! byte on disk and `ARCHITECTURE.md` at the repository root for how the
+//! engine sits under Raft.
+//!
+//! ## Modules
+//! - [`format`]: byte layout of headers, records and hint entries; file names.
+//! - [`io`]: the I/O trait all file access goes through, and real files.
+//! - [`sim`]: an in-memory file system that can lose unsynced data or fail.
+//! - `keydir`: the ordered key directory (one allocation per key).
+//! - `hint`: writing and loading hint files.
+//! - `recovery`: opening a directory, torn-tail repair, merge leftovers.
+//! - `merge`: deterministic merge and atomic swap.
+//! - `engine`: the write path (batches, group commit, rotation), reads,
+//!   scans, stats, and the file API the Raft layer uses.
+//! - [`options`]: options, sync policies and every limit.
+//! - [`error`]: the error type.
+//!
+//! ## Limits (defaults, configurable in [`Options`])
+//! Key 4 KiB ([`KEY_SIZE_BYTES_MAX`]), value 16 MiB ([`VALUE_SIZE_BYTES_MAX`]),
+//! batch 64 MiB ([`BATCH_SIZE_BYTES_MAX`]), commit metadata 64 KiB
+//! ([`METADATA_SIZE_BYTES_MAX`]), segment rotation at 64 MiB
+//! ([`SEGMENT_SIZE_BYTES_DEFAULT`]).
+//!
+//! ## Example
+//! ```
+//! use bitcask::{Batch, Engine, Options, Scan, SyncPolicy};
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let engine = Engine::open(dir.path(), Options { sync: SyncPolicy::Never, ..Options::default() })?;
+//! engine.put(b"user/1", b"ada")?;
+//! engine.write_batch(&Batch::new().put("user/2", "grace").delete("user/1").meta("log index 7"))?;
+//! let now_ms = 0; // the engine owns no clock: expiry is judged against the caller's "now"
+//! assert_eq!(engine.get(b"user/1", now_ms)?, None);
+//! assert_eq!(engine.get(b"user/2", now_ms)?.unwrap().value, b"grace");
+//! assert_eq!(engine.scan(&Scan::prefix("user/", 10), now_ms)?.len(), 1);
+//! engine.close()?;
+//!
+//! let engine = Engine::open(dir.path(), Options::default())?;
+//! assert_eq!(engine.last_commit_meta().as_deref(), Some(&b"log index 7"[..]));
+//! # Ok::<(), bitcask::Error>(())
+//! ```
+
+pub mod error;
+pub mod format;
+pub mod io;
+pub mod options;
+pub mod sim;
+
+mod engine;
+mod hint;
+mod keydir;
+mod merge;
+mod recovery;
+
+pub use engine::{
+    Batch, Engine, Entry, FileInfo, FileStats, Item, KeyRange, MergeReport, Op, Pin, Scan, Stats,
+    Written,
+};
+pub use error::{Error, Result};
+pub use keydir::SLOT_HEADER_SIZE_BYTES;
+pub use options::{
+    AutoMerge, BATCH_SIZE_BYTES_MAX, KEY_SIZE_BYTES_MAX, METADATA_SIZE_BYTES_MAX, Options,
+    PublishedPrefix, SEGMENT_SIZE_BYTES_DEFAULT, SyncPolicy, VALUE_SIZE_BYTES_MAX,
+};

@@ -1,0 +1,275 @@
+//! Merge: rewrite the live records of a prefix of the sealed files into new
+//! files, then swap them in.
+//!
+//! The input is (the input files, the records of theirs that are live at the
+//! cut-off, the "now" for expiry). The output is a function of that input
+//! alone: live records are copied byte for byte in key order, parts rotate
+//! at the same size threshold as segments, and the last part ends with the
+//! commit record of the inputs' last batch (so the highest sequence and the
+//! last metadata survive). Because the inputs are a prefix that includes all
+//! earlier merge output, every older version of a key in them is in them
+//! too, so tombstones and expired records are simply dropped.
+//!
+//! Crash safety: parts are written as `*.tmp`, fsynced, renamed from the
+//! last part down to part 1, the directory fsynced, then part 0 renamed and
+//! the directory fsynced again. Recovery treats a generation without part 0
+//! as never having happened, and one with part 0 as complete. Inputs are
+//! deleted only after that, and a pinned input only at its last unpin.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use crate::engine::{FileMeta, MergeReport, Shared, lock, read, write};
+use crate::error::{Error, Result};
+use crate::format::{
+    DATA_MAGIC, FileId, RECORD_HEADER_SIZE_BYTES, RecordKind, TEMP_SUFFIX, encode_record,
+};
+use crate::hint::HintWriter;
+use crate::io::{VfsFile, path_in};
+use crate::keydir::Location;
+use crate::options::MERGE_SWAP_CHUNK_KEYS;
+
+/// Output bytes buffered before a write.
+const MERGE_WRITE_BUFFER_BYTES: usize = 1 << 20;
+
+struct Part {
+    id: FileId,
+    tmp_path: PathBuf,
+    file: Arc<dyn VfsFile>,
+    len: u64,
+    buf: Vec<u8>,
+    hasher: crc32fast::Hasher,
+    hint: HintWriter,
+    max_seq: u64,
+}
+
+impl Part {
+    fn flush(&mut self) -> Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let written = self.len - self.buf.len() as u64;
+        self.file.write_all_at(&self.buf, written).map_err(|e| Error::io(&self.tmp_path, e))?;
+        self.hasher.update(&self.buf);
+        self.buf.clear();
+        Ok(())
+    }
+}
+
+/// A record copied into the output: where it went.
+struct Moved {
+    index: usize,
+    part: usize,
+    offset: u32,
+}
+
+pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Result<MergeReport> {
+    let _one_at_a_time = lock(&shared.merge_lock);
+    shared.check_poison()?;
+    let vfs = shared.opts.vfs.as_ref();
+    let dir = shared.dir.clone();
+
+    // 1. Inputs: a non-empty prefix of the sealed files covering every merge part.
+    let input_metas: Vec<Arc<FileMeta>> = {
+        let files = read(&shared.files);
+        let sealed = &files.sealed;
+        if inputs.is_empty() || inputs.len() > sealed.len() {
+            return Err(Error::MergeInput(format!(
+                "{} inputs given; there are {} sealed files",
+                inputs.len(),
+                sealed.len()
+            )));
+        }
+        for (given, meta) in inputs.iter().zip(sealed.iter()) {
+            if *given != meta.id.data_name() {
+                return Err(Error::MergeInput(format!(
+                    "inputs must be a prefix of the sealed files in order; expected {}, got {given}",
+                    meta.id.data_name()
+                )));
+            }
+        }
+        if let Some(meta) = sealed.get(inputs.len()) {
+            if matches!(meta.id, FileId::Merge { .. }) {
+                return Err(Error::MergeInput(format!(
+                    "inputs must include every part of the earlier merge; {} is missing",
+                    meta.id.data_name()
+                )));
+            }
+        }
+        sealed[..inputs.len()].to_vec()
+    };
+    let input_nums: HashSet<u32> = input_metas.iter().map(|meta| meta.num).collect();
+    let (last_commit_seq, last_commit_meta) = input_metas
+        .last()
+        .and_then(|meta| meta.last_commit.clone())
+        .ok_or_else(|| Error::MergeInput("the last input holds no commit record".to_string()))?;
+    let boundary = input_metas.iter().map(|meta| meta.max_seq).max().unwrap_or(0) + 1;
+
+    // 2. Capture the live records at the cut-off.
+    let (cutoff, live): (u64, Vec<(Vec<u8>, Location)>) = {
+        let keydir = read(&shared.keydir);
+        let live = keydir
+            .iter()
+            .filter(|(_, location)| input_nums.contains(&location.file))
+            .map(|(key, location)| (key.to_vec(), location))
+            .collect();
+        (keydir.applied_seq(), live)
+    };
+    let earlier_cutoff = input_metas.iter().find_map(|meta| match meta.id {
+        FileId::Merge { cutoff: earlier, .. } if earlier >= cutoff => Some(earlier),
+        _ => None,
+    });
+    if let Some(earlier) = earlier_cutoff {
+        return Err(Error::MergeInput(format!(
+            "nothing was written since the merge at cut-off {earlier}; merging again would change nothing"
+        )));
+    }
+
+    // 3. Write the output parts.
+    let mut parts: Vec<Part> = Vec::new();
+    let mut moved: Vec<Moved> = Vec::with_capacity(live.len());
+    let mut dropped: Vec<usize> = Vec::new();
+    let result = (|| -> Result<()> {
+        parts.push(new_part(shared, cutoff, 0, boundary)?);
+        for (index, (key, location)) in live.iter().enumerate() {
+            if index % 1024 == 0 && shared.closed.load(Ordering::SeqCst) {
+                return Err(Error::Closed);
+            }
+            if location.expired(now_ms) {
+                dropped.push(index);
+                continue;
+            }
+            let record = shared.read_record(key.len(), location)?.ok_or_else(|| Error::Corruption {
+                file: format!("file #{}", location.file),
+                offset: location.offset as u64,
+                reason: "merge input vanished during the merge".to_string(),
+            })?;
+            if parts.last().expect("one part at least").len >= shared.opts.segment_size_bytes {
+                let next = parts.len() as u32;
+                parts.push(new_part(shared, cutoff, next, boundary)?);
+            }
+            let part_index = parts.len() - 1;
+            let part = parts.last_mut().expect("one part at least");
+            let offset = part.len as u32;
+            part.buf.extend_from_slice(&record);
+            part.len += record.len() as u64;
+            part.max_seq = part.max_seq.max(location.seq);
+            part.hint.add(RecordKind::Put, key, location.value_len, offset, location.seq, location.expiry_ms)?;
+            moved.push(Moved { index, part: part_index, offset });
+            if part.buf.len() >= MERGE_WRITE_BUFFER_BYTES {
+                part.flush()?;
+            }
+        }
+        let part = parts.last_mut().expect("one part at least");
+        let offset = part.len as u32;
+        let before = part.buf.len();
+        encode_record(&mut part.buf, RecordKind::Commit, last_commit_seq, 0, &[], &last_commit_meta);
+        part.len += (part.buf.len() - before) as u64;
+        part.max_seq = part.max_seq.max(last_commit_seq);
+        part.hint.commit(&last_commit_meta, offset, last_commit_seq);
+        for part in &mut parts {
+            part.flush()?;
+            part.file.sync().map_err(|e| Error::io(&part.tmp_path, e))?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        for part in parts {
+            let _ = vfs.remove(&part.tmp_path);
+            part.hint.discard(vfs);
+        }
+        return Err(e);
+    }
+
+    // 4. Publish: hints, parts n-1..1, directory fsync, part 0, directory fsync.
+    let mut metas = Vec::with_capacity(parts.len());
+    let last_part = parts.len() - 1;
+    for (index, part) in parts.into_iter().enumerate() {
+        let crc = part.hasher.clone().finalize();
+        part.hint.finish(vfs, part.len, crc).map_err(|e| shared.poison(e))?;
+        let last_commit = (index == last_part).then(|| (last_commit_seq, last_commit_meta.clone()));
+        metas.push((part.id, part.tmp_path, part.len, crc, part.max_seq, last_commit));
+    }
+    let sync_dir = || vfs.sync_dir(&dir).map_err(|e| shared.poison(Error::io(&dir, e)));
+    for (id, tmp_path, ..) in metas.iter().skip(1).rev() {
+        vfs.rename(tmp_path, &path_in(&dir, &id.data_name())).map_err(|e| shared.poison(Error::io(tmp_path, e)))?;
+    }
+    sync_dir()?;
+    let (id0, tmp0, ..) = &metas[0];
+    vfs.rename(tmp0, &path_in(&dir, &id0.data_name())).map_err(|e| shared.poison(Error::io(tmp0, e)))?;
+    sync_dir()?;
+
+    // 5. Swap: register the outputs, repoint the keys chunk by chunk, then
+    //    replace the inputs in the sealed list.
+    let new_metas: Vec<Arc<FileMeta>> = {
+        let mut files = write(&shared.files);
+        metas
+            .into_iter()
+            .map(|(id, _, len, crc, max_seq, last_commit)| {
+                let num = files.allocate(path_in(&dir, &id.data_name()));
+                Arc::new(FileMeta { id, num, len, crc, max_seq, last_commit })
+            })
+            .collect()
+    };
+    for chunk in moved.chunks(MERGE_SWAP_CHUNK_KEYS) {
+        let mut keydir = write(&shared.keydir);
+        for item in chunk {
+            let (key, location) = &live[item.index];
+            keydir.repoint(key, location.seq, new_metas[item.part].num, item.offset);
+        }
+    }
+    for chunk in dropped.chunks(MERGE_SWAP_CHUNK_KEYS) {
+        let mut keydir = write(&shared.keydir);
+        for index in chunk {
+            let (key, location) = &live[*index];
+            keydir.remove_if_seq(key, location.seq);
+        }
+    }
+    {
+        let mut files = write(&shared.files);
+        let rest = files.sealed.split_off(input_metas.len());
+        files.sealed = new_metas.iter().cloned().chain(rest).collect();
+        for meta in &input_metas {
+            files.paths.remove(&meta.num);
+        }
+        let mut keydir = write(&shared.keydir);
+        for meta in &input_metas {
+            keydir.drop_file(meta.num);
+        }
+    }
+    for meta in &input_metas {
+        shared.forget_handle(meta.num);
+        shared.retire_file(&meta.id.hint_name());
+        shared.retire_file(&meta.id.data_name());
+    }
+    if let Err(e) = vfs.sync_dir(&dir) {
+        // The swap already happened; a later open deletes leftovers anyway.
+        tracing::warn!(error = %e, "directory fsync after deleting merge inputs failed");
+    }
+    shared.merges.fetch_add(1, Ordering::SeqCst);
+    let report = MergeReport {
+        cutoff,
+        inputs: input_metas.iter().map(|meta| meta.id.data_name()).collect(),
+        outputs: new_metas.iter().map(|meta| meta.id.data_name()).collect(),
+        records_kept: moved.len() as u64,
+        bytes_before: input_metas.iter().map(|meta| meta.len).sum(),
+        bytes_after: new_metas.iter().map(|meta| meta.len).sum(),
+    };
+    tracing::info!(cutoff, inputs = report.inputs.len(), outputs = report.outputs.len(), bytes_before = report.bytes_before, bytes_after = report.bytes_after, "merge swapped in");
+    Ok(report)
+}
+
+fn new_part(shared: &Shared, cutoff: u64, part: u32, boundary: u64) -> Result<Part> {
+    let vfs = shared.opts.vfs.as_ref();
+    let id = FileId::Merge { cutoff, part };
+    let tmp_path = path_in(&shared.dir, &format!("{}{TEMP_SUFFIX}", id.data_name()));
+    let file = vfs.create(&tmp_path).map_err(|e| Error::io(&tmp_path, e))?;
+    let header = id.header(boundary);
+    let bytes = header.encode(DATA_MAGIC);
+    let hint = HintWriter::create(vfs, &shared.dir, &id, &header)?;
+    let mut buf = Vec::with_capacity(MERGE_WRITE_BUFFER_BYTES + RECORD_HEADER_SIZE_BYTES);
+    buf.extend_from_slice(&bytes);
+    Ok(Part { id, tmp_path, file, len: bytes.len() as u64, buf, hasher: crc32fast::Hasher::new(), hint, max_seq: 0 })
+}

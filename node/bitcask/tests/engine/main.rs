@@ -1,0 +1,1 @@
+//! Integration tests of the bitcask engine: one binary, a module per scenario.
