@@ -2,7 +2,7 @@
 //! (lookups, scans), stats, and the file-level API the Raft layer uses.
 //!
 //! Locks, always taken in this order and never held across an fsync unless
-//! said so: `merge_lock` → `sync_lock` → `writer` → `files` → `keydir` →
+//! said so: `merge_lock` → `sync_state` (never held across the fsync) → `writer` → `files` → `keydir` →
 //! `handles` → `pins`. Readers take only `keydir` (shared, briefly) and
 //! `handles`; record bytes are read with positioned reads after every lock
 //! is released, so a reader never waits behind I/O.
@@ -296,6 +296,12 @@ impl Writer {
     }
 }
 
+/// Group-commit state: whether a leader is fsyncing right now.
+#[derive(Debug, Default)]
+struct SyncState {
+    leader_active: bool,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Pins {
     counts: HashMap<String, usize>,
@@ -312,7 +318,8 @@ pub(crate) struct Shared {
     pub(crate) files: RwLock<FileSet>,
     handles: Mutex<LruCache<u32, Arc<dyn VfsFile>>>,
     pub(crate) writer: Mutex<Writer>,
-    sync_lock: Mutex<()>,
+    sync_state: Mutex<SyncState>,
+    sync_done: Condvar,
     synced_total: AtomicU64,
     poisoned: AtomicBool,
     poison_cause: Mutex<Option<String>>,
@@ -396,7 +403,8 @@ impl Engine {
             files: RwLock::new(recovered.files),
             handles: Mutex::new(LruCache::new(open_files)),
             writer: Mutex::new(recovered.writer),
-            sync_lock: Mutex::new(()),
+            sync_state: Mutex::new(SyncState::default()),
+            sync_done: Condvar::new(),
             synced_total: AtomicU64::new(0),
             poisoned: AtomicBool::new(false),
             poison_cause: Mutex::new(None),
@@ -980,16 +988,34 @@ impl Shared {
     }
 
     /// Returns once everything up to write position `target` is durable and
-    /// visible; the first waiter fsyncs for everyone (group commit).
+    /// visible. Group commit: one caller at a time is the leader and fsyncs
+    /// everything appended so far; the others wait on a condition variable
+    /// (not on a mutex, so a returning leader cannot barge ahead of them)
+    /// and most find their writes covered when they wake.
     fn sync_to(&self, target: u64) -> Result<()> {
-        if self.synced_total.load(Ordering::SeqCst) >= target {
-            return self.check_poison_after_sync();
+        {
+            let mut state = lock(&self.sync_state);
+            loop {
+                if self.synced_total.load(Ordering::SeqCst) >= target {
+                    return self.check_poison_after_sync();
+                }
+                self.check_poison()?;
+                if !state.leader_active {
+                    state.leader_active = true;
+                    break;
+                }
+                state = self.sync_done.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner());
+            }
         }
-        let _leader = lock(&self.sync_lock);
-        if self.synced_total.load(Ordering::SeqCst) >= target {
-            return self.check_poison_after_sync();
-        }
-        self.check_poison()?;
+        let result = self.lead_sync();
+        lock(&self.sync_state).leader_active = false;
+        self.sync_done.notify_all();
+        result
+    }
+
+    /// One group-commit round: fsync the active segment, then publish every
+    /// batch the fsync covered to the key directory.
+    fn lead_sync(&self) -> Result<()> {
         let (file, name, end) = {
             let writer = lock(&self.writer);
             match &writer.active {

@@ -33,6 +33,8 @@ struct Faults {
     writes_before_failure: AtomicI64,
     /// Number of file syncs that succeeded.
     syncs: AtomicU64,
+    /// Microseconds every file sync takes (a slow disk), 0 = instant.
+    sync_delay_us: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -92,6 +94,10 @@ impl VfsFile for SimFile {
     fn sync(&self) -> io::Result<()> {
         if self.faults.fail_sync.load(Ordering::SeqCst) {
             return Err(eio("fsync"));
+        }
+        let delay_us = self.faults.sync_delay_us.load(Ordering::SeqCst);
+        if delay_us > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(delay_us));
         }
         let mut state = lock(&self.state);
         if state.rewritten || state.synced.len() > state.data.len() {
@@ -153,6 +159,11 @@ impl SimFs {
     pub fn fail_writes_after(&self, count: Option<u64>) {
         let value = count.map_or(-1, |count| count as i64);
         self.inner.faults.writes_before_failure.store(value, Ordering::SeqCst);
+    }
+
+    /// Makes every file sync take this long, like a slow disk.
+    pub fn set_sync_delay(&self, delay: std::time::Duration) {
+        self.inner.faults.sync_delay_us.store(delay.as_micros() as u64, Ordering::SeqCst);
     }
 
     /// Number of successful file syncs so far.

@@ -1,1 +1,12 @@
-//! Integration tests of the bitcask engine: one binary, a module per scenario.
+//! Integration tests of the bitcask engine: one binary, one module per
+//! scenario. Each module opens with what it proves and how.
+
+mod basic;
+mod common;
+mod crash;
+mod determinism;
+mod fsync_failure;
+mod merge;
+mod model;
+mod power_loss;
+mod recovery;
