@@ -67,6 +67,8 @@ fn truncation_at_every_offset_of_the_last_batch_recovers_the_previous_batches() 
         });
         let engine = open_sim(&fs, SyncPolicy::Never, 1 << 20);
         assert_exactly_four_batches(&engine, &active, len_after_four, &format!("cut at {cut}"));
+        let on_disk = fs.read_file(&sim_dir().join(&active)).unwrap().len() as u64;
+        assert_eq!(on_disk, len_after_four, "cut at {cut}: the torn tail was left in the file");
         // The repaired engine keeps working from the cut.
         engine.write_batch(&Batch::new().put("k5", "again").seq(500)).unwrap();
         assert_eq!(engine.get(b"k5", 0).unwrap().unwrap().value, b"again");
@@ -87,6 +89,8 @@ fn a_flipped_byte_anywhere_in_the_last_batch_recovers_the_previous_batches() {
         });
         let engine = open_sim(&fs, SyncPolicy::Never, 1 << 20);
         assert_exactly_four_batches(&engine, &active, len_after_four, &format!("flip at {at}"));
+        let on_disk = fs.read_file(&sim_dir().join(&active)).unwrap().len() as u64;
+        assert_eq!(on_disk, len_after_four, "flip at {at}: the bad tail was left in the file");
     }
 }
 
