@@ -69,12 +69,25 @@ impl Batch {
     }
     /// Adds a put without expiry.
     pub fn put(mut self, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Batch {
-        self.ops.push(Op::Put { key: key.into(), value: value.into(), expiry_ms: 0 });
+        self.ops.push(Op::Put {
+            key: key.into(),
+            value: value.into(),
+            expiry_ms: 0,
+        });
         self
     }
     /// Adds a put that expires at `expiry_ms`.
-    pub fn put_with_expiry(mut self, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>, expiry_ms: u64) -> Batch {
-        self.ops.push(Op::Put { key: key.into(), value: value.into(), expiry_ms });
+    pub fn put_with_expiry(
+        mut self,
+        key: impl Into<Vec<u8>>,
+        value: impl Into<Vec<u8>>,
+        expiry_ms: u64,
+    ) -> Batch {
+        self.ops.push(Op::Put {
+            key: key.into(),
+            value: value.into(),
+            expiry_ms,
+        });
         self
     }
     /// Adds a delete.
@@ -154,11 +167,21 @@ pub struct Scan {
 impl Scan {
     /// A scan of every key, at most `limit` entries.
     pub fn all(limit: usize) -> Scan {
-        Scan { range: KeyRange::All, after: None, limit, keys_only: false }
+        Scan {
+            range: KeyRange::All,
+            after: None,
+            limit,
+            keys_only: false,
+        }
     }
     /// A scan of keys with `prefix`, at most `limit` entries.
     pub fn prefix(prefix: impl Into<Vec<u8>>, limit: usize) -> Scan {
-        Scan { range: KeyRange::Prefix(prefix.into()), after: None, limit, keys_only: false }
+        Scan {
+            range: KeyRange::Prefix(prefix.into()),
+            after: None,
+            limit,
+            keys_only: false,
+        }
     }
 }
 
@@ -292,7 +315,14 @@ pub(crate) struct Writer {
 
 impl Writer {
     pub(crate) fn new(active: Option<Active>, last_seq: u64, last_meta: Option<Vec<u8>>) -> Writer {
-        Writer { active, last_seq, last_meta, written_total: 0, pending: VecDeque::new(), buf: Vec::new() }
+        Writer {
+            active,
+            last_seq,
+            last_meta,
+            written_total: 0,
+            pending: VecDeque::new(),
+            buf: Vec::new(),
+        }
     }
 }
 
@@ -335,13 +365,16 @@ pub(crate) struct Shared {
 }
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 pub(crate) fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 pub(crate) fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+    lock.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A Bitcask engine over one directory. Share it between threads with `Arc`.
@@ -394,9 +427,12 @@ impl Engine {
     pub fn open(dir: impl AsRef<Path>, opts: Options) -> Result<Engine> {
         opts.validate()?;
         let dir = dir.as_ref().to_path_buf();
-        opts.vfs.create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        opts.vfs
+            .create_dir_all(&dir)
+            .map_err(|e| Error::io(&dir, e))?;
         let recovered = crate::recovery::recover(&dir, &opts)?;
-        let open_files = NonZeroUsize::new(opts.open_files_max).expect("validated: open_files_max >= 2");
+        let open_files =
+            NonZeroUsize::new(opts.open_files_max).expect("validated: open_files_max >= 2");
         let shared = Arc::new(Shared {
             dir,
             keydir: RwLock::new(recovered.keydir),
@@ -438,18 +474,27 @@ impl Engine {
     pub fn get(&self, key: &[u8], now_ms: u64) -> Result<Option<Item>> {
         self.shared.note_now(now_ms);
         for _ in 0..READ_ATTEMPTS_MAX {
-            let Some(location) = read(&self.shared.keydir).get(key) else { return Ok(None) };
+            let Some(location) = read(&self.shared.keydir).get(key) else {
+                return Ok(None);
+            };
             if location.expired(now_ms) {
                 return Ok(None);
             }
             if let Some(value) = self.shared.read_value(key, &location)? {
-                return Ok(Some(Item { value, seq: location.seq, expiry_ms: location.expiry_ms }));
+                return Ok(Some(Item {
+                    value,
+                    seq: location.seq,
+                    expiry_ms: location.expiry_ms,
+                }));
             }
         }
         Err(Error::Corruption {
             file: String::new(),
             offset: 0,
-            reason: format!("key {:?} kept pointing at removed files", String::from_utf8_lossy(key)),
+            reason: format!(
+                "key {:?} kept pointing at removed files",
+                String::from_utf8_lossy(key)
+            ),
         })
     }
 
@@ -500,17 +545,30 @@ impl Engine {
         let mut out = Vec::with_capacity(found.len());
         for (key, location) in found {
             if scan.keys_only {
-                out.push(Entry { key, value: None, seq: location.seq, expiry_ms: location.expiry_ms });
+                out.push(Entry {
+                    key,
+                    value: None,
+                    seq: location.seq,
+                    expiry_ms: location.expiry_ms,
+                });
                 continue;
             }
             match self.shared.read_value(&key, &location)? {
-                Some(value) => {
-                    out.push(Entry { value: Some(value), seq: location.seq, expiry_ms: location.expiry_ms, key })
-                }
+                Some(value) => out.push(Entry {
+                    value: Some(value),
+                    seq: location.seq,
+                    expiry_ms: location.expiry_ms,
+                    key,
+                }),
                 // A merge moved the record meanwhile: read the key afresh.
                 None => {
                     if let Some(item) = self.get(&key, now_ms)? {
-                        out.push(Entry { key, value: Some(item.value), seq: item.seq, expiry_ms: item.expiry_ms });
+                        out.push(Entry {
+                            key,
+                            value: Some(item.value),
+                            seq: item.seq,
+                            expiry_ms: item.expiry_ms,
+                        });
                     }
                 }
             }
@@ -539,17 +597,32 @@ impl Engine {
     pub fn stats(&self) -> Stats {
         let (last_seq, active) = {
             let writer = lock(&self.shared.writer);
-            (writer.last_seq, writer.active.as_ref().map(|a| (a.num, a.id, a.len)))
+            (
+                writer.last_seq,
+                writer.active.as_ref().map(|a| (a.num, a.id, a.len)),
+            )
         };
         let files = read(&self.shared.files);
         let keydir = read(&self.shared.keydir);
         let mut per_file: Vec<FileStats> = files
             .sealed
             .iter()
-            .map(|meta| file_stats(meta.id.data_name(), true, meta.len, keydir.live_bytes(meta.num)))
+            .map(|meta| {
+                file_stats(
+                    meta.id.data_name(),
+                    true,
+                    meta.len,
+                    keydir.live_bytes(meta.num),
+                )
+            })
             .collect();
         if let Some((num, id, len)) = active {
-            per_file.push(file_stats(id.data_name(), false, len, keydir.live_bytes(num)));
+            per_file.push(file_stats(
+                id.data_name(),
+                false,
+                len,
+                keydir.live_bytes(num),
+            ));
         }
         Stats {
             keys: keydir.len() as u64,
@@ -567,18 +640,28 @@ impl Engine {
         let files = read(&self.shared.files);
         let mut out = Vec::new();
         for meta in &files.sealed {
-            out.push(FileInfo { name: meta.id.data_name(), len: meta.len, crc: meta.crc });
+            out.push(FileInfo {
+                name: meta.id.data_name(),
+                len: meta.len,
+                crc: meta.crc,
+            });
         }
         drop(files);
         for info in out.clone() {
-            let id = info.name.strip_suffix(crate::format::DATA_SUFFIX).and_then(FileId::parse_stem);
+            let id = info
+                .name
+                .strip_suffix(crate::format::DATA_SUFFIX)
+                .and_then(FileId::parse_stem);
             if let Some(id) = id {
                 let path = path_in(&self.shared.dir, &id.hint_name());
-                if let Ok(file) = self.shared.opts.vfs.open(&path) {
-                    if let Ok(Some((len, crc))) = checksum_file(file.as_ref(), None) {
-                        out.push(FileInfo { name: id.hint_name(), len, crc });
+                if let Ok(file) = self.shared.opts.vfs.open(&path)
+                    && let Ok(Some((len, crc))) = checksum_file(file.as_ref(), None) {
+                        out.push(FileInfo {
+                            name: id.hint_name(),
+                            len,
+                            crc,
+                        });
                     }
-                }
             }
         }
         out
@@ -604,10 +687,18 @@ impl Engine {
         if !known {
             return Err(Error::UnknownFile(name.to_string()));
         }
-        let file = self.shared.opts.vfs.open(&path).map_err(|e| Error::io(&path, e))?;
+        let file = self
+            .shared
+            .opts
+            .vfs
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
         match checksum_file(file.as_ref(), Some(len)).map_err(|e| Error::io(&path, e))? {
             Some((_, crc)) => Ok(crc),
-            None => Err(Error::InvalidOption { name: "len", reason: format!("{name} is shorter than {len} bytes") }),
+            None => Err(Error::InvalidOption {
+                name: "len",
+                reason: format!("{name} is shorter than {len} bytes"),
+            }),
         }
     }
 
@@ -621,7 +712,9 @@ impl Engine {
             .values()
             .filter_map(|p| p.file_name()?.to_str().map(str::to_string))
             .flat_map(|data| {
-                let hint = data.strip_suffix(crate::format::DATA_SUFFIX).map(|stem| format!("{stem}{}", crate::format::HINT_SUFFIX));
+                let hint = data
+                    .strip_suffix(crate::format::DATA_SUFFIX)
+                    .map(|stem| format!("{stem}{}", crate::format::HINT_SUFFIX));
                 std::iter::once(data).chain(hint)
             })
             .collect();
@@ -632,7 +725,10 @@ impl Engine {
         for name in names {
             *pins.counts.entry(name.clone()).or_default() += 1;
         }
-        Ok(Pin { shared: self.shared.clone(), names: names.to_vec() })
+        Ok(Pin {
+            shared: self.shared.clone(),
+            names: names.to_vec(),
+        })
     }
 
     /// Merges `inputs` (a prefix of the sealed data files that includes every
@@ -644,7 +740,11 @@ impl Engine {
 
     /// Names of the sealed data files, in order (the candidates for a merge).
     pub fn sealed_data_files(&self) -> Vec<String> {
-        read(&self.shared.files).sealed.iter().map(|meta| meta.id.data_name()).collect()
+        read(&self.shared.files)
+            .sealed
+            .iter()
+            .map(|meta| meta.id.data_name())
+            .collect()
     }
 
     /// Whether an earlier I/O failure poisoned the engine.
@@ -660,21 +760,29 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        if !self.shared.closed.load(Ordering::SeqCst) {
-            if let Err(e) = self.shared.shutdown() {
+        if !self.shared.closed.load(Ordering::SeqCst)
+            && let Err(e) = self.shared.shutdown() {
                 tracing::warn!(error = %e, "engine closed with an error");
             }
-        }
     }
 }
 
 fn file_stats(name: String, sealed: bool, total_bytes: u64, live_bytes: u64) -> FileStats {
-    FileStats { name, sealed, total_bytes, live_bytes, dead_bytes: total_bytes.saturating_sub(live_bytes) }
+    FileStats {
+        name,
+        sealed,
+        total_bytes,
+        live_bytes,
+        dead_bytes: total_bytes.saturating_sub(live_bytes),
+    }
 }
 
 /// crc32 of the first `len` bytes of a file (all of it when `None`); `None`
 /// when the file is shorter.
-pub(crate) fn checksum_file(file: &dyn VfsFile, len: Option<u64>) -> std::io::Result<Option<(u64, u32)>> {
+pub(crate) fn checksum_file(
+    file: &dyn VfsFile,
+    len: Option<u64>,
+) -> std::io::Result<Option<(u64, u32)>> {
     const CHUNK_BYTES: usize = 1 << 20;
     let actual = file.len()?;
     let len = len.unwrap_or(actual);
@@ -696,9 +804,10 @@ pub(crate) fn checksum_file(file: &dyn VfsFile, len: Option<u64>) -> std::io::Re
 fn bounds(range: &KeyRange) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
     match range {
         KeyRange::All => (Bound::Unbounded, Bound::Unbounded),
-        KeyRange::Prefix(prefix) => {
-            (Bound::Included(prefix.clone()), prefix_end(prefix).map_or(Bound::Unbounded, Bound::Excluded))
-        }
+        KeyRange::Prefix(prefix) => (
+            Bound::Included(prefix.clone()),
+            prefix_end(prefix).map_or(Bound::Unbounded, Bound::Excluded),
+        ),
         KeyRange::Range(start, end) => (start.clone(), end.clone()),
     }
 }
@@ -766,7 +875,9 @@ impl Shared {
         if let Some(file) = lock(&self.handles).get(&num) {
             return Ok(Some(file.clone()));
         }
-        let Some(path) = read(&self.files).paths.get(&num).cloned() else { return Ok(None) };
+        let Some(path) = read(&self.files).paths.get(&num).cloned() else {
+            return Ok(None);
+        };
         let file = match self.opts.vfs.open(&path) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -782,8 +893,14 @@ impl Shared {
 
     /// Reads and checks the whole record at `location` (returned with its
     /// header bytes); `None` if its file left the engine meanwhile.
-    pub(crate) fn read_record(&self, key_len: usize, location: &Location) -> Result<Option<Vec<u8>>> {
-        let Some(file) = self.handle(location.file)? else { return Ok(None) };
+    pub(crate) fn read_record(
+        &self,
+        key_len: usize,
+        location: &Location,
+    ) -> Result<Option<Vec<u8>>> {
+        let Some(file) = self.handle(location.file)? else {
+            return Ok(None);
+        };
         let size = record_size(key_len, location.value_len as usize);
         let mut buf = vec![0u8; size];
         let name = || {
@@ -794,17 +911,33 @@ impl Shared {
                 .unwrap_or_else(|| format!("file #{}", location.file))
         };
         if let Err(e) = file.read_exact_at(&mut buf, location.offset as u64) {
-            return Err(Error::Corruption { file: name(), offset: location.offset as u64, reason: format!("record unreadable: {e}") });
+            return Err(Error::Corruption {
+                file: name(),
+                offset: location.offset as u64,
+                reason: format!("record unreadable: {e}"),
+            });
         }
         match verify_record(&buf) {
-            Ok(header) if header.seq == location.seq && header.key_len as usize == key_len => Ok(Some(buf)),
-            Ok(_) => Err(Error::Corruption { file: name(), offset: location.offset as u64, reason: "record is not the one the key directory names".to_string() }),
-            Err(fault) => Err(Error::Corruption { file: name(), offset: location.offset as u64, reason: format!("{fault:?}") }),
+            Ok(header) if header.seq == location.seq && header.key_len as usize == key_len => {
+                Ok(Some(buf))
+            }
+            Ok(_) => Err(Error::Corruption {
+                file: name(),
+                offset: location.offset as u64,
+                reason: "record is not the one the key directory names".to_string(),
+            }),
+            Err(fault) => Err(Error::Corruption {
+                file: name(),
+                offset: location.offset as u64,
+                reason: format!("{fault:?}"),
+            }),
         }
     }
 
     fn read_value(&self, key: &[u8], location: &Location) -> Result<Option<Vec<u8>>> {
-        let Some(mut record) = self.read_record(key.len(), location)? else { return Ok(None) };
+        let Some(mut record) = self.read_record(key.len(), location)? else {
+            return Ok(None);
+        };
         if &record[RECORD_HEADER_SIZE_BYTES..RECORD_HEADER_SIZE_BYTES + key.len()] != key {
             return Err(Error::Corruption {
                 file: format!("file #{}", location.file),
@@ -818,7 +951,10 @@ impl Shared {
 
     fn validate(&self, batch: &Batch) -> Result<usize> {
         if batch.meta.len() > METADATA_SIZE_BYTES_MAX {
-            return Err(Error::MetadataTooLarge { len: batch.meta.len(), max: METADATA_SIZE_BYTES_MAX });
+            return Err(Error::MetadataTooLarge {
+                len: batch.meta.len(),
+                max: METADATA_SIZE_BYTES_MAX,
+            });
         }
         let mut size = record_size(0, batch.meta.len());
         for op in &batch.ops {
@@ -830,15 +966,24 @@ impl Shared {
                 return Err(Error::KeyEmpty);
             }
             if key.len() > self.opts.key_size_bytes_max {
-                return Err(Error::KeyTooLarge { len: key.len(), max: self.opts.key_size_bytes_max });
+                return Err(Error::KeyTooLarge {
+                    len: key.len(),
+                    max: self.opts.key_size_bytes_max,
+                });
             }
             if value_len > self.opts.value_size_bytes_max {
-                return Err(Error::ValueTooLarge { len: value_len, max: self.opts.value_size_bytes_max });
+                return Err(Error::ValueTooLarge {
+                    len: value_len,
+                    max: self.opts.value_size_bytes_max,
+                });
             }
             size += record_size(key.len(), value_len);
         }
         if size > self.opts.batch_size_bytes_max {
-            return Err(Error::BatchTooLarge { len: size, max: self.opts.batch_size_bytes_max });
+            return Err(Error::BatchTooLarge {
+                len: size,
+                max: self.opts.batch_size_bytes_max,
+            });
         }
         Ok(size)
     }
@@ -851,16 +996,25 @@ impl Shared {
             let writer = &mut *guard;
             let first_seq = batch.seq.unwrap_or(writer.last_seq + 1);
             if first_seq <= writer.last_seq || first_seq == 0 {
-                return Err(Error::SequenceNotIncreasing { given: first_seq, last: writer.last_seq });
+                return Err(Error::SequenceNotIncreasing {
+                    given: first_seq,
+                    last: writer.last_seq,
+                });
             }
-            let commit_seq = first_seq
-                .checked_add(batch.ops.len() as u64)
-                .ok_or(Error::SequenceNotIncreasing { given: first_seq, last: writer.last_seq })?;
+            let commit_seq = first_seq.checked_add(batch.ops.len() as u64).ok_or(
+                Error::SequenceNotIncreasing {
+                    given: first_seq,
+                    last: writer.last_seq,
+                },
+            )?;
             if writer.active.is_none() {
                 let active = self.create_segment(first_seq).map_err(|e| self.poison(e))?;
                 writer.active = Some(active);
             }
-            let active = writer.active.as_mut().expect("an active segment was just ensured");
+            let active = writer
+                .active
+                .as_mut()
+                .expect("an active segment was just ensured");
             let base = active.len;
             let buf = &mut writer.buf;
             buf.clear();
@@ -870,9 +1024,19 @@ impl Shared {
                 let seq = first_seq + i as u64;
                 let offset = (base + buf.len() as u64) as u32;
                 match op {
-                    Op::Put { key, value, expiry_ms } => {
+                    Op::Put {
+                        key,
+                        value,
+                        expiry_ms,
+                    } => {
                         encode_record(buf, RecordKind::Put, seq, *expiry_ms, key, value);
-                        let location = Location { file: active.num, offset, value_len: value.len() as u32, seq, expiry_ms: *expiry_ms };
+                        let location = Location {
+                            file: active.num,
+                            offset,
+                            value_len: value.len() as u32,
+                            seq,
+                            expiry_ms: *expiry_ms,
+                        };
                         updates.push(Update::Put(key.clone(), location));
                     }
                     Op::Delete { key } => {
@@ -894,12 +1058,19 @@ impl Shared {
             active.last_commit = Some((commit_seq, batch.meta.clone()));
             for (op, update) in batch.ops.iter().zip(&updates) {
                 let hinted = match (op, update) {
-                    (Op::Put { key, .. }, Update::Put(_, location)) => {
-                        active.hint.add(RecordKind::Put, key, location.value_len, location.offset, location.seq, location.expiry_ms)
-                    }
+                    (Op::Put { key, .. }, Update::Put(_, location)) => active.hint.add(
+                        RecordKind::Put,
+                        key,
+                        location.value_len,
+                        location.offset,
+                        location.seq,
+                        location.expiry_ms,
+                    ),
                     (Op::Delete { key }, Update::Delete(_, seq)) => {
                         let offset = 0; // tombstone offsets are not needed to rebuild the index
-                        active.hint.add(RecordKind::Tombstone, key, 0, offset, *seq, 0)
+                        active
+                            .hint
+                            .add(RecordKind::Tombstone, key, 0, offset, *seq, 0)
                     }
                     _ => unreachable!("updates are built in op order"),
                 };
@@ -915,11 +1086,21 @@ impl Shared {
             } else {
                 apply_updates(&mut write(&self.keydir), updates);
             }
-            let rotate = writer.active.as_ref().is_some_and(|a| a.len >= self.opts.segment_size_bytes);
+            let rotate = writer
+                .active
+                .as_ref()
+                .is_some_and(|a| a.len >= self.opts.segment_size_bytes);
             if rotate {
                 self.seal_active(writer)?;
             }
-            (Written { first_seq, commit_seq }, end, rotate)
+            (
+                Written {
+                    first_seq,
+                    commit_seq,
+                },
+                end,
+                rotate,
+            )
         };
         if self.opts.sync == SyncPolicy::Always {
             self.sync_to(end)?;
@@ -937,9 +1118,11 @@ impl Shared {
         let file = vfs.create(&path).map_err(|e| Error::io(&path, e))?;
         let header = id.header(0);
         let header_bytes = header.encode(DATA_MAGIC);
-        file.write_all_at(&header_bytes, 0).map_err(|e| Error::io(&path, e))?;
+        file.write_all_at(&header_bytes, 0)
+            .map_err(|e| Error::io(&path, e))?;
         // The new name must be durable before any write in it is acknowledged.
-        vfs.sync_dir(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
+        vfs.sync_dir(&self.dir)
+            .map_err(|e| Error::io(&self.dir, e))?;
         let hint = HintWriter::create(vfs, &self.dir, &id, &header)?;
         let num = {
             let mut files = write(&self.files);
@@ -950,12 +1133,23 @@ impl Shared {
         lock(&self.handles).put(num, file.clone());
         let mut hasher = crc32fast::Hasher::new();
         hasher.update(&header_bytes);
-        Ok(Active { num, id, file, len: header_bytes.len() as u64, hasher, hint, max_seq: 0, last_commit: None })
+        Ok(Active {
+            num,
+            id,
+            file,
+            len: header_bytes.len() as u64,
+            hasher,
+            hint,
+            max_seq: 0,
+            last_commit: None,
+        })
     }
 
     /// Seals the active segment: fsync, hint, and it joins the sealed list.
     pub(crate) fn seal_active(&self, writer: &mut Writer) -> Result<()> {
-        let Some(active) = writer.active.take() else { return Ok(()) };
+        let Some(active) = writer.active.take() else {
+            return Ok(());
+        };
         let data_path = path_in(&self.dir, &active.id.data_name());
         if let Err(e) = active.file.sync() {
             return Err(self.poison(Error::io(data_path, e)));
@@ -968,11 +1162,16 @@ impl Shared {
                 apply_updates(&mut keydir, updates);
             }
         }
-        self.synced_total.fetch_max(writer.written_total, Ordering::SeqCst);
+        self.synced_total
+            .fetch_max(writer.written_total, Ordering::SeqCst);
         let crc = active.hasher.clone().finalize();
         let vfs = self.opts.vfs.as_ref();
-        active.hint.finish(vfs, active.len, crc).map_err(|e| self.poison(e))?;
-        vfs.sync_dir(&self.dir).map_err(|e| self.poison(Error::io(&self.dir, e)))?;
+        active
+            .hint
+            .finish(vfs, active.len, crc)
+            .map_err(|e| self.poison(e))?;
+        vfs.sync_dir(&self.dir)
+            .map_err(|e| self.poison(Error::io(&self.dir, e)))?;
         let meta = FileMeta {
             id: active.id,
             num: active.num,
@@ -1004,7 +1203,10 @@ impl Shared {
                     state.leader_active = true;
                     break;
                 }
-                state = self.sync_done.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner());
+                state = self
+                    .sync_done
+                    .wait(state)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
             }
         }
         let result = self.lead_sync();
@@ -1019,18 +1221,25 @@ impl Shared {
         let (file, name, end) = {
             let writer = lock(&self.writer);
             match &writer.active {
-                Some(active) => (Some(active.file.clone()), active.id.data_name(), writer.written_total),
+                Some(active) => (
+                    Some(active.file.clone()),
+                    active.id.data_name(),
+                    writer.written_total,
+                ),
                 None => (None, String::new(), writer.written_total),
             }
         };
-        if let Some(file) = file {
-            if let Err(e) = file.sync() {
+        if let Some(file) = file
+            && let Err(e) = file.sync() {
                 return Err(self.poison(Error::io(path_in(&self.dir, &name), e)));
             }
-        }
         let mut writer = lock(&self.writer);
         let mut ready = Vec::new();
-        while writer.pending.front().is_some_and(|(batch_end, _)| *batch_end <= end) {
+        while writer
+            .pending
+            .front()
+            .is_some_and(|(batch_end, _)| *batch_end <= end)
+        {
             ready.push(writer.pending.pop_front().expect("front exists").1);
         }
         if !ready.is_empty() {
@@ -1071,16 +1280,29 @@ impl Shared {
     }
 
     fn maybe_auto_merge(self: &Arc<Self>) {
-        let Some(auto) = self.opts.auto_merge else { return };
+        let Some(auto) = self.opts.auto_merge else {
+            return;
+        };
         let (total, live, inputs) = {
             let files = read(&self.files);
             let keydir = read(&self.keydir);
             let total: u64 = files.sealed.iter().map(|m| m.len).sum();
             let live: u64 = files.sealed.iter().map(|m| keydir.live_bytes(m.num)).sum();
-            (total, live, files.sealed.iter().map(|m| m.id.data_name()).collect::<Vec<_>>())
+            (
+                total,
+                live,
+                files
+                    .sealed
+                    .iter()
+                    .map(|m| m.id.data_name())
+                    .collect::<Vec<_>>(),
+            )
         };
         let dead = total.saturating_sub(live);
-        if total == 0 || dead < auto.dead_bytes_min || (dead as f64) < auto.dead_ratio_min * total as f64 {
+        if total == 0
+            || dead < auto.dead_bytes_min
+            || (dead as f64) < auto.dead_ratio_min * total as f64
+        {
             return;
         }
         if self.merge_running.swap(true, Ordering::SeqCst) {
@@ -1088,14 +1310,22 @@ impl Shared {
         }
         let worker = self.clone();
         let now_ms = self.now_seen_ms.load(Ordering::Relaxed);
-        let spawned = std::thread::Builder::new().name("bitcask-merge".to_string()).spawn(move || {
-            match crate::merge::merge(&worker, &inputs, now_ms) {
-                Ok(report) => tracing::info!(inputs = report.inputs.len(), outputs = report.outputs.len(), bytes_before = report.bytes_before, bytes_after = report.bytes_after, "automatic merge done"),
-                Err(Error::Closed) => {}
-                Err(e) => tracing::warn!(error = %e, "automatic merge failed"),
-            }
-            worker.merge_running.store(false, Ordering::SeqCst);
-        });
+        let spawned = std::thread::Builder::new()
+            .name("bitcask-merge".to_string())
+            .spawn(move || {
+                match crate::merge::merge(&worker, &inputs, now_ms) {
+                    Ok(report) => tracing::info!(
+                        inputs = report.inputs.len(),
+                        outputs = report.outputs.len(),
+                        bytes_before = report.bytes_before,
+                        bytes_after = report.bytes_after,
+                        "automatic merge done"
+                    ),
+                    Err(Error::Closed) => {}
+                    Err(e) => tracing::warn!(error = %e, "automatic merge failed"),
+                }
+                worker.merge_running.store(false, Ordering::SeqCst);
+            });
         match spawned {
             Ok(handle) => {
                 let mut threads = lock(&self.threads);
@@ -1120,11 +1350,10 @@ impl Shared {
             }
         }
         let path = path_in(&self.dir, name);
-        if let Err(e) = self.opts.vfs.remove(&path) {
-            if e.kind() != std::io::ErrorKind::NotFound {
+        if let Err(e) = self.opts.vfs.remove(&path)
+            && e.kind() != std::io::ErrorKind::NotFound {
                 tracing::warn!(file = %name, error = %e, "could not delete a merged file");
             }
-        }
     }
 
     fn shutdown(&self) -> Result<()> {
@@ -1145,7 +1374,9 @@ impl Shared {
         }
         let writer = lock(&self.writer);
         if let Some(active) = &writer.active {
-            active.file.sync().map_err(|e| self.poison(Error::io(path_in(&self.dir, &active.id.data_name()), e)))?;
+            active.file.sync().map_err(|e| {
+                self.poison(Error::io(path_in(&self.dir, &active.id.data_name()), e))
+            })?;
         }
         Ok(())
     }

@@ -74,9 +74,16 @@ impl FileHeader {
 
     /// Decodes and checks a header; `file` names the file in errors.
     pub fn decode(bytes: &[u8], magic: [u8; 4], file: &str) -> Result<FileHeader> {
-        let bad = |reason: String| Error::Corruption { file: file.to_string(), offset: 0, reason };
+        let bad = |reason: String| Error::Corruption {
+            file: file.to_string(),
+            offset: 0,
+            reason,
+        };
         if bytes.len() < FILE_HEADER_SIZE_BYTES {
-            return Err(bad(format!("file header is {} bytes, expected {FILE_HEADER_SIZE_BYTES}", bytes.len())));
+            return Err(bad(format!(
+                "file header is {} bytes, expected {FILE_HEADER_SIZE_BYTES}",
+                bytes.len()
+            )));
         }
         if bytes[HEADER_MAGIC_OFFSET..HEADER_MAGIC_OFFSET + 4] != magic {
             return Err(bad("bad magic number".to_string()));
@@ -87,7 +94,9 @@ impl FileHeader {
         }
         let version = u16_at(bytes, HEADER_VERSION_OFFSET);
         if version != FORMAT_VERSION {
-            return Err(bad(format!("format version {version}, this build reads {FORMAT_VERSION}")));
+            return Err(bad(format!(
+                "format version {version}, this build reads {FORMAT_VERSION}"
+            )));
         }
         let kind = match bytes[HEADER_KIND_OFFSET] {
             1 => FileKind::Segment,
@@ -214,8 +223,9 @@ pub fn decode_record_header(
     if bytes.len() < RECORD_HEADER_SIZE_BYTES {
         return Err(RecordFault::Truncated);
     }
-    let kind = RecordKind::from_byte(bytes[RECORD_KIND_OFFSET])
-        .ok_or_else(|| RecordFault::Invalid(format!("unknown record kind {}", bytes[RECORD_KIND_OFFSET])))?;
+    let kind = RecordKind::from_byte(bytes[RECORD_KIND_OFFSET]).ok_or_else(|| {
+        RecordFault::Invalid(format!("unknown record kind {}", bytes[RECORD_KIND_OFFSET]))
+    })?;
     let header = RecordHeader {
         crc: u32_at(bytes, RECORD_CRC_OFFSET),
         kind,
@@ -401,12 +411,17 @@ impl FileId {
     pub fn parse_stem(stem: &str) -> Option<FileId> {
         if let Some(rest) = stem.strip_prefix("seg-") {
             if rest.len() == 20 && rest.bytes().all(|b| b.is_ascii_digit()) {
-                return Some(FileId::Segment { first_seq: rest.parse().ok()? });
+                return Some(FileId::Segment {
+                    first_seq: rest.parse().ok()?,
+                });
             }
         } else if let Some(rest) = stem.strip_prefix("merge-") {
             let (cutoff, part) = rest.split_once('-')?;
             if cutoff.len() == 20 && part.len() == 4 {
-                return Some(FileId::Merge { cutoff: cutoff.parse().ok()?, part: part.parse().ok()? });
+                return Some(FileId::Merge {
+                    cutoff: cutoff.parse().ok()?,
+                    part: part.parse().ok()?,
+                });
             }
         }
         None
@@ -415,12 +430,18 @@ impl FileId {
     /// The header a data file with this name carries.
     pub fn header(&self, boundary: u64) -> FileHeader {
         match *self {
-            FileId::Segment { first_seq } => {
-                FileHeader { kind: FileKind::Segment, id: first_seq, boundary: 0, part: 0 }
-            }
-            FileId::Merge { cutoff, part } => {
-                FileHeader { kind: FileKind::Merge, id: cutoff, boundary, part }
-            }
+            FileId::Segment { first_seq } => FileHeader {
+                kind: FileKind::Segment,
+                id: first_seq,
+                boundary: 0,
+                part: 0,
+            },
+            FileId::Merge { cutoff, part } => FileHeader {
+                kind: FileKind::Merge,
+                id: cutoff,
+                boundary,
+                part,
+            },
         }
     }
 }
@@ -459,13 +480,21 @@ mod tests {
         for i in 0..buf.len() {
             let mut bad = buf.clone();
             bad[i] ^= 0x40;
-            assert!(verify_record(&bad).is_err(), "flip at byte {i} went unnoticed");
+            assert!(
+                verify_record(&bad).is_err(),
+                "flip at byte {i} went unnoticed"
+            );
         }
     }
 
     #[test]
     fn header_round_trip_and_rejects_other_magic() {
-        let header = FileHeader { kind: FileKind::Merge, id: 9, boundary: 11, part: 2 };
+        let header = FileHeader {
+            kind: FileKind::Merge,
+            id: 9,
+            boundary: 11,
+            part: 2,
+        };
         let bytes = header.encode(DATA_MAGIC);
         assert_eq!(FileHeader::decode(&bytes, DATA_MAGIC, "f").unwrap(), header);
         assert!(FileHeader::decode(&bytes, HINT_MAGIC, "f").is_err());
@@ -490,7 +519,10 @@ mod tests {
     fn file_names_round_trip_and_sort_by_position() {
         let a = FileId::Segment { first_seq: 5 };
         let b = FileId::Segment { first_seq: 40 };
-        let m = FileId::Merge { cutoff: 100, part: 3 };
+        let m = FileId::Merge {
+            cutoff: 100,
+            part: 3,
+        };
         for id in [a, b, m] {
             assert_eq!(FileId::parse_stem(&id.stem()), Some(id));
         }

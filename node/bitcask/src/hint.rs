@@ -37,7 +37,12 @@ pub(crate) struct HintWriter {
 
 impl HintWriter {
     /// Starts the hint of data file `id` whose header is `header`.
-    pub(crate) fn create(vfs: &dyn Vfs, dir: &Path, id: &FileId, header: &FileHeader) -> Result<HintWriter> {
+    pub(crate) fn create(
+        vfs: &dyn Vfs,
+        dir: &Path,
+        id: &FileId,
+        header: &FileHeader,
+    ) -> Result<HintWriter> {
         let final_path = path_in(dir, &id.hint_name());
         let tmp_path = path_in(dir, &format!("{}{TEMP_SUFFIX}", id.hint_name()));
         let file = vfs.create(&tmp_path).map_err(|e| Error::io(&tmp_path, e))?;
@@ -56,7 +61,15 @@ impl HintWriter {
     }
 
     /// Adds the entry of a put or tombstone record.
-    pub(crate) fn add(&mut self, kind: RecordKind, key: &[u8], value_len: u32, offset: u32, seq: u64, expiry_ms: u64) -> Result<()> {
+    pub(crate) fn add(
+        &mut self,
+        kind: RecordKind,
+        key: &[u8],
+        value_len: u32,
+        offset: u32,
+        seq: u64,
+        expiry_ms: u64,
+    ) -> Result<()> {
         debug_assert!(kind != RecordKind::Commit);
         encode_hint_entry(&mut self.buf, kind, key, value_len, offset, seq, expiry_ms);
         self.count += 1;
@@ -73,7 +86,9 @@ impl HintWriter {
 
     fn flush(&mut self) -> Result<()> {
         self.hasher.update(&self.buf);
-        self.file.write_all_at(&self.buf, self.written).map_err(|e| Error::io(&self.tmp_path, e))?;
+        self.file
+            .write_all_at(&self.buf, self.written)
+            .map_err(|e| Error::io(&self.tmp_path, e))?;
         self.written += self.buf.len() as u64;
         self.buf.clear();
         Ok(())
@@ -83,16 +98,31 @@ impl HintWriter {
     /// hint into place. The caller fsyncs the directory.
     pub(crate) fn finish(mut self, vfs: &dyn Vfs, data_len: u64, data_crc: u32) -> Result<()> {
         if let Some((meta, offset, seq)) = self.last_commit.take() {
-            encode_hint_entry(&mut self.buf, RecordKind::Commit, &meta, meta.len() as u32, offset, seq, 0);
+            encode_hint_entry(
+                &mut self.buf,
+                RecordKind::Commit,
+                &meta,
+                meta.len() as u32,
+                offset,
+                seq,
+                0,
+            );
             self.count += 1;
         }
         self.hasher.update(&self.buf);
         let hint_crc = self.hasher.clone().finalize();
-        let trailer = HintTrailer { entry_count: self.count, data_len, data_crc };
+        let trailer = HintTrailer {
+            entry_count: self.count,
+            data_len,
+            data_crc,
+        };
         encode_hint_trailer(&mut self.buf, &trailer, hint_crc);
-        self.file.write_all_at(&self.buf, self.written).map_err(|e| Error::io(&self.tmp_path, e))?;
+        self.file
+            .write_all_at(&self.buf, self.written)
+            .map_err(|e| Error::io(&self.tmp_path, e))?;
         self.file.sync().map_err(|e| Error::io(&self.tmp_path, e))?;
-        vfs.rename(&self.tmp_path, &self.final_path).map_err(|e| Error::io(&self.final_path, e))?;
+        vfs.rename(&self.tmp_path, &self.final_path)
+            .map_err(|e| Error::io(&self.final_path, e))?;
         Ok(())
     }
 
@@ -124,7 +154,13 @@ impl LoadedHint {
 
 /// Reads and checks the hint of data file `id`, whose header is `header` and
 /// length `data_len`. `Ok(None)` means "missing or not trustworthy: scan".
-pub(crate) fn load(vfs: &dyn Vfs, dir: &Path, id: &FileId, header: &FileHeader, data_len: u64) -> Result<Option<LoadedHint>> {
+pub(crate) fn load(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    id: &FileId,
+    header: &FileHeader,
+    data_len: u64,
+) -> Result<Option<LoadedHint>> {
     let path = path_in(dir, &id.hint_name());
     let file = match vfs.open(&path) {
         Ok(file) => file,
@@ -136,9 +172,12 @@ pub(crate) fn load(vfs: &dyn Vfs, dir: &Path, id: &FileId, header: &FileHeader, 
         return Ok(None);
     }
     let mut bytes = vec![0u8; len];
-    file.read_exact_at(&mut bytes, 0).map_err(|e| Error::io(&path, e))?;
+    file.read_exact_at(&mut bytes, 0)
+        .map_err(|e| Error::io(&path, e))?;
     let (body, trailer_bytes) = bytes.split_at(len - HINT_TRAILER_SIZE_BYTES);
-    let Some((trailer, hint_crc)) = decode_hint_trailer(trailer_bytes) else { return Ok(None) };
+    let Some((trailer, hint_crc)) = decode_hint_trailer(trailer_bytes) else {
+        return Ok(None);
+    };
     if crc32fast::hash(body) != hint_crc || trailer.data_len != data_len {
         return Ok(None);
     }
@@ -151,7 +190,9 @@ pub(crate) fn load(vfs: &dyn Vfs, dir: &Path, id: &FileId, header: &FileHeader, 
     let mut pos = FILE_HEADER_SIZE_BYTES;
     let mut count = 0u64;
     while pos < body.len() {
-        let Some((_, size)) = decode_hint_entry(&body[pos..]) else { return Ok(None) };
+        let Some((_, size)) = decode_hint_entry(&body[pos..]) else {
+            return Ok(None);
+        };
         pos += size;
         count += 1;
     }

@@ -22,6 +22,10 @@ pub trait VfsFile: Send + Sync + std::fmt::Debug {
     fn sync(&self) -> io::Result<()>;
     /// Current length in bytes.
     fn len(&self) -> io::Result<u64>;
+    /// Whether the file is empty.
+    fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
     /// Cuts the file to `len` bytes.
     fn truncate(&self, len: u64) -> io::Result<()>;
 
@@ -85,8 +89,12 @@ impl VfsFile for RealFile {
 
 impl Vfs for RealFs {
     fn create(&self, path: &Path) -> io::Result<Arc<dyn VfsFile>> {
-        let file =
-            OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)?;
         Ok(Arc::new(RealFile(file)))
     }
     fn open(&self, path: &Path) -> io::Result<Arc<dyn VfsFile>> {

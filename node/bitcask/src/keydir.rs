@@ -145,7 +145,14 @@ impl KeyDir {
     pub fn repoint(&mut self, key: &[u8], seq: u64, file: u32, offset: u32) -> bool {
         match self.get(key) {
             Some(old) if old.seq == seq => {
-                self.put(key, Location { file, offset, ..old });
+                self.put(
+                    key,
+                    Location {
+                        file,
+                        offset,
+                        ..old
+                    },
+                );
                 true
             }
             _ => false,
@@ -173,7 +180,9 @@ impl KeyDir {
         start: Bound<&'a [u8]>,
         end: Bound<&'a [u8]>,
     ) -> impl Iterator<Item = (&'a [u8], Location)> + 'a {
-        self.set.range::<[u8], _>((start, end)).map(|slot| (slot.key(), slot.location()))
+        self.set
+            .range::<[u8], _>((start, end))
+            .map(|slot| (slot.key(), slot.location()))
     }
 
     /// Every entry, in key order.
@@ -212,7 +221,13 @@ mod tests {
     use super::*;
 
     fn at(file: u32, seq: u64) -> Location {
-        Location { file, offset: 32, value_len: 10, seq, expiry_ms: 0 }
+        Location {
+            file,
+            offset: 32,
+            value_len: 10,
+            seq,
+            expiry_ms: 0,
+        }
     }
 
     #[test]
@@ -238,8 +253,13 @@ mod tests {
         for (i, key) in [b"c".as_slice(), b"a", b"ab", b"b"].iter().enumerate() {
             dir.put(key, at(1, i as u64 + 1));
         }
-        let keys: Vec<&[u8]> =
-            dir.range(Bound::Included(b"a".as_slice()), Bound::Excluded(b"b".as_slice())).map(|(k, _)| k).collect();
+        let keys: Vec<&[u8]> = dir
+            .range(
+                Bound::Included(b"a".as_slice()),
+                Bound::Excluded(b"b".as_slice()),
+            )
+            .map(|(k, _)| k)
+            .collect();
         assert_eq!(keys, vec![b"a".as_slice(), b"ab"]);
         assert!(!dir.repoint(b"c", 99, 7, 0));
         assert!(dir.repoint(b"c", 1, 7, 64));

@@ -51,7 +51,9 @@ impl Part {
             return Ok(());
         }
         let written = self.len - self.buf.len() as u64;
-        self.file.write_all_at(&self.buf, written).map_err(|e| Error::io(&self.tmp_path, e))?;
+        self.file
+            .write_all_at(&self.buf, written)
+            .map_err(|e| Error::io(&self.tmp_path, e))?;
         self.hasher.update(&self.buf);
         self.buf.clear();
         Ok(())
@@ -90,14 +92,13 @@ pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Res
                 )));
             }
         }
-        if let Some(meta) = sealed.get(inputs.len()) {
-            if matches!(meta.id, FileId::Merge { .. }) {
+        if let Some(meta) = sealed.get(inputs.len())
+            && matches!(meta.id, FileId::Merge { .. }) {
                 return Err(Error::MergeInput(format!(
                     "inputs must include every part of the earlier merge; {} is missing",
                     meta.id.data_name()
                 )));
             }
-        }
         sealed[..inputs.len()].to_vec()
     };
     let input_nums: HashSet<u32> = input_metas.iter().map(|meta| meta.num).collect();
@@ -105,7 +106,12 @@ pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Res
         .last()
         .and_then(|meta| meta.last_commit.clone())
         .ok_or_else(|| Error::MergeInput("the last input holds no commit record".to_string()))?;
-    let boundary = input_metas.iter().map(|meta| meta.max_seq).max().unwrap_or(0) + 1;
+    let boundary = input_metas
+        .iter()
+        .map(|meta| meta.max_seq)
+        .max()
+        .unwrap_or(0)
+        + 1;
 
     // 2. Capture the live records at the cut-off.
     let (cutoff, live): (u64, Vec<(Vec<u8>, Location)>) = {
@@ -118,7 +124,9 @@ pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Res
         (keydir.applied_seq(), live)
     };
     let earlier_cutoff = input_metas.iter().find_map(|meta| match meta.id {
-        FileId::Merge { cutoff: earlier, .. } if earlier >= cutoff => Some(earlier),
+        FileId::Merge {
+            cutoff: earlier, ..
+        } if earlier >= cutoff => Some(earlier),
         _ => None,
     });
     if let Some(earlier) = earlier_cutoff {
@@ -141,11 +149,14 @@ pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Res
                 dropped.push(index);
                 continue;
             }
-            let record = shared.read_record(key.len(), location)?.ok_or_else(|| Error::Corruption {
-                file: format!("file #{}", location.file),
-                offset: location.offset as u64,
-                reason: "merge input vanished during the merge".to_string(),
-            })?;
+            let record =
+                shared
+                    .read_record(key.len(), location)?
+                    .ok_or_else(|| Error::Corruption {
+                        file: format!("file #{}", location.file),
+                        offset: location.offset as u64,
+                        reason: "merge input vanished during the merge".to_string(),
+                    })?;
             if parts.last().expect("one part at least").len >= shared.opts.segment_size_bytes {
                 let next = parts.len() as u32;
                 parts.push(new_part(shared, cutoff, next, boundary)?);
@@ -156,8 +167,19 @@ pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Res
             part.buf.extend_from_slice(&record);
             part.len += record.len() as u64;
             part.max_seq = part.max_seq.max(location.seq);
-            part.hint.add(RecordKind::Put, key, location.value_len, offset, location.seq, location.expiry_ms)?;
-            moved.push(Moved { index, part: part_index, offset });
+            part.hint.add(
+                RecordKind::Put,
+                key,
+                location.value_len,
+                offset,
+                location.seq,
+                location.expiry_ms,
+            )?;
+            moved.push(Moved {
+                index,
+                part: part_index,
+                offset,
+            });
             if part.buf.len() >= MERGE_WRITE_BUFFER_BYTES {
                 part.flush()?;
             }
@@ -165,7 +187,14 @@ pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Res
         let part = parts.last_mut().expect("one part at least");
         let offset = part.len as u32;
         let before = part.buf.len();
-        encode_record(&mut part.buf, RecordKind::Commit, last_commit_seq, 0, &[], &last_commit_meta);
+        encode_record(
+            &mut part.buf,
+            RecordKind::Commit,
+            last_commit_seq,
+            0,
+            &[],
+            &last_commit_meta,
+        );
         part.len += (part.buf.len() - before) as u64;
         part.max_seq = part.max_seq.max(last_commit_seq);
         part.hint.commit(&last_commit_meta, offset, last_commit_seq);
@@ -188,17 +217,31 @@ pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Res
     let last_part = parts.len() - 1;
     for (index, part) in parts.into_iter().enumerate() {
         let crc = part.hasher.clone().finalize();
-        part.hint.finish(vfs, part.len, crc).map_err(|e| shared.poison(e))?;
+        part.hint
+            .finish(vfs, part.len, crc)
+            .map_err(|e| shared.poison(e))?;
         let last_commit = (index == last_part).then(|| (last_commit_seq, last_commit_meta.clone()));
-        metas.push((part.id, part.tmp_path, part.len, crc, part.max_seq, last_commit));
+        metas.push((
+            part.id,
+            part.tmp_path,
+            part.len,
+            crc,
+            part.max_seq,
+            last_commit,
+        ));
     }
-    let sync_dir = || vfs.sync_dir(&dir).map_err(|e| shared.poison(Error::io(&dir, e)));
+    let sync_dir = || {
+        vfs.sync_dir(&dir)
+            .map_err(|e| shared.poison(Error::io(&dir, e)))
+    };
     for (id, tmp_path, ..) in metas.iter().skip(1).rev() {
-        vfs.rename(tmp_path, &path_in(&dir, &id.data_name())).map_err(|e| shared.poison(Error::io(tmp_path, e)))?;
+        vfs.rename(tmp_path, &path_in(&dir, &id.data_name()))
+            .map_err(|e| shared.poison(Error::io(tmp_path, e)))?;
     }
     sync_dir()?;
     let (id0, tmp0, ..) = &metas[0];
-    vfs.rename(tmp0, &path_in(&dir, &id0.data_name())).map_err(|e| shared.poison(Error::io(tmp0, e)))?;
+    vfs.rename(tmp0, &path_in(&dir, &id0.data_name()))
+        .map_err(|e| shared.poison(Error::io(tmp0, e)))?;
     sync_dir()?;
 
     // 5. Swap: register the outputs, repoint the keys chunk by chunk, then
@@ -209,7 +252,14 @@ pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Res
             .into_iter()
             .map(|(id, _, len, crc, max_seq, last_commit)| {
                 let num = files.allocate(path_in(&dir, &id.data_name()));
-                Arc::new(FileMeta { id, num, len, crc, max_seq, last_commit })
+                Arc::new(FileMeta {
+                    id,
+                    num,
+                    len,
+                    crc,
+                    max_seq,
+                    last_commit,
+                })
             })
             .collect()
     };
@@ -257,7 +307,14 @@ pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Res
         bytes_before: input_metas.iter().map(|meta| meta.len).sum(),
         bytes_after: new_metas.iter().map(|meta| meta.len).sum(),
     };
-    tracing::info!(cutoff, inputs = report.inputs.len(), outputs = report.outputs.len(), bytes_before = report.bytes_before, bytes_after = report.bytes_after, "merge swapped in");
+    tracing::info!(
+        cutoff,
+        inputs = report.inputs.len(),
+        outputs = report.outputs.len(),
+        bytes_before = report.bytes_before,
+        bytes_after = report.bytes_after,
+        "merge swapped in"
+    );
     Ok(report)
 }
 
@@ -271,5 +328,14 @@ fn new_part(shared: &Shared, cutoff: u64, part: u32, boundary: u64) -> Result<Pa
     let hint = HintWriter::create(vfs, &shared.dir, &id, &header)?;
     let mut buf = Vec::with_capacity(MERGE_WRITE_BUFFER_BYTES + RECORD_HEADER_SIZE_BYTES);
     buf.extend_from_slice(&bytes);
-    Ok(Part { id, tmp_path, file, len: bytes.len() as u64, buf, hasher: crc32fast::Hasher::new(), hint, max_seq: 0 })
+    Ok(Part {
+        id,
+        tmp_path,
+        file,
+        len: bytes.len() as u64,
+        buf,
+        hasher: crc32fast::Hasher::new(),
+        hint,
+        max_seq: 0,
+    })
 }

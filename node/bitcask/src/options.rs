@@ -59,7 +59,10 @@ pub struct AutoMerge {
 
 impl Default for AutoMerge {
     fn default() -> Self {
-        AutoMerge { dead_ratio_min: 0.5, dead_bytes_min: 64 * 1024 * 1024 }
+        AutoMerge {
+            dead_ratio_min: 0.5,
+            dead_bytes_min: 64 * 1024 * 1024,
+        }
     }
 }
 
@@ -135,27 +138,49 @@ impl Options {
     pub fn validate(&self) -> Result<()> {
         let range = |name, value: u64, min: u64, max: u64| {
             if value < min || value > max {
-                Err(Error::InvalidOption { name, reason: format!("{value} is outside {min}..={max}") })
+                Err(Error::InvalidOption {
+                    name,
+                    reason: format!("{value} is outside {min}..={max}"),
+                })
             } else {
                 Ok(())
             }
         };
-        range("segment_size_bytes", self.segment_size_bytes, SEGMENT_SIZE_BYTES_MIN, SEGMENT_SIZE_BYTES_MAX)?;
-        range("key_size_bytes_max", self.key_size_bytes_max as u64, 1, KEY_SIZE_BYTES_FORMAT_MAX as u64)?;
-        range("batch_size_bytes_max", self.batch_size_bytes_max as u64, 1, BATCH_SIZE_BYTES_LIMIT as u64)?;
-        range("value_size_bytes_max", self.value_size_bytes_max as u64, 0, self.batch_size_bytes_max as u64)?;
+        range(
+            "segment_size_bytes",
+            self.segment_size_bytes,
+            SEGMENT_SIZE_BYTES_MIN,
+            SEGMENT_SIZE_BYTES_MAX,
+        )?;
+        range(
+            "key_size_bytes_max",
+            self.key_size_bytes_max as u64,
+            1,
+            KEY_SIZE_BYTES_FORMAT_MAX as u64,
+        )?;
+        range(
+            "batch_size_bytes_max",
+            self.batch_size_bytes_max as u64,
+            1,
+            BATCH_SIZE_BYTES_LIMIT as u64,
+        )?;
+        range(
+            "value_size_bytes_max",
+            self.value_size_bytes_max as u64,
+            0,
+            self.batch_size_bytes_max as u64,
+        )?;
         range("open_files_max", self.open_files_max as u64, 2, 1 << 20)?;
         if let SyncPolicy::EveryMs(ms) = self.sync {
             range("sync", ms, 1, 3_600_000)?;
         }
-        if let Some(auto) = self.auto_merge {
-            if !(auto.dead_ratio_min > 0.0 && auto.dead_ratio_min <= 1.0) {
+        if let Some(auto) = self.auto_merge
+            && !(auto.dead_ratio_min > 0.0 && auto.dead_ratio_min <= 1.0) {
                 return Err(Error::InvalidOption {
                     name: "auto_merge.dead_ratio_min",
                     reason: format!("{} is outside (0, 1]", auto.dead_ratio_min),
                 });
             }
-        }
         Ok(())
     }
 }

@@ -130,12 +130,17 @@ pub(crate) fn recover(dir: &Path, opts: &Options) -> Result<Recovered> {
         let path = path_in(dir, &id.data_name());
         if is_last_segment && !hints.contains(id) {
             let num = files.allocate(path);
-            let published_len = published.filter(|p| p.file == id.data_name()).map(|p| p.len);
+            let published_len = published
+                .filter(|p| p.file == id.data_name())
+                .map(|p| p.len);
             match recover_active(vfs, dir, id, num, published_len, &mut keydir)? {
                 Some(found) if found.len >= opts.segment_size_bytes => {
                     // The write path would have sealed it at this batch boundary.
                     let crc = found.hasher.clone().finalize();
-                    found.file.sync().map_err(|e| Error::io(&path_in(dir, &id.data_name()), e))?;
+                    found
+                        .file
+                        .sync()
+                        .map_err(|e| Error::io(path_in(dir, &id.data_name()), e))?;
                     found.hint.finish(vfs, found.len, crc)?;
                     vfs.sync_dir(dir).map_err(|e| Error::io(dir, e))?;
                     files.sealed.push(Arc::new(FileMeta {
@@ -164,11 +169,18 @@ pub(crate) fn recover(dir: &Path, opts: &Options) -> Result<Recovered> {
 
     let last_meta = match &active {
         Some(active) => active.last_commit.clone(),
-        None => files.sealed.last().and_then(|meta| meta.last_commit.clone()),
+        None => files
+            .sealed
+            .last()
+            .and_then(|meta| meta.last_commit.clone()),
     }
     .map(|(_, meta)| meta);
     let last_seq = keydir.applied_seq();
-    Ok(Recovered { keydir, files, writer: Writer::new(active, last_seq, last_meta) })
+    Ok(Recovered {
+        keydir,
+        files,
+        writer: Writer::new(active, last_seq, last_meta),
+    })
 }
 
 fn remove(vfs: &dyn Vfs, dir: &Path, name: &str) -> Result<()> {
@@ -196,7 +208,9 @@ fn check_published_exists(ordered: &[FileId], published: &str, boundary: u64) ->
     let passed = match published_seq {
         Some(seq) => {
             seq < boundary
-                || ordered.iter().any(|id| matches!(id, FileId::Segment { first_seq } if *first_seq > seq))
+                || ordered
+                    .iter()
+                    .any(|id| matches!(id, FileId::Segment { first_seq } if *first_seq > seq))
         }
         None => true,
     };
@@ -223,7 +237,8 @@ fn open_data(vfs: &dyn Vfs, dir: &Path, id: &FileId) -> Result<(Arc<dyn VfsFile>
             reason: format!("file is {len} bytes, shorter than its header"),
         });
     }
-    file.read_exact_at(&mut bytes, 0).map_err(|e| Error::io(&path, e))?;
+    file.read_exact_at(&mut bytes, 0)
+        .map_err(|e| Error::io(&path, e))?;
     let header = FileHeader::decode(&bytes, DATA_MAGIC, &id.data_name())?;
     let name_says = id.header(header.boundary);
     if header != name_says {
@@ -247,14 +262,22 @@ struct Scanner<'a> {
 
 impl<'a> Scanner<'a> {
     fn new(file: &'a dyn VfsFile, len: u64) -> Scanner<'a> {
-        Scanner { file, len, window: Vec::new(), window_start: 0, pos: FILE_HEADER_SIZE_BYTES as u64 }
+        Scanner {
+            file,
+            len,
+            window: Vec::new(),
+            window_start: 0,
+            pos: FILE_HEADER_SIZE_BYTES as u64,
+        }
     }
 
     /// Bytes `[pos, pos + n)`, or fewer if the file ends first.
     fn bytes(&mut self, pos: u64, n: usize) -> std::io::Result<&[u8]> {
         let end = (pos + n as u64).min(self.len);
         if pos < self.window_start || end > self.window_start + self.window.len() as u64 {
-            let size = (end - pos).max(SCAN_WINDOW_BYTES as u64).min(self.len - pos) as usize;
+            let size = (end - pos)
+                .max(SCAN_WINDOW_BYTES as u64)
+                .min(self.len - pos) as usize;
             self.window.resize(size, 0);
             self.file.read_exact_at(&mut self.window, pos)?;
             self.window_start = pos;
@@ -265,7 +288,11 @@ impl<'a> Scanner<'a> {
 
     /// The next record (offset, header, key) or the fault at `pos`.
     #[allow(clippy::type_complexity)]
-    fn next(&mut self) -> std::io::Result<Option<std::result::Result<(u64, RecordHeader, Vec<u8>, Vec<u8>), RecordFault>>> {
+    fn next(
+        &mut self,
+    ) -> std::io::Result<
+        Option<std::result::Result<(u64, RecordHeader, Vec<u8>, Vec<u8>), RecordFault>>,
+    > {
         if self.pos >= self.len {
             return Ok(None);
         }
@@ -279,9 +306,13 @@ impl<'a> Scanner<'a> {
         let size = header.record_size();
         let record = self.bytes(pos, size)?;
         if crc32fast::hash(&record[4..]) != header.crc {
-            return Ok(Some(Err(RecordFault::Invalid("record checksum mismatch".to_string()))));
+            return Ok(Some(Err(RecordFault::Invalid(
+                "record checksum mismatch".to_string(),
+            ))));
         }
-        let key = record[RECORD_HEADER_SIZE_BYTES..RECORD_HEADER_SIZE_BYTES + header.key_len as usize].to_vec();
+        let key = record
+            [RECORD_HEADER_SIZE_BYTES..RECORD_HEADER_SIZE_BYTES + header.key_len as usize]
+            .to_vec();
         let value = if header.kind == RecordKind::Commit {
             record[RECORD_HEADER_SIZE_BYTES + header.key_len as usize..].to_vec()
         } else {
@@ -296,7 +327,13 @@ fn apply_record(keydir: &mut KeyDir, num: u32, offset: u64, header: &RecordHeade
     match header.kind {
         RecordKind::Put => keydir.put(
             key,
-            Location { file: num, offset: offset as u32, value_len: header.value_len, seq: header.seq, expiry_ms: header.expiry_ms },
+            Location {
+                file: num,
+                offset: offset as u32,
+                value_len: header.value_len,
+                seq: header.seq,
+                expiry_ms: header.expiry_ms,
+            },
         ),
         RecordKind::Tombstone => keydir.delete(key, header.seq),
         RecordKind::Commit => keydir.note_seq(header.seq),
@@ -304,13 +341,23 @@ fn apply_record(keydir: &mut KeyDir, num: u32, offset: u64, header: &RecordHeade
 }
 
 /// Loads a sealed file from its hint, or by a strict scan that rewrites the hint.
-fn load_sealed(vfs: &dyn Vfs, dir: &Path, id: &FileId, num: u32, boundary: u64, keydir: &mut KeyDir) -> Result<FileMeta> {
+fn load_sealed(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    id: &FileId,
+    num: u32,
+    boundary: u64,
+    keydir: &mut KeyDir,
+) -> Result<FileMeta> {
     let (file, header) = open_data(vfs, dir, id)?;
     if matches!(id, FileId::Merge { .. }) && header.boundary != boundary {
         return Err(Error::Corruption {
             file: id.data_name(),
             offset: 0,
-            reason: format!("merge boundary {} differs from part 0's {boundary}", header.boundary),
+            reason: format!(
+                "merge boundary {} differs from part 0's {boundary}",
+                header.boundary
+            ),
         });
     }
     let path = path_in(dir, &id.data_name());
@@ -323,7 +370,13 @@ fn load_sealed(vfs: &dyn Vfs, dir: &Path, id: &FileId, num: u32, boundary: u64, 
             match entry.kind {
                 RecordKind::Put => keydir.put(
                     entry.key,
-                    Location { file: num, offset: entry.offset, value_len: entry.value_len, seq: entry.seq, expiry_ms: entry.expiry_ms },
+                    Location {
+                        file: num,
+                        offset: entry.offset,
+                        value_len: entry.value_len,
+                        seq: entry.seq,
+                        expiry_ms: entry.expiry_ms,
+                    },
                 ),
                 RecordKind::Tombstone => keydir.delete(entry.key, entry.seq),
                 RecordKind::Commit => {
@@ -332,7 +385,14 @@ fn load_sealed(vfs: &dyn Vfs, dir: &Path, id: &FileId, num: u32, boundary: u64, 
                 }
             }
         }
-        return Ok(FileMeta { id: *id, num, len, crc: hint.trailer.data_crc, max_seq, last_commit });
+        return Ok(FileMeta {
+            id: *id,
+            num,
+            len,
+            crc: hint.trailer.data_crc,
+            max_seq,
+            last_commit,
+        });
     }
     tracing::warn!(file = %id.data_name(), "hint missing or invalid; scanning the segment");
     let mut writer = HintWriter::create(vfs, dir, id, &header)?;
@@ -350,16 +410,36 @@ fn load_sealed(vfs: &dyn Vfs, dir: &Path, id: &FileId, num: u32, boundary: u64, 
                 writer.commit(&value, offset as u32, record.seq);
                 last_commit = Some((record.seq, value));
             }
-            kind => writer.add(kind, &key, record.value_len, offset_for_hint(kind, offset), record.seq, record.expiry_ms)?,
+            kind => writer.add(
+                kind,
+                &key,
+                record.value_len,
+                offset_for_hint(kind, offset),
+                record.seq,
+                record.expiry_ms,
+            )?,
         }
     }
     if last_commit.is_none() {
-        return Err(Error::Corruption { file: id.data_name(), offset: len, reason: "sealed file holds no commit record".to_string() });
+        return Err(Error::Corruption {
+            file: id.data_name(),
+            offset: len,
+            reason: "sealed file holds no commit record".to_string(),
+        });
     }
-    let (_, crc) = checksum_file(file.as_ref(), None).map_err(|e| Error::io(&path, e))?.expect("whole file");
+    let (_, crc) = checksum_file(file.as_ref(), None)
+        .map_err(|e| Error::io(&path, e))?
+        .expect("whole file");
     writer.finish(vfs, len, crc)?;
     vfs.sync_dir(dir).map_err(|e| Error::io(dir, e))?;
-    Ok(FileMeta { id: *id, num, len, crc, max_seq, last_commit })
+    Ok(FileMeta {
+        id: *id,
+        num,
+        len,
+        crc,
+        max_seq,
+        last_commit,
+    })
 }
 
 /// Hints store tombstone offsets as 0: nothing reads a tombstone back, and
@@ -372,7 +452,14 @@ pub(crate) fn offset_for_hint(kind: RecordKind, offset: u64) -> u32 {
 }
 
 /// Recovers the active segment; `None` when it holds no complete batch (deleted).
-fn recover_active(vfs: &dyn Vfs, dir: &Path, id: &FileId, num: u32, published_len: Option<u64>, keydir: &mut KeyDir) -> Result<Option<Active>> {
+fn recover_active(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    id: &FileId,
+    num: u32,
+    published_len: Option<u64>,
+    keydir: &mut KeyDir,
+) -> Result<Option<Active>> {
     let path = path_in(dir, &id.data_name());
     let file = vfs.open(&path).map_err(|e| Error::io(&path, e))?;
     let len = file.len().map_err(|e| Error::io(&path, e))?;
@@ -388,7 +475,9 @@ fn recover_active(vfs: &dyn Vfs, dir: &Path, id: &FileId, num: u32, published_le
         Ok((_, header)) => header,
         // A header that never reached the disk: the segment was created and
         // nothing in it was made durable.
-        Err(Error::Corruption { .. }) if published == 0 && !header_is_complete(file.as_ref(), len) => {
+        Err(Error::Corruption { .. })
+            if published == 0 && !header_is_complete(file.as_ref(), len) =>
+        {
             tracing::warn!(file = %id.data_name(), "deleting an active segment whose header never reached the disk");
             remove(vfs, dir, &id.data_name())?;
             vfs.sync_dir(dir).map_err(|e| Error::io(dir, e))?;
@@ -417,7 +506,14 @@ fn recover_active(vfs: &dyn Vfs, dir: &Path, id: &FileId, num: u32, published_le
         }
         for (offset, record, key) in batch.drain(..) {
             apply_record(keydir, num, offset, &record, &key);
-            hint.add(record.kind, &key, record.value_len, offset_for_hint(record.kind, offset), record.seq, record.expiry_ms)?;
+            hint.add(
+                record.kind,
+                &key,
+                record.value_len,
+                offset_for_hint(record.kind, offset),
+                record.seq,
+                record.expiry_ms,
+            )?;
         }
         keydir.note_seq(record.seq);
         hint.commit(&value, offset as u32, record.seq);
@@ -426,12 +522,17 @@ fn recover_active(vfs: &dyn Vfs, dir: &Path, id: &FileId, num: u32, published_le
         committed_end = scanner.pos;
     }
     if committed_end < len {
-        let (fault_at, why) = fault.unwrap_or((committed_end, RecordFault::Invalid("batch without commit record".to_string())));
+        let (fault_at, why) = fault.unwrap_or((
+            committed_end,
+            RecordFault::Invalid("batch without commit record".to_string()),
+        ));
         if committed_end < published {
             return Err(Error::Corruption {
                 file: id.data_name(),
                 offset: fault_at,
-                reason: format!("bad record inside the published prefix ({published} bytes): {why:?}"),
+                reason: format!(
+                    "bad record inside the published prefix ({published} bytes): {why:?}"
+                ),
             });
         }
         tracing::warn!(
@@ -442,7 +543,8 @@ fn recover_active(vfs: &dyn Vfs, dir: &Path, id: &FileId, num: u32, published_le
             reason = ?why,
             "truncating an incomplete or torn tail of the active segment"
         );
-        file.truncate(committed_end).map_err(|e| Error::io(&path, e))?;
+        file.truncate(committed_end)
+            .map_err(|e| Error::io(&path, e))?;
         file.sync().map_err(|e| Error::io(&path, e))?;
     }
     if last_commit.is_none() {
@@ -451,10 +553,21 @@ fn recover_active(vfs: &dyn Vfs, dir: &Path, id: &FileId, num: u32, published_le
         vfs.sync_dir(dir).map_err(|e| Error::io(dir, e))?;
         return Ok(None);
     }
-    let (_, crc) = checksum_file(file.as_ref(), Some(committed_end)).map_err(|e| Error::io(&path, e))?.expect("prefix exists");
+    let (_, crc) = checksum_file(file.as_ref(), Some(committed_end))
+        .map_err(|e| Error::io(&path, e))?
+        .expect("prefix exists");
     // Resumes the running checksum as if the prefix had just been hashed.
     let hasher = crc32fast::Hasher::new_with_initial_len(crc, committed_end);
-    Ok(Some(Active { num, id: *id, file, len: committed_end, hasher, hint, max_seq, last_commit }))
+    Ok(Some(Active {
+        num,
+        id: *id,
+        file,
+        len: committed_end,
+        hasher,
+        hint,
+        max_seq,
+        last_commit,
+    }))
 }
 
 fn header_is_complete(file: &dyn VfsFile, len: u64) -> bool {

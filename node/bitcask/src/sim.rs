@@ -56,7 +56,9 @@ fn eio(what: &str) -> io::Error {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl VfsFile for SimFile {
@@ -77,7 +79,9 @@ impl VfsFile for SimFile {
             return Err(eio("write"));
         }
         if budget > 0 {
-            self.faults.writes_before_failure.fetch_sub(1, Ordering::SeqCst);
+            self.faults
+                .writes_before_failure
+                .fetch_sub(1, Ordering::SeqCst);
         }
         let mut state = lock(&self.state);
         let offset = offset as usize;
@@ -146,7 +150,10 @@ impl SimFs {
     /// An empty disk.
     pub fn new() -> SimFs {
         let fs = SimFs::default();
-        fs.inner.faults.writes_before_failure.store(-1, Ordering::SeqCst);
+        fs.inner
+            .faults
+            .writes_before_failure
+            .store(-1, Ordering::SeqCst);
         fs
     }
 
@@ -158,12 +165,18 @@ impl SimFs {
     /// Lets `count` more writes succeed, then fails every write; `None` stops failing.
     pub fn fail_writes_after(&self, count: Option<u64>) {
         let value = count.map_or(-1, |count| count as i64);
-        self.inner.faults.writes_before_failure.store(value, Ordering::SeqCst);
+        self.inner
+            .faults
+            .writes_before_failure
+            .store(value, Ordering::SeqCst);
     }
 
     /// Makes every file sync take this long, like a slow disk.
     pub fn set_sync_delay(&self, delay: std::time::Duration) {
-        self.inner.faults.sync_delay_us.store(delay.as_micros() as u64, Ordering::SeqCst);
+        self.inner
+            .faults
+            .sync_delay_us
+            .store(delay.as_micros() as u64, Ordering::SeqCst);
     }
 
     /// Number of successful file syncs so far.
@@ -196,7 +209,11 @@ impl SimFs {
                 data.extend_from_slice(&state.data[state.synced.len()..state.synced.len() + keep]);
             }
             let file = Arc::new(SimFile {
-                state: Mutex::new(FileState { synced: data.clone(), data, rewritten: false }),
+                state: Mutex::new(FileState {
+                    synced: data.clone(),
+                    data,
+                    rewritten: false,
+                }),
                 faults: fresh.inner.faults.clone(),
             });
             files.insert(path.clone(), file);
@@ -208,13 +225,19 @@ impl SimFs {
 
     /// Contents of a file as a running program sees it.
     pub fn read_file(&self, path: &Path) -> Option<Vec<u8>> {
-        lock(&self.inner.live).get(path).map(|file| lock(&file.state).data.clone())
+        lock(&self.inner.live)
+            .get(path)
+            .map(|file| lock(&file.state).data.clone())
     }
 
     /// Overwrites a file's bytes (live and durable), for corruption tests.
     pub fn write_file(&self, path: &Path, bytes: &[u8]) {
         let file = Arc::new(SimFile {
-            state: Mutex::new(FileState { data: bytes.to_vec(), synced: bytes.to_vec(), rewritten: false }),
+            state: Mutex::new(FileState {
+                data: bytes.to_vec(),
+                synced: bytes.to_vec(),
+                rewritten: false,
+            }),
             faults: self.inner.faults.clone(),
         });
         lock(&self.inner.live).insert(path.to_path_buf(), file.clone());
@@ -231,7 +254,10 @@ impl SimFs {
 
 impl Vfs for SimFs {
     fn create(&self, path: &Path) -> io::Result<Arc<dyn VfsFile>> {
-        let file = Arc::new(SimFile { state: Mutex::default(), faults: self.inner.faults.clone() });
+        let file = Arc::new(SimFile {
+            state: Mutex::default(),
+            faults: self.inner.faults.clone(),
+        });
         lock(&self.inner.live).insert(path.to_path_buf(), file.clone());
         Ok(file)
     }
@@ -239,7 +265,10 @@ impl Vfs for SimFs {
     fn open(&self, path: &Path) -> io::Result<Arc<dyn VfsFile>> {
         match lock(&self.inner.live).get(path) {
             Some(file) => Ok(file.clone()),
-            None => Err(io::Error::new(io::ErrorKind::NotFound, format!("{} not found", path.display()))),
+            None => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{} not found", path.display()),
+            )),
         }
     }
 
@@ -255,9 +284,12 @@ impl Vfs for SimFs {
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let mut live = lock(&self.inner.live);
-        let file = live
-            .remove(from)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{} not found", from.display())))?;
+        let file = live.remove(from).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{} not found", from.display()),
+            )
+        })?;
         live.insert(to.to_path_buf(), file);
         Ok(())
     }
@@ -265,7 +297,10 @@ impl Vfs for SimFs {
     fn remove(&self, path: &Path) -> io::Result<()> {
         match lock(&self.inner.live).remove(path) {
             Some(_) => Ok(()),
-            None => Err(io::Error::new(io::ErrorKind::NotFound, format!("{} not found", path.display()))),
+            None => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{} not found", path.display()),
+            )),
         }
     }
 
@@ -303,7 +338,10 @@ mod tests {
         b.sync().unwrap();
         let after = fs.power_cut(Torn::Nothing);
         assert_eq!(after.read_file(&dir.join("a")).unwrap(), b"hello");
-        assert!(after.read_file(&dir.join("b")).is_none(), "b's name was never made durable");
+        assert!(
+            after.read_file(&dir.join("b")).is_none(),
+            "b's name was never made durable"
+        );
     }
 
     #[test]

@@ -12,7 +12,12 @@ use bitcask::{Batch, Engine, Error, KeyRange, Options, Scan, SyncPolicy};
 use crate::common::{open_sim, value_for};
 
 fn open_real(dir: &std::path::Path, segment_size_bytes: u64) -> Engine {
-    let opts = Options { segment_size_bytes, sync: SyncPolicy::Never, auto_merge: None, ..Options::default() };
+    let opts = Options {
+        segment_size_bytes,
+        sync: SyncPolicy::Never,
+        auto_merge: None,
+        ..Options::default()
+    };
     Engine::open(dir, opts).expect("open")
 }
 
@@ -36,7 +41,11 @@ fn put_get_delete_survive_reopen() {
     assert_eq!(engine.get(b"b", 0).unwrap().unwrap().value, b"2");
     assert_eq!(engine.last_seq(), last);
     let next = engine.put(b"c", b"3").unwrap();
-    assert_eq!(next, last + 1, "engine-assigned sequences continue after a restart");
+    assert_eq!(
+        next,
+        last + 1,
+        "engine-assigned sequences continue after a restart"
+    );
 }
 
 #[test]
@@ -44,15 +53,31 @@ fn batches_take_caller_sequences_and_report_metadata() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open_real(dir.path(), 1 << 20);
     let written = engine
-        .write_batch(&Batch::new().put("x", "1").delete("y").put("z", "3").meta("entry 7").seq(7 << 16))
+        .write_batch(
+            &Batch::new()
+                .put("x", "1")
+                .delete("y")
+                .put("z", "3")
+                .meta("entry 7")
+                .seq(7 << 16),
+        )
         .unwrap();
     assert_eq!(written.first_seq, 7 << 16);
     assert_eq!(written.commit_seq, (7 << 16) + 3);
-    assert_eq!(engine.get(b"z", 0).unwrap().unwrap().seq, (7 << 16) + 2, "op i gets seq + i");
+    assert_eq!(
+        engine.get(b"z", 0).unwrap().unwrap().seq,
+        (7 << 16) + 2,
+        "op i gets seq + i"
+    );
     let stale = engine.write_batch(&Batch::new().put("x", "2").seq(7 << 16));
-    assert!(matches!(stale, Err(Error::SequenceNotIncreasing { .. })), "{stale:?}");
+    assert!(
+        matches!(stale, Err(Error::SequenceNotIncreasing { .. })),
+        "{stale:?}"
+    );
     // An empty batch (a Raft blank entry) still commits its metadata.
-    engine.write_batch(&Batch::new().meta("blank 8").seq(8 << 16)).unwrap();
+    engine
+        .write_batch(&Batch::new().meta("blank 8").seq(8 << 16))
+        .unwrap();
     assert_eq!(engine.last_seq(), 8 << 16);
     engine.close().unwrap();
     let engine = open_real(dir.path(), 1 << 20);
@@ -81,13 +106,27 @@ fn limits_are_checked_and_named() {
     let big = (0..10).fold(Batch::new(), |b, i| b.put(format!("k{i}"), vec![0u8; 16]));
     let err = engine.write_batch(&big).unwrap_err();
     assert!(err.to_string().contains("batch_size_bytes_max"), "{err}");
-    let err = engine.write_batch(&Batch::new().meta(vec![0u8; bitcask::METADATA_SIZE_BYTES_MAX + 1])).unwrap_err();
+    let err = engine
+        .write_batch(&Batch::new().meta(vec![0u8; bitcask::METADATA_SIZE_BYTES_MAX + 1]))
+        .unwrap_err();
     assert!(matches!(err, Error::MetadataTooLarge { .. }));
     // Nothing rejected was written.
     assert_eq!(engine.stats().keys, 0);
     assert_eq!(engine.last_seq(), 0);
-    let bad = Engine::open(dir.path().join("x"), Options { segment_size_bytes: 1, ..Options::default() });
-    assert!(matches!(bad, Err(Error::InvalidOption { name: "segment_size_bytes", .. })));
+    let bad = Engine::open(
+        dir.path().join("x"),
+        Options {
+            segment_size_bytes: 1,
+            ..Options::default()
+        },
+    );
+    assert!(matches!(
+        bad,
+        Err(Error::InvalidOption {
+            name: "segment_size_bytes",
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -96,9 +135,17 @@ fn expiry_is_judged_against_the_callers_clock() {
     let engine = open_real(dir.path(), 1 << 20);
     engine.put_with_expiry(b"session", b"s", 1_000).unwrap();
     engine.put(b"forever", b"f").unwrap();
-    assert_eq!(engine.get(b"session", 999).unwrap().unwrap().expiry_ms, 1_000);
+    assert_eq!(
+        engine.get(b"session", 999).unwrap().unwrap().expiry_ms,
+        1_000
+    );
     assert_eq!(engine.get(b"session", 1_000).unwrap(), None);
-    let keys: Vec<Vec<u8>> = engine.scan(&Scan::all(10), 5_000).unwrap().into_iter().map(|e| e.key).collect();
+    let keys: Vec<Vec<u8>> = engine
+        .scan(&Scan::all(10), 5_000)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.key)
+        .collect();
     assert_eq!(keys, vec![b"forever".to_vec()]);
     assert_eq!(engine.scan(&Scan::all(10), 0).unwrap().len(), 2);
 }
@@ -108,7 +155,12 @@ fn scans_by_prefix_range_resume_and_keys_only() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open_real(dir.path(), 4096);
     for i in 0..50u32 {
-        engine.put(format!("k{i:03}").as_bytes(), &value_for(format!("k{i:03}").as_bytes(), 1, 100)).unwrap();
+        engine
+            .put(
+                format!("k{i:03}").as_bytes(),
+                &value_for(format!("k{i:03}").as_bytes(), 1, 100),
+            )
+            .unwrap();
     }
     engine.put(b"other", b"o").unwrap();
     engine.put(&[0xff, 0xff], b"max").unwrap();
@@ -116,23 +168,50 @@ fn scans_by_prefix_range_resume_and_keys_only() {
     assert_eq!(page1.len(), 20);
     assert_eq!(page1[0].key, b"k000");
     let page2 = engine
-        .scan(&Scan { after: Some(page1[19].key.clone()), ..Scan::prefix("k", 100) }, 0)
+        .scan(
+            &Scan {
+                after: Some(page1[19].key.clone()),
+                ..Scan::prefix("k", 100)
+            },
+            0,
+        )
         .unwrap();
     assert_eq!(page2.len(), 30);
     assert_eq!(page2[0].key, b"k020");
-    assert!(page2.iter().all(|e| e.value.as_ref().unwrap().starts_with(&e.key)));
+    assert!(
+        page2
+            .iter()
+            .all(|e| e.value.as_ref().unwrap().starts_with(&e.key))
+    );
     let range = Scan {
-        range: KeyRange::Range(Bound::Included(b"k010".to_vec()), Bound::Excluded(b"k013".to_vec())),
+        range: KeyRange::Range(
+            Bound::Included(b"k010".to_vec()),
+            Bound::Excluded(b"k013".to_vec()),
+        ),
         after: None,
         limit: 100,
         keys_only: true,
     };
     let found = engine.scan(&range, 0).unwrap();
-    assert_eq!(found.iter().map(|e| e.key.clone()).collect::<Vec<_>>(), vec![b"k010".to_vec(), b"k011".to_vec(), b"k012".to_vec()]);
+    assert_eq!(
+        found.iter().map(|e| e.key.clone()).collect::<Vec<_>>(),
+        vec![b"k010".to_vec(), b"k011".to_vec(), b"k012".to_vec()]
+    );
     assert!(found.iter().all(|e| e.value.is_none()));
-    let inverted = Scan { range: KeyRange::Range(Bound::Included(b"z".to_vec()), Bound::Included(b"a".to_vec())), after: None, limit: 10, keys_only: false };
+    let inverted = Scan {
+        range: KeyRange::Range(
+            Bound::Included(b"z".to_vec()),
+            Bound::Included(b"a".to_vec()),
+        ),
+        after: None,
+        limit: 10,
+        keys_only: false,
+    };
     assert!(engine.scan(&inverted, 0).unwrap().is_empty());
-    assert_eq!(engine.scan(&Scan::prefix(vec![0xff], 10), 0).unwrap().len(), 1);
+    assert_eq!(
+        engine.scan(&Scan::prefix(vec![0xff], 10), 0).unwrap().len(),
+        1
+    );
 }
 
 #[test]
@@ -140,10 +219,15 @@ fn rotation_seals_segments_with_hints_and_lists_checksummed_files() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open_real(dir.path(), 2048);
     for i in 0..40u32 {
-        engine.put(format!("key{i}").as_bytes(), &[i as u8; 300]).unwrap();
+        engine
+            .put(format!("key{i}").as_bytes(), &[i as u8; 300])
+            .unwrap();
     }
     let sealed = engine.sealed_files();
-    assert!(sealed.iter().filter(|f| f.name.ends_with(".data")).count() >= 4, "{sealed:?}");
+    assert!(
+        sealed.iter().filter(|f| f.name.ends_with(".data")).count() >= 4,
+        "{sealed:?}"
+    );
     assert_eq!(
         sealed.iter().filter(|f| f.name.ends_with(".hint")).count(),
         sealed.iter().filter(|f| f.name.ends_with(".data")).count(),
@@ -154,15 +238,26 @@ fn rotation_seals_segments_with_hints_and_lists_checksummed_files() {
         assert_eq!(bytes.len() as u64, file.len, "{}", file.name);
         assert_eq!(crc32fast::hash(&bytes), file.crc, "{}", file.name);
     }
-    let active = engine.active_file().expect("the last put left an active segment");
+    let active = engine
+        .active_file()
+        .expect("the last put left an active segment");
     let bytes = std::fs::read(dir.path().join(&active.name)).unwrap();
     assert_eq!(crc32fast::hash(&bytes), active.crc);
-    assert_eq!(engine.checksum_prefix(&active.name, 100).unwrap(), crc32fast::hash(&bytes[..100]));
-    assert!(matches!(engine.checksum_prefix("nope.data", 1), Err(Error::UnknownFile(_))));
+    assert_eq!(
+        engine.checksum_prefix(&active.name, 100).unwrap(),
+        crc32fast::hash(&bytes[..100])
+    );
+    assert!(matches!(
+        engine.checksum_prefix("nope.data", 1),
+        Err(Error::UnknownFile(_))
+    ));
     // Files sealed at 2 KiB: each one ends at the first batch boundary past it.
     let stats = engine.stats();
     for file in stats.files.iter().filter(|f| f.sealed) {
-        assert!(file.total_bytes >= 2048 && file.total_bytes < 2048 + 400, "{file:?}");
+        assert!(
+            file.total_bytes >= 2048 && file.total_bytes < 2048 + 400,
+            "{file:?}"
+        );
     }
 }
 
@@ -179,8 +274,14 @@ fn stats_count_live_and_dead_bytes() {
     let after = engine.stats();
     assert_eq!(after.keys, 1);
     assert_eq!(after.live_bytes, 27 + 1 + 100);
-    assert!(after.dead_bytes >= before.dead_bytes + 27 + 1 + 100, "{before:?} {after:?}");
-    assert_eq!(after.live_bytes + after.dead_bytes, after.files.iter().map(|f| f.total_bytes).sum::<u64>());
+    assert!(
+        after.dead_bytes >= before.dead_bytes + 27 + 1 + 100,
+        "{before:?} {after:?}"
+    );
+    assert_eq!(
+        after.live_bytes + after.dead_bytes,
+        after.files.iter().map(|f| f.total_bytes).sum::<u64>()
+    );
 }
 
 #[test]
@@ -189,7 +290,9 @@ fn pinned_files_outlive_a_merge_until_unpinned() {
     let engine = open_real(dir.path(), 1024);
     for round in 0..3u8 {
         for i in 0..10u32 {
-            engine.put(format!("k{i}").as_bytes(), &[round; 200]).unwrap();
+            engine
+                .put(format!("k{i}").as_bytes(), &[round; 200])
+                .unwrap();
         }
     }
     let names: Vec<String> = engine.sealed_files().into_iter().map(|f| f.name).collect();
@@ -201,10 +304,20 @@ fn pinned_files_outlive_a_merge_until_unpinned() {
     }
     drop(pin);
     for name in &names {
-        assert!(!dir.path().join(name).exists(), "unpinned merged {name} was kept");
+        assert!(
+            !dir.path().join(name).exists(),
+            "unpinned merged {name} was kept"
+        );
     }
     for i in 0..10u32 {
-        assert_eq!(engine.get(format!("k{i}").as_bytes(), 0).unwrap().unwrap().value, vec![2u8; 200]);
+        assert_eq!(
+            engine
+                .get(format!("k{i}").as_bytes(), 0)
+                .unwrap()
+                .unwrap()
+                .value,
+            vec![2u8; 200]
+        );
     }
 }
 
@@ -231,7 +344,10 @@ fn concurrent_writers_share_fsyncs() {
     });
     let syncs = fs.sync_count() - syncs_before;
     let writes = (WRITERS * WRITES_PER_WRITER) as u64;
-    assert!(syncs < writes / 2, "{syncs} fsyncs for {writes} writes: no group commit");
+    assert!(
+        syncs < writes / 2,
+        "{syncs} fsyncs for {writes} writes: no group commit"
+    );
     // Every acknowledged write is durable (cut the power before the engine
     // is dropped: closing would fsync and hide a missing fsync).
     let after = fs.power_cut(bitcask::sim::Torn::Nothing);

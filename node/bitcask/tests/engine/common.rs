@@ -25,7 +25,8 @@ pub fn sim_options(fs: &SimFs, sync: SyncPolicy, segment_size_bytes: u64) -> Opt
 
 /// Opens an engine on `fs` at [`sim_dir`].
 pub fn open_sim(fs: &SimFs, sync: SyncPolicy, segment_size_bytes: u64) -> Engine {
-    Engine::open(sim_dir(), sim_options(fs, sync, segment_size_bytes)).expect("open engine on SimFs")
+    Engine::open(sim_dir(), sim_options(fs, sync, segment_size_bytes))
+        .expect("open engine on SimFs")
 }
 
 /// Every file in `dir` of `fs` with its bytes, sorted by name.

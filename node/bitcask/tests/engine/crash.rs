@@ -29,7 +29,10 @@ fn options() -> Options {
     Options {
         sync: SyncPolicy::Always,
         segment_size_bytes: 16 * 1024,
-        auto_merge: Some(AutoMerge { dead_ratio_min: 0.3, dead_bytes_min: 32 * 1024 }),
+        auto_merge: Some(AutoMerge {
+            dead_ratio_min: 0.3,
+            dead_bytes_min: 32 * 1024,
+        }),
         ..Options::default()
     }
 }
@@ -39,9 +42,17 @@ fn options() -> Options {
 fn version_of(key: &[u8], value: &[u8]) -> u64 {
     let text = String::from_utf8(value.to_vec()).expect("values are text");
     let mut parts = text.split('#');
-    assert_eq!(parts.next().unwrap().as_bytes(), key, "value {text:?} belongs to another key");
+    assert_eq!(
+        parts.next().unwrap().as_bytes(),
+        key,
+        "value {text:?} belongs to another key"
+    );
     let version: u64 = parts.next().unwrap().parse().expect("version");
-    assert_eq!(value, value_for(key, version, value.len()).as_slice(), "garbage value for {key:?}");
+    assert_eq!(
+        value,
+        value_for(key, version, value.len()).as_slice(),
+        "garbage value for {key:?}"
+    );
     version
 }
 
@@ -50,7 +61,9 @@ fn child(dir: &str) {
     // Continue each key from the version it holds.
     let mut start = vec![0u64; (THREADS * KEYS_PER_THREAD) as usize];
     for entry in engine.scan(&Scan::all(usize::MAX), 0).unwrap() {
-        let index: usize = String::from_utf8(entry.key.clone()).unwrap()[1..].parse().unwrap();
+        let index: usize = String::from_utf8(entry.key.clone()).unwrap()[1..]
+            .parse()
+            .unwrap();
         start[index] = version_of(&entry.key, entry.value.as_ref().unwrap());
     }
     let start = Arc::new(start);
@@ -90,7 +103,12 @@ fn sigkill_loses_no_acknowledged_write() {
     let mut acked = vec![0u64; (THREADS * KEYS_PER_THREAD) as usize];
     for round in 0..ROUNDS {
         let mut child = Command::new(&exe)
-            .args(["--exact", "crash::sigkill_loses_no_acknowledged_write", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "crash::sigkill_loses_no_acknowledged_write",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD_ENV, dir.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -117,18 +135,27 @@ fn sigkill_loses_no_acknowledged_write() {
             }
         }
         let status = child.wait().unwrap();
-        assert!(killed, "round {round}: the child finished before it was killed ({status})");
+        assert!(
+            killed,
+            "round {round}: the child finished before it was killed ({status})"
+        );
         assert!(seen > 0, "round {round}: the child acknowledged nothing");
 
         let engine = Engine::open(dir.path(), options()).unwrap();
         let mut found = vec![0u64; acked.len()];
         for entry in engine.scan(&Scan::all(usize::MAX), 0).unwrap() {
             let key = String::from_utf8(entry.key.clone()).unwrap();
-            let index: usize = key.strip_prefix('k').and_then(|i| i.parse().ok()).expect("only the child's keys");
+            let index: usize = key
+                .strip_prefix('k')
+                .and_then(|i| i.parse().ok())
+                .expect("only the child's keys");
             found[index] = version_of(&entry.key, entry.value.as_ref().unwrap());
         }
         for (index, (&want, &have)) in acked.iter().zip(&found).enumerate() {
-            assert!(have >= want, "round {round}: k{index} acknowledged at version {want}, found {have}");
+            assert!(
+                have >= want,
+                "round {round}: k{index} acknowledged at version {want}, found {have}"
+            );
         }
         // The next round continues from what survived.
         acked = found;

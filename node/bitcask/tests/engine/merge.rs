@@ -28,7 +28,9 @@ fn churn(engine: &Engine) {
         for i in 0..20u32 {
             let key = format!("k{i:02}").into_bytes();
             let expiry = if i >= 15 && round == 2 { 1_000 } else { 0 };
-            engine.put_with_expiry(&key, &value_for(&key, round, 150), expiry).unwrap();
+            engine
+                .put_with_expiry(&key, &value_for(&key, round, 150), expiry)
+                .unwrap();
         }
     }
     for i in 0..5u32 {
@@ -50,7 +52,12 @@ fn merge_keeps_live_data_and_reclaims_the_rest() {
     let inputs = engine.sealed_data_files();
     let report = engine.merge(&inputs, now).unwrap();
     assert_eq!(report.inputs, inputs);
-    assert!(report.outputs.iter().all(|name| name.starts_with(&format!("merge-{:020}-", report.cutoff))));
+    assert!(
+        report
+            .outputs
+            .iter()
+            .all(|name| name.starts_with(&format!("merge-{:020}-", report.cutoff)))
+    );
     assert!(report.bytes_after < report.bytes_before / 3, "{report:?}");
     assert_eq!(contents(&engine, now), before);
     assert_eq!(engine.last_seq(), last_seq);
@@ -61,7 +68,10 @@ fn merge_keeps_live_data_and_reclaims_the_rest() {
         assert!(fs.read_file(&sim_dir().join(name)).is_none(), "{name} kept");
     }
     for name in &report.outputs {
-        assert!(fs.read_file(&sim_dir().join(name.replace(".data", ".hint"))).is_some());
+        assert!(
+            fs.read_file(&sim_dir().join(name.replace(".data", ".hint")))
+                .is_some()
+        );
     }
     // Expired keys were dropped, not just hidden.
     assert_eq!(engine.stats().keys, 11);
@@ -86,7 +96,10 @@ fn merge_refuses_inputs_that_are_not_a_covering_prefix() {
     let sealed = engine.sealed_data_files();
     assert!(sealed.len() >= 4);
     let not_prefix = vec![sealed[1].clone()];
-    assert!(matches!(engine.merge(&not_prefix, 0), Err(Error::MergeInput(_))));
+    assert!(matches!(
+        engine.merge(&not_prefix, 0),
+        Err(Error::MergeInput(_))
+    ));
     assert!(matches!(engine.merge(&[], 0), Err(Error::MergeInput(_))));
     let report = engine.merge(&sealed[..2], 0).unwrap();
     // Writes happen; now the first output alone is not a covering prefix
@@ -95,7 +108,10 @@ fn merge_refuses_inputs_that_are_not_a_covering_prefix() {
         let first = vec![report.outputs[0].clone()];
         assert!(matches!(engine.merge(&first, 0), Err(Error::MergeInput(_))));
     }
-    assert!(matches!(engine.merge(&report.outputs, 0), Err(Error::MergeInput(_))), "no new writes since the merge");
+    assert!(
+        matches!(engine.merge(&report.outputs, 0), Err(Error::MergeInput(_))),
+        "no new writes since the merge"
+    );
 }
 
 #[test]
@@ -158,7 +174,10 @@ fn readers_and_writers_carry_on_during_merges() {
         assert!(merges >= 1 && reads > 0, "merges {merges}, reads {reads}");
         for i in 0..200u32 {
             let key = format!("k{i:03}").into_bytes();
-            assert_eq!(engine.get(&key, 0).unwrap().unwrap().value, value_for(&key, last_version, 100));
+            assert_eq!(
+                engine.get(&key, 0).unwrap().unwrap().value,
+                value_for(&key, last_version, 100)
+            );
         }
     });
 }
@@ -178,11 +197,19 @@ fn a_power_cut_at_any_moment_of_a_merge_loses_nothing() {
         for _ in 0..attempt * 3 {
             std::thread::yield_now();
         }
-        let after = fs.power_cut(if attempt % 2 == 0 { Torn::Nothing } else { Torn::Prefix(attempt) });
+        let after = fs.power_cut(if attempt % 2 == 0 {
+            Torn::Nothing
+        } else {
+            Torn::Prefix(attempt)
+        });
         merging.join().unwrap().unwrap();
         drop(engine);
         let engine = open_sim(&after, SyncPolicy::Always, 700);
-        assert_eq!(contents(&engine, 0), expected, "power cut during merge, attempt {attempt}");
+        assert_eq!(
+            contents(&engine, 0),
+            expected,
+            "power cut during merge, attempt {attempt}"
+        );
         // And the recovered engine merges again cleanly.
         engine.put(b"post", b"1").unwrap();
         churn(&engine);
@@ -196,7 +223,10 @@ fn a_power_cut_at_any_moment_of_a_merge_loses_nothing() {
 fn automatic_merge_runs_when_dead_bytes_pile_up() {
     let fs = SimFs::new();
     let opts = Options {
-        auto_merge: Some(AutoMerge { dead_ratio_min: 0.5, dead_bytes_min: 4096 }),
+        auto_merge: Some(AutoMerge {
+            dead_ratio_min: 0.5,
+            dead_bytes_min: 4096,
+        }),
         ..sim_options(&fs, SyncPolicy::Never, 1024)
     };
     let engine = Engine::open(sim_dir(), opts).unwrap();
@@ -205,16 +235,24 @@ fn automatic_merge_runs_when_dead_bytes_pile_up() {
     while engine.stats().merges == 0 && Instant::now() < deadline {
         for i in 0..10u32 {
             let key = format!("k{i}").into_bytes();
-            engine.write_batch(&Batch::new().put(key.clone(), value_for(&key, version, 200))).unwrap();
+            engine
+                .write_batch(&Batch::new().put(key.clone(), value_for(&key, version, 200)))
+                .unwrap();
         }
         version += 1;
         if version > 2_000 {
             break;
         }
     }
-    assert!(engine.stats().merges > 0, "no automatic merge after {version} rounds of overwrites");
+    assert!(
+        engine.stats().merges > 0,
+        "no automatic merge after {version} rounds of overwrites"
+    );
     for i in 0..10u32 {
         let key = format!("k{i}").into_bytes();
-        assert_eq!(engine.get(&key, 0).unwrap().unwrap().value, value_for(&key, version - 1, 200));
+        assert_eq!(
+            engine.get(&key, 0).unwrap().unwrap().value,
+            value_for(&key, version - 1, 200)
+        );
     }
 }

@@ -28,7 +28,9 @@ fn contents(engine: &Engine) -> Model {
 }
 
 fn batch_number(engine: &Engine) -> usize {
-    engine.last_commit_meta().map_or(0, |meta| u64::from_le_bytes(meta.try_into().unwrap()) as usize)
+    engine.last_commit_meta().map_or(0, |meta| {
+        u64::from_le_bytes(meta.try_into().unwrap()) as usize
+    })
 }
 
 fn run(seed: u64, sync: SyncPolicy) {
@@ -64,7 +66,11 @@ fn run(seed: u64, sync: SyncPolicy) {
                 durable = models.len() - 1;
             }
         }
-        let torn = if rng.random_bool(0.5) { Torn::Prefix(rng.random()) } else { Torn::Nothing };
+        let torn = if rng.random_bool(0.5) {
+            Torn::Prefix(rng.random())
+        } else {
+            Torn::Nothing
+        };
         let after = fs.power_cut(torn);
         drop(engine);
         fs = after;
@@ -75,7 +81,11 @@ fn run(seed: u64, sync: SyncPolicy) {
             k >= durable && k <= written,
             "seed {seed} cut {cut}: recovered {k} batches; {durable} were durable, {written} written"
         );
-        assert_eq!(contents(&engine), models[k], "seed {seed} cut {cut}: state is not exactly batch {k}");
+        assert_eq!(
+            contents(&engine),
+            models[k],
+            "seed {seed} cut {cut}: state is not exactly batch {k}"
+        );
         models.truncate(k + 1);
         durable = k;
     }

@@ -21,7 +21,9 @@ fn five_batches() -> (Vec<(String, Vec<u8>)>, String, u64, u64) {
     let mut len_after_four = 0;
     for i in 1..=5u64 {
         let mut batch = Batch::new().meta(format!("batch {i}")).seq(i * 100);
-        batch = batch.put(format!("k{i}"), format!("v{i}")).put("shared", format!("shared{i}"));
+        batch = batch
+            .put(format!("k{i}"), format!("v{i}"))
+            .put("shared", format!("shared{i}"));
         if i == 5 {
             batch = batch.delete("k1");
         }
@@ -32,7 +34,12 @@ fn five_batches() -> (Vec<(String, Vec<u8>)>, String, u64, u64) {
     }
     let active = engine.active_file().unwrap();
     engine.close().unwrap();
-    (sim_files(&fs, &sim_dir()), active.name, len_after_four, active.len)
+    (
+        sim_files(&fs, &sim_dir()),
+        active.name,
+        len_after_four,
+        active.len,
+    )
 }
 
 fn disk_with(files: &[(String, Vec<u8>)], edit: impl Fn(&str, &mut Vec<u8>)) -> SimFs {
@@ -48,12 +55,32 @@ fn disk_with(files: &[(String, Vec<u8>)], edit: impl Fn(&str, &mut Vec<u8>)) -> 
 fn assert_exactly_four_batches(engine: &Engine, active: &str, len_after_four: u64, what: &str) {
     assert_eq!(engine.last_commit_meta().unwrap(), b"batch 4", "{what}");
     assert_eq!(engine.last_seq(), 402, "{what}");
-    assert_eq!(engine.get(b"k5", 0).unwrap(), None, "{what}: half of batch 5 survived");
-    assert_eq!(engine.get(b"k1", 0).unwrap().unwrap().value, b"v1", "{what}: batch 5's delete leaked");
-    assert_eq!(engine.get(b"shared", 0).unwrap().unwrap().value, b"shared4", "{what}");
-    assert_eq!(engine.get(b"k4", 0).unwrap().unwrap().value, b"v4", "{what}");
+    assert_eq!(
+        engine.get(b"k5", 0).unwrap(),
+        None,
+        "{what}: half of batch 5 survived"
+    );
+    assert_eq!(
+        engine.get(b"k1", 0).unwrap().unwrap().value,
+        b"v1",
+        "{what}: batch 5's delete leaked"
+    );
+    assert_eq!(
+        engine.get(b"shared", 0).unwrap().unwrap().value,
+        b"shared4",
+        "{what}"
+    );
+    assert_eq!(
+        engine.get(b"k4", 0).unwrap().unwrap().value,
+        b"v4",
+        "{what}"
+    );
     let now = engine.active_file().unwrap();
-    assert_eq!((now.name.as_str(), now.len), (active, len_after_four), "{what}: not cut back to batch 4");
+    assert_eq!(
+        (now.name.as_str(), now.len),
+        (active, len_after_four),
+        "{what}: not cut back to batch 4"
+    );
 }
 
 #[test]
@@ -68,9 +95,14 @@ fn truncation_at_every_offset_of_the_last_batch_recovers_the_previous_batches() 
         let engine = open_sim(&fs, SyncPolicy::Never, 1 << 20);
         assert_exactly_four_batches(&engine, &active, len_after_four, &format!("cut at {cut}"));
         let on_disk = fs.read_file(&sim_dir().join(&active)).unwrap().len() as u64;
-        assert_eq!(on_disk, len_after_four, "cut at {cut}: the torn tail was left in the file");
+        assert_eq!(
+            on_disk, len_after_four,
+            "cut at {cut}: the torn tail was left in the file"
+        );
         // The repaired engine keeps working from the cut.
-        engine.write_batch(&Batch::new().put("k5", "again").seq(500)).unwrap();
+        engine
+            .write_batch(&Batch::new().put("k5", "again").seq(500))
+            .unwrap();
         assert_eq!(engine.get(b"k5", 0).unwrap().unwrap().value, b"again");
     }
     // Without any damage, all five batches are there.
@@ -90,21 +122,30 @@ fn a_flipped_byte_anywhere_in_the_last_batch_recovers_the_previous_batches() {
         let engine = open_sim(&fs, SyncPolicy::Never, 1 << 20);
         assert_exactly_four_batches(&engine, &active, len_after_four, &format!("flip at {at}"));
         let on_disk = fs.read_file(&sim_dir().join(&active)).unwrap().len() as u64;
-        assert_eq!(on_disk, len_after_four, "flip at {at}: the bad tail was left in the file");
+        assert_eq!(
+            on_disk, len_after_four,
+            "flip at {at}: the bad tail was left in the file"
+        );
     }
 }
 
 #[test]
 fn a_bad_record_below_the_published_prefix_is_corruption() {
     let (files, active, len_after_four, full_len) = five_batches();
-    let published = PublishedPrefix { file: active.clone(), len: full_len };
+    let published = PublishedPrefix {
+        file: active.clone(),
+        len: full_len,
+    };
     for at in [100u64, len_after_four - 3, full_len - 1] {
         let fs = disk_with(&files, |name, bytes| {
             if name == active {
                 bytes[at as usize] ^= 0x01;
             }
         });
-        let opts = bitcask::Options { published_prefix: Some(published.clone()), ..sim_options(&fs, SyncPolicy::Never, 1 << 20) };
+        let opts = bitcask::Options {
+            published_prefix: Some(published.clone()),
+            ..sim_options(&fs, SyncPolicy::Never, 1 << 20)
+        };
         match Engine::open(sim_dir(), opts) {
             Err(Error::Corruption { file, offset, .. }) => {
                 assert_eq!(file, active);
@@ -119,18 +160,35 @@ fn a_bad_record_below_the_published_prefix_is_corruption() {
             bytes.truncate(len_after_four as usize);
         }
     });
-    let opts = bitcask::Options { published_prefix: Some(published.clone()), ..sim_options(&fs, SyncPolicy::Never, 1 << 20) };
-    assert!(matches!(Engine::open(sim_dir(), opts), Err(Error::Corruption { .. })));
+    let opts = bitcask::Options {
+        published_prefix: Some(published.clone()),
+        ..sim_options(&fs, SyncPolicy::Never, 1 << 20)
+    };
+    assert!(matches!(
+        Engine::open(sim_dir(), opts),
+        Err(Error::Corruption { .. })
+    ));
     // The same damage beyond a shorter published prefix is just a torn tail.
     let fs = disk_with(&files, |name, bytes| {
         if name == active {
             bytes[full_len as usize - 1] ^= 0x01;
         }
     });
-    let shorter = PublishedPrefix { file: active.clone(), len: len_after_four };
-    let opts = bitcask::Options { published_prefix: Some(shorter), ..sim_options(&fs, SyncPolicy::Never, 1 << 20) };
+    let shorter = PublishedPrefix {
+        file: active.clone(),
+        len: len_after_four,
+    };
+    let opts = bitcask::Options {
+        published_prefix: Some(shorter),
+        ..sim_options(&fs, SyncPolicy::Never, 1 << 20)
+    };
     let engine = Engine::open(sim_dir(), opts).unwrap();
-    assert_exactly_four_batches(&engine, &active, len_after_four, "beyond the published prefix");
+    assert_exactly_four_batches(
+        &engine,
+        &active,
+        len_after_four,
+        "beyond the published prefix",
+    );
 }
 
 /// Writes enough to seal several segments; returns the disk and the sealed names.
@@ -138,7 +196,9 @@ fn sealed_segments() -> (SimFs, Vec<String>) {
     let fs = SimFs::new();
     let engine = open_sim(&fs, SyncPolicy::Never, 512);
     for i in 0..40u32 {
-        engine.put(format!("key{i:02}").as_bytes(), &[i as u8; 100]).unwrap();
+        engine
+            .put(format!("key{i:02}").as_bytes(), &[i as u8; 100])
+            .unwrap();
     }
     let sealed = engine.sealed_data_files();
     assert!(sealed.len() >= 3);
@@ -173,9 +233,14 @@ fn a_bad_record_in_a_sealed_segment_is_corruption_naming_file_and_offset() {
     drop(engine);
     // Without its hint, opening scans the segment and refuses it.
     use bitcask::io::Vfs;
-    fs.remove(&sim_dir().join(victim.replace(".data", ".hint"))).unwrap();
+    fs.remove(&sim_dir().join(victim.replace(".data", ".hint")))
+        .unwrap();
     match Engine::open(sim_dir(), sim_options(&fs, SyncPolicy::Never, 512)) {
-        Err(Error::Corruption { file, offset, reason }) => {
+        Err(Error::Corruption {
+            file,
+            offset,
+            reason,
+        }) => {
             assert_eq!(&file, victim, "{reason}");
             assert!(offset > 0 && offset <= 200, "offset {offset}");
         }
@@ -194,10 +259,21 @@ fn a_bad_hint_falls_back_to_a_scan_and_is_rewritten_identically() {
         fs.write_file(&hint_path, &bad);
         let engine = open_sim(&fs, SyncPolicy::Never, 512);
         for i in 0..40u32 {
-            assert_eq!(engine.get(format!("key{i:02}").as_bytes(), 0).unwrap().unwrap().value, vec![i as u8; 100]);
+            assert_eq!(
+                engine
+                    .get(format!("key{i:02}").as_bytes(), 0)
+                    .unwrap()
+                    .unwrap()
+                    .value,
+                vec![i as u8; 100]
+            );
         }
         drop(engine);
-        assert_eq!(fs.read_file(&hint_path).unwrap(), original, "hint rebuilt after a flip at {at}");
+        assert_eq!(
+            fs.read_file(&hint_path).unwrap(),
+            original,
+            "hint rebuilt after a flip at {at}"
+        );
     }
 }
 
@@ -205,13 +281,22 @@ fn a_bad_hint_falls_back_to_a_scan_and_is_rewritten_identically() {
 fn leftovers_are_cleaned_up_and_strangers_left_alone() {
     let (fs, _) = sealed_segments();
     let dir = sim_dir();
-    fs.write_file(&dir.join("seg-00000000000000009999.data.tmp"), b"half a file");
+    fs.write_file(
+        &dir.join("seg-00000000000000009999.data.tmp"),
+        b"half a file",
+    );
     fs.write_file(&dir.join("notes.txt"), b"not ours");
     // A new segment whose header never reached the disk.
     fs.write_file(&dir.join("seg-00000000000000009999.data"), b"RCB");
     let engine = open_sim(&fs, SyncPolicy::Never, 512);
-    assert!(fs.read_file(&dir.join("seg-00000000000000009999.data.tmp")).is_none());
-    assert!(fs.read_file(&dir.join("seg-00000000000000009999.data")).is_none());
+    assert!(
+        fs.read_file(&dir.join("seg-00000000000000009999.data.tmp"))
+            .is_none()
+    );
+    assert!(
+        fs.read_file(&dir.join("seg-00000000000000009999.data"))
+            .is_none()
+    );
     assert!(fs.read_file(&dir.join("notes.txt")).is_some());
     assert_eq!(engine.stats().keys, 40);
 }
