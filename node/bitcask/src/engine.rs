@@ -19,8 +19,8 @@ use lru::LruCache;
 
 use crate::error::{Error, Result};
 use crate::format::{
-    DATA_MAGIC, FileId, RECORD_HEADER_SIZE_BYTES, RecordKind, encode_record, record_size,
-    verify_record,
+    DATA_MAGIC, FileId, HintEntry, RECORD_HEADER_SIZE_BYTES, RecordKind, encode_record,
+    record_size, verify_record,
 };
 use crate::hint::HintWriter;
 use crate::io::{VfsFile, path_in};
@@ -655,13 +655,14 @@ impl Engine {
             if let Some(id) = id {
                 let path = path_in(&self.shared.dir, &id.hint_name());
                 if let Ok(file) = self.shared.opts.vfs.open(&path)
-                    && let Ok(Some((len, crc))) = checksum_file(file.as_ref(), None) {
-                        out.push(FileInfo {
-                            name: id.hint_name(),
-                            len,
-                            crc,
-                        });
-                    }
+                    && let Ok(Some((len, crc))) = checksum_file(file.as_ref(), None)
+                {
+                    out.push(FileInfo {
+                        name: id.hint_name(),
+                        len,
+                        crc,
+                    });
+                }
             }
         }
         out
@@ -761,9 +762,10 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         if !self.shared.closed.load(Ordering::SeqCst)
-            && let Err(e) = self.shared.shutdown() {
-                tracing::warn!(error = %e, "engine closed with an error");
-            }
+            && let Err(e) = self.shared.shutdown()
+        {
+            tracing::warn!(error = %e, "engine closed with an error");
+        }
     }
 }
 
@@ -1058,19 +1060,18 @@ impl Shared {
             active.last_commit = Some((commit_seq, batch.meta.clone()));
             for (op, update) in batch.ops.iter().zip(&updates) {
                 let hinted = match (op, update) {
-                    (Op::Put { key, .. }, Update::Put(_, location)) => active.hint.add(
-                        RecordKind::Put,
-                        key,
-                        location.value_len,
-                        location.offset,
-                        location.seq,
-                        location.expiry_ms,
-                    ),
+                    (Op::Put { key, .. }, Update::Put(_, location)) => {
+                        active.hint.add(&HintEntry {
+                            kind: RecordKind::Put,
+                            key,
+                            value_len: location.value_len,
+                            offset: location.offset,
+                            seq: location.seq,
+                            expiry_ms: location.expiry_ms,
+                        })
+                    }
                     (Op::Delete { key }, Update::Delete(_, seq)) => {
-                        let offset = 0; // tombstone offsets are not needed to rebuild the index
-                        active
-                            .hint
-                            .add(RecordKind::Tombstone, key, 0, offset, *seq, 0)
+                        active.hint.add(&HintEntry::tombstone(key, *seq))
                     }
                     _ => unreachable!("updates are built in op order"),
                 };
@@ -1230,9 +1231,10 @@ impl Shared {
             }
         };
         if let Some(file) = file
-            && let Err(e) = file.sync() {
-                return Err(self.poison(Error::io(path_in(&self.dir, &name), e)));
-            }
+            && let Err(e) = file.sync()
+        {
+            return Err(self.poison(Error::io(path_in(&self.dir, &name), e)));
+        }
         let mut writer = lock(&self.writer);
         let mut ready = Vec::new();
         while writer
@@ -1351,9 +1353,10 @@ impl Shared {
         }
         let path = path_in(&self.dir, name);
         if let Err(e) = self.opts.vfs.remove(&path)
-            && e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(file = %name, error = %e, "could not delete a merged file");
-            }
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(file = %name, error = %e, "could not delete a merged file");
+        }
     }
 
     fn shutdown(&self) -> Result<()> {

@@ -291,23 +291,47 @@ pub struct HintEntry<'a> {
     pub expiry_ms: u64,
 }
 
+impl<'a> HintEntry<'a> {
+    /// The entry of a data record whose header is `header`, key `key`, at
+    /// `offset`. Tombstones get offset 0: nothing reads a tombstone back, and
+    /// a fixed value keeps hints identical however they were produced.
+    pub fn of_record(header: &RecordHeader, key: &'a [u8], offset: u64) -> HintEntry<'a> {
+        let offset = match header.kind {
+            RecordKind::Tombstone => 0,
+            _ => offset as u32,
+        };
+        HintEntry {
+            kind: header.kind,
+            key,
+            value_len: header.value_len,
+            offset,
+            seq: header.seq,
+            expiry_ms: header.expiry_ms,
+        }
+    }
+
+    /// The entry of a tombstone for `key` with `seq`.
+    pub fn tombstone(key: &'a [u8], seq: u64) -> HintEntry<'a> {
+        HintEntry {
+            kind: RecordKind::Tombstone,
+            key,
+            value_len: 0,
+            offset: 0,
+            seq,
+            expiry_ms: 0,
+        }
+    }
+}
+
 /// Appends one hint entry to `out`.
-pub fn encode_hint_entry(
-    out: &mut Vec<u8>,
-    kind: RecordKind,
-    key: &[u8],
-    value_len: u32,
-    offset: u32,
-    seq: u64,
-    expiry_ms: u64,
-) {
-    out.push(kind as u8);
-    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
-    out.extend_from_slice(&value_len.to_le_bytes());
-    out.extend_from_slice(&offset.to_le_bytes());
-    out.extend_from_slice(&seq.to_le_bytes());
-    out.extend_from_slice(&expiry_ms.to_le_bytes());
-    out.extend_from_slice(key);
+pub fn encode_hint_entry(out: &mut Vec<u8>, entry: &HintEntry<'_>) {
+    out.push(entry.kind as u8);
+    out.extend_from_slice(&(entry.key.len() as u32).to_le_bytes());
+    out.extend_from_slice(&entry.value_len.to_le_bytes());
+    out.extend_from_slice(&entry.offset.to_le_bytes());
+    out.extend_from_slice(&entry.seq.to_le_bytes());
+    out.extend_from_slice(&entry.expiry_ms.to_le_bytes());
+    out.extend_from_slice(entry.key);
 }
 
 /// Decodes the hint entry at the start of `bytes`; returns it and its size.
@@ -506,7 +530,15 @@ mod tests {
     #[test]
     fn hint_entry_round_trip() {
         let mut buf = Vec::new();
-        encode_hint_entry(&mut buf, RecordKind::Tombstone, b"abc", 0, 77, 5, 0);
+        let entry = HintEntry {
+            kind: RecordKind::Tombstone,
+            key: b"abc",
+            value_len: 0,
+            offset: 77,
+            seq: 5,
+            expiry_ms: 0,
+        };
+        encode_hint_entry(&mut buf, &entry);
         let (entry, size) = decode_hint_entry(&buf).unwrap();
         assert_eq!(size, buf.len());
         assert_eq!(entry.key, b"abc");

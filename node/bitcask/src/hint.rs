@@ -61,17 +61,9 @@ impl HintWriter {
     }
 
     /// Adds the entry of a put or tombstone record.
-    pub(crate) fn add(
-        &mut self,
-        kind: RecordKind,
-        key: &[u8],
-        value_len: u32,
-        offset: u32,
-        seq: u64,
-        expiry_ms: u64,
-    ) -> Result<()> {
-        debug_assert!(kind != RecordKind::Commit);
-        encode_hint_entry(&mut self.buf, kind, key, value_len, offset, seq, expiry_ms);
+    pub(crate) fn add(&mut self, entry: &HintEntry<'_>) -> Result<()> {
+        debug_assert!(entry.kind != RecordKind::Commit);
+        encode_hint_entry(&mut self.buf, entry);
         self.count += 1;
         if self.buf.len() >= HINT_FLUSH_BYTES {
             self.flush()?;
@@ -98,15 +90,15 @@ impl HintWriter {
     /// hint into place. The caller fsyncs the directory.
     pub(crate) fn finish(mut self, vfs: &dyn Vfs, data_len: u64, data_crc: u32) -> Result<()> {
         if let Some((meta, offset, seq)) = self.last_commit.take() {
-            encode_hint_entry(
-                &mut self.buf,
-                RecordKind::Commit,
-                &meta,
-                meta.len() as u32,
+            let entry = HintEntry {
+                kind: RecordKind::Commit,
+                key: &meta,
+                value_len: meta.len() as u32,
                 offset,
                 seq,
-                0,
-            );
+                expiry_ms: 0,
+            };
+            encode_hint_entry(&mut self.buf, &entry);
             self.count += 1;
         }
         self.hasher.update(&self.buf);

@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 use crate::engine::{FileMeta, MergeReport, Shared, lock, read, write};
 use crate::error::{Error, Result};
 use crate::format::{
-    DATA_MAGIC, FileId, RECORD_HEADER_SIZE_BYTES, RecordKind, TEMP_SUFFIX, encode_record,
+    DATA_MAGIC, FileId, HintEntry, RECORD_HEADER_SIZE_BYTES, RecordKind, TEMP_SUFFIX, encode_record,
 };
 use crate::hint::HintWriter;
 use crate::io::{VfsFile, path_in};
@@ -93,12 +93,13 @@ pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Res
             }
         }
         if let Some(meta) = sealed.get(inputs.len())
-            && matches!(meta.id, FileId::Merge { .. }) {
-                return Err(Error::MergeInput(format!(
-                    "inputs must include every part of the earlier merge; {} is missing",
-                    meta.id.data_name()
-                )));
-            }
+            && matches!(meta.id, FileId::Merge { .. })
+        {
+            return Err(Error::MergeInput(format!(
+                "inputs must include every part of the earlier merge; {} is missing",
+                meta.id.data_name()
+            )));
+        }
         sealed[..inputs.len()].to_vec()
     };
     let input_nums: HashSet<u32> = input_metas.iter().map(|meta| meta.num).collect();
@@ -167,14 +168,14 @@ pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Res
             part.buf.extend_from_slice(&record);
             part.len += record.len() as u64;
             part.max_seq = part.max_seq.max(location.seq);
-            part.hint.add(
-                RecordKind::Put,
+            part.hint.add(&HintEntry {
+                kind: RecordKind::Put,
                 key,
-                location.value_len,
+                value_len: location.value_len,
                 offset,
-                location.seq,
-                location.expiry_ms,
-            )?;
+                seq: location.seq,
+                expiry_ms: location.expiry_ms,
+            })?;
             moved.push(Moved {
                 index,
                 part: part_index,

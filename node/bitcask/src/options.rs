@@ -175,12 +175,13 @@ impl Options {
             range("sync", ms, 1, 3_600_000)?;
         }
         if let Some(auto) = self.auto_merge
-            && !(auto.dead_ratio_min > 0.0 && auto.dead_ratio_min <= 1.0) {
-                return Err(Error::InvalidOption {
-                    name: "auto_merge.dead_ratio_min",
-                    reason: format!("{} is outside (0, 1]", auto.dead_ratio_min),
-                });
-            }
+            && !(auto.dead_ratio_min > 0.0 && auto.dead_ratio_min <= 1.0)
+        {
+            return Err(Error::InvalidOption {
+                name: "auto_merge.dead_ratio_min",
+                reason: format!("{} is outside (0, 1]", auto.dead_ratio_min),
+            });
+        }
         Ok(())
     }
 }

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use crate::engine::{Active, FileMeta, FileSet, Writer, checksum_file};
 use crate::error::{Error, Result};
 use crate::format::{
-    DATA_MAGIC, DATA_SUFFIX, FILE_HEADER_SIZE_BYTES, FileHeader, FileId, HINT_SUFFIX,
+    DATA_MAGIC, DATA_SUFFIX, FILE_HEADER_SIZE_BYTES, FileHeader, FileId, HINT_SUFFIX, HintEntry,
     RECORD_HEADER_SIZE_BYTES, RecordFault, RecordHeader, RecordKind, TEMP_SUFFIX,
     decode_record_header,
 };
@@ -410,14 +410,7 @@ fn load_sealed(
                 writer.commit(&value, offset as u32, record.seq);
                 last_commit = Some((record.seq, value));
             }
-            kind => writer.add(
-                kind,
-                &key,
-                record.value_len,
-                offset_for_hint(kind, offset),
-                record.seq,
-                record.expiry_ms,
-            )?,
+            _ => writer.add(&HintEntry::of_record(&record, &key, offset))?,
         }
     }
     if last_commit.is_none() {
@@ -440,15 +433,6 @@ fn load_sealed(
         max_seq,
         last_commit,
     })
-}
-
-/// Hints store tombstone offsets as 0: nothing reads a tombstone back, and
-/// the write path writes them this way, so rebuilt hints stay identical.
-pub(crate) fn offset_for_hint(kind: RecordKind, offset: u64) -> u32 {
-    match kind {
-        RecordKind::Tombstone => 0,
-        _ => offset as u32,
-    }
 }
 
 /// Recovers the active segment; `None` when it holds no complete batch (deleted).
@@ -506,14 +490,7 @@ fn recover_active(
         }
         for (offset, record, key) in batch.drain(..) {
             apply_record(keydir, num, offset, &record, &key);
-            hint.add(
-                record.kind,
-                &key,
-                record.value_len,
-                offset_for_hint(record.kind, offset),
-                record.seq,
-                record.expiry_ms,
-            )?;
+            hint.add(&HintEntry::of_record(&record, &key, offset))?;
         }
         keydir.note_seq(record.seq);
         hint.commit(&value, offset as u32, record.seq);
