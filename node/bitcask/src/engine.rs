@@ -1192,7 +1192,7 @@ impl Shared {
     /// everything appended so far; the others wait on a condition variable
     /// (not on a mutex, so a returning leader cannot barge ahead of them)
     /// and most find their writes covered when they wake.
-    fn sync_to(&self, target: u64) -> Result<()> {
+    pub(crate) fn sync_to(&self, target: u64) -> Result<()> {
         {
             let mut state = lock(&self.sync_state);
             loop {

@@ -124,6 +124,11 @@ pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Res
             .collect();
         (keydir.applied_seq(), live)
     };
+    // Make the cut-off durable before any output names it: otherwise a power
+    // cut could leave a merge generation named after sequence numbers the
+    // write stream no longer holds, and they would be handed out again.
+    let written = lock(&shared.writer).written_total;
+    shared.sync_to(written)?;
     let earlier_cutoff = input_metas.iter().find_map(|meta| match meta.id {
         FileId::Merge {
             cutoff: earlier, ..
