@@ -23,7 +23,7 @@ use crate::format::{
     record_size, verify_record,
 };
 use crate::hint::HintWriter;
-use crate::io::{VfsFile, path_in};
+use crate::io::{Mapping, VfsFile, path_in};
 use crate::keydir::{KeyDir, Location};
 use crate::options::{METADATA_SIZE_BYTES_MAX, Options, SyncPolicy};
 
@@ -339,6 +339,23 @@ pub(crate) struct Pins {
     doomed: HashSet<String>,
 }
 
+/// How a file is read: sealed files through a memory map, the active one
+/// (still growing) with positioned reads.
+#[derive(Clone)]
+pub(crate) enum Handle {
+    Map(Mapping),
+    File(Arc<dyn VfsFile>),
+}
+
+impl std::fmt::Debug for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Handle::Map(map) => write!(f, "Map({} bytes)", map.as_ref().as_ref().len()),
+            Handle::File(file) => write!(f, "File({file:?})"),
+        }
+    }
+}
+
 /// State shared by the engine handle and its background threads.
 #[derive(Debug)]
 pub(crate) struct Shared {
@@ -346,7 +363,7 @@ pub(crate) struct Shared {
     pub(crate) opts: Options,
     pub(crate) keydir: RwLock<KeyDir>,
     pub(crate) files: RwLock<FileSet>,
-    handles: Mutex<LruCache<u32, Arc<dyn VfsFile>>>,
+    handles: Mutex<LruCache<u32, Handle>>,
     pub(crate) writer: Mutex<Writer>,
     sync_state: Mutex<SyncState>,
     sync_done: Condvar,
@@ -847,7 +864,11 @@ fn range_is_empty(start: &Bound<Vec<u8>>, end: &Bound<Vec<u8>>) -> bool {
 
 impl Shared {
     fn note_now(&self, now_ms: u64) {
-        self.now_seen_ms.fetch_max(now_ms, Ordering::Relaxed);
+        // A plain load first: readers on several cores do not fight over the
+        // cache line unless the clock actually moved.
+        if now_ms > self.now_seen_ms.load(Ordering::Relaxed) {
+            self.now_seen_ms.fetch_max(now_ms, Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn check_poison(&self) -> Result<()> {
@@ -872,83 +893,108 @@ impl Shared {
         error
     }
 
-    /// An open handle for file `num`, or `None` if the file left the engine.
-    fn handle(&self, num: u32) -> Result<Option<Arc<dyn VfsFile>>> {
-        if let Some(file) = lock(&self.handles).get(&num) {
-            return Ok(Some(file.clone()));
+    /// A way to read file `num`, or `None` if the file left the engine:
+    /// sealed files are memory-mapped, the active one is read with pread.
+    fn handle(&self, num: u32) -> Result<Option<Handle>> {
+        if let Some(handle) = lock(&self.handles).get(&num) {
+            return Ok(Some(handle.clone()));
         }
-        let Some(path) = read(&self.files).paths.get(&num).cloned() else {
-            return Ok(None);
+        let (path, active) = {
+            let files = read(&self.files);
+            let Some(path) = files.paths.get(&num).cloned() else {
+                return Ok(None);
+            };
+            (path, files.active.is_some_and(|(active, _)| active == num))
         };
         let file = match self.opts.vfs.open(&path) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(Error::io(&path, e)),
         };
-        lock(&self.handles).put(num, file.clone());
-        Ok(Some(file))
+        let handle = if active {
+            Handle::File(file)
+        } else {
+            Handle::Map(file.map().map_err(|e| Error::io(&path, e))?)
+        };
+        lock(&self.handles).put(num, handle.clone());
+        Ok(Some(handle))
     }
 
     pub(crate) fn forget_handle(&self, num: u32) {
         lock(&self.handles).pop(&num);
     }
 
-    /// Reads and checks the whole record at `location` (returned with its
-    /// header bytes); `None` if its file left the engine meanwhile.
-    pub(crate) fn read_record(
+    fn file_name(&self, num: u32) -> String {
+        read(&self.files)
+            .paths
+            .get(&num)
+            .and_then(|p| p.file_name()?.to_str().map(str::to_string))
+            .unwrap_or_else(|| format!("file #{num}"))
+    }
+
+    /// Hands the whole record at `location`, checked against its checksum
+    /// and the key directory, to `f`; `None` if its file left the engine
+    /// meanwhile (a merge swapped it out: look the key up again).
+    pub(crate) fn with_record<T>(
         &self,
         key_len: usize,
         location: &Location,
-    ) -> Result<Option<Vec<u8>>> {
-        let Some(file) = self.handle(location.file)? else {
+        f: impl FnOnce(&[u8]) -> T,
+    ) -> Result<Option<T>> {
+        let Some(handle) = self.handle(location.file)? else {
             return Ok(None);
         };
         let size = record_size(key_len, location.value_len as usize);
-        let mut buf = vec![0u8; size];
-        let name = || {
-            read(&self.files)
-                .paths
-                .get(&location.file)
-                .and_then(|p| p.file_name()?.to_str().map(str::to_string))
-                .unwrap_or_else(|| format!("file #{}", location.file))
+        let offset = location.offset as usize;
+        let corruption = |reason: String| Error::Corruption {
+            file: self.file_name(location.file),
+            offset: offset as u64,
+            reason,
         };
-        if let Err(e) = file.read_exact_at(&mut buf, location.offset as u64) {
-            return Err(Error::Corruption {
-                file: name(),
-                offset: location.offset as u64,
-                reason: format!("record unreadable: {e}"),
-            });
-        }
-        match verify_record(&buf) {
-            Ok(header) if header.seq == location.seq && header.key_len as usize == key_len => {
-                Ok(Some(buf))
+        let buf;
+        let record: &[u8] = match &handle {
+            Handle::Map(map) => {
+                let bytes = map.as_ref().as_ref();
+                bytes.get(offset..offset + size).ok_or_else(|| {
+                    corruption(format!(
+                        "record runs past the end of the {}-byte file",
+                        bytes.len()
+                    ))
+                })?
             }
-            Ok(_) => Err(Error::Corruption {
-                file: name(),
-                offset: location.offset as u64,
-                reason: "record is not the one the key directory names".to_string(),
-            }),
-            Err(fault) => Err(Error::Corruption {
-                file: name(),
-                offset: location.offset as u64,
-                reason: format!("{fault:?}"),
-            }),
+            Handle::File(file) => {
+                let mut bytes = vec![0u8; size];
+                file.read_exact_at(&mut bytes, offset as u64)
+                    .map_err(|e| corruption(format!("record unreadable: {e}")))?;
+                buf = bytes;
+                &buf
+            }
+        };
+        match verify_record(record) {
+            Ok(header) if header.seq == location.seq && header.key_len as usize == key_len => {
+                Ok(Some(f(record)))
+            }
+            Ok(_) => Err(corruption(
+                "record is not the one the key directory names".to_string(),
+            )),
+            Err(fault) => Err(corruption(format!("{fault:?}"))),
         }
     }
 
     fn read_value(&self, key: &[u8], location: &Location) -> Result<Option<Vec<u8>>> {
-        let Some(mut record) = self.read_record(key.len(), location)? else {
-            return Ok(None);
-        };
-        if &record[RECORD_HEADER_SIZE_BYTES..RECORD_HEADER_SIZE_BYTES + key.len()] != key {
-            return Err(Error::Corruption {
-                file: format!("file #{}", location.file),
+        let value = self.with_record(key.len(), location, |record| {
+            let key_end = RECORD_HEADER_SIZE_BYTES + key.len();
+            (&record[RECORD_HEADER_SIZE_BYTES..key_end] == key).then(|| record[key_end..].to_vec())
+        })?;
+        match value {
+            Some(Some(value)) => Ok(Some(value)),
+            Some(None) => Err(Error::Corruption {
+                file: self.file_name(location.file),
                 offset: location.offset as u64,
                 reason: "record holds another key".to_string(),
-            });
+            }),
+            None => Ok(None),
         }
-        record.drain(..RECORD_HEADER_SIZE_BYTES + key.len());
-        Ok(Some(record))
     }
 
     fn validate(&self, batch: &Batch) -> Result<usize> {
@@ -1131,7 +1177,7 @@ impl Shared {
             files.active = Some((num, id));
             num
         };
-        lock(&self.handles).put(num, file.clone());
+        lock(&self.handles).put(num, Handle::File(file.clone()));
         let mut hasher = crc32fast::Hasher::new();
         hasher.update(&header_bytes);
         Ok(Active {
@@ -1181,9 +1227,14 @@ impl Shared {
             max_seq: active.max_seq,
             last_commit: active.last_commit,
         };
-        let mut files = write(&self.files);
-        files.sealed.push(Arc::new(meta));
-        files.active = None;
+        let num = meta.num;
+        {
+            let mut files = write(&self.files);
+            files.sealed.push(Arc::new(meta));
+            files.active = None;
+        }
+        // The next read maps the now immutable file.
+        self.forget_handle(num);
         Ok(())
     }
 

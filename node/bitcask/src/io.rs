@@ -12,6 +12,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// A read-only view of a whole file's bytes.
+pub type Mapping = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
 /// An open file.
 pub trait VfsFile: Send + Sync + std::fmt::Debug {
     /// Reads up to `buf.len()` bytes at `offset`; returns how many were read.
@@ -28,6 +31,15 @@ pub trait VfsFile: Send + Sync + std::fmt::Debug {
     }
     /// Cuts the file to `len` bytes.
     fn truncate(&self, len: u64) -> io::Result<()>;
+
+    /// The whole file as one read-only slice. Only for files that nobody
+    /// writes or truncates while the mapping lives (the engine maps sealed
+    /// files only). The default reads the file into memory.
+    fn map(&self) -> io::Result<Mapping> {
+        let mut bytes = vec![0u8; self.len()? as usize];
+        self.read_exact_at(&mut bytes, 0)?;
+        Ok(Arc::new(bytes))
+    }
 
     /// Reads exactly `buf.len()` bytes at `offset`.
     fn read_exact_at(&self, buf: &mut [u8], mut offset: u64) -> io::Result<()> {
@@ -84,6 +96,20 @@ impl VfsFile for RealFile {
     }
     fn truncate(&self, len: u64) -> io::Result<()> {
         self.0.set_len(len)
+    }
+
+    // Reads of sealed segments are served from a memory map: a lookup then
+    // costs a copy out of the page cache instead of a pread(2) system call.
+    #[allow(unsafe_code)]
+    fn map(&self) -> io::Result<Mapping> {
+        // SAFETY: a memory map is undefined behaviour only if the file
+        // changes underneath it. The engine maps only sealed files, which it
+        // never writes, truncates or renames over (a merge deletes them, and
+        // unlinking leaves existing mappings valid); the data directory
+        // belongs to one engine. An outside process truncating a sealed file
+        // would break that, as it would break any Bitcask.
+        let map = unsafe { memmap2::Mmap::map(&self.0)? };
+        Ok(Arc::new(map))
     }
 }
 

@@ -155,14 +155,6 @@ pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Res
                 dropped.push(index);
                 continue;
             }
-            let record =
-                shared
-                    .read_record(key.len(), location)?
-                    .ok_or_else(|| Error::Corruption {
-                        file: format!("file #{}", location.file),
-                        offset: location.offset as u64,
-                        reason: "merge input vanished during the merge".to_string(),
-                    })?;
             if parts.last().expect("one part at least").len >= shared.opts.segment_size_bytes {
                 let next = parts.len() as u32;
                 parts.push(new_part(shared, cutoff, next, boundary)?);
@@ -170,8 +162,18 @@ pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Res
             let part_index = parts.len() - 1;
             let part = parts.last_mut().expect("one part at least");
             let offset = part.len as u32;
-            part.buf.extend_from_slice(&record);
-            part.len += record.len() as u64;
+            let copied = shared.with_record(key.len(), location, |record| {
+                part.buf.extend_from_slice(record);
+                record.len() as u64
+            })?;
+            let Some(copied) = copied else {
+                return Err(Error::Corruption {
+                    file: format!("file #{}", location.file),
+                    offset: location.offset as u64,
+                    reason: "merge input vanished during the merge".to_string(),
+                });
+            };
+            part.len += copied;
             part.max_seq = part.max_seq.max(location.seq);
             part.hint.add(&HintEntry {
                 kind: RecordKind::Put,

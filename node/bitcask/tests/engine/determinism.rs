@@ -169,7 +169,11 @@ impl Replica {
         self.fed += 1;
         if self.plan.crash_after.contains(&self.fed) {
             self.crash();
-        } else if self.plan.reopen_every.is_some_and(|n| self.fed % n == 0) {
+        } else if self
+            .plan
+            .reopen_every
+            .is_some_and(|n| self.fed.is_multiple_of(n))
+        {
             self.reopen();
         }
     }

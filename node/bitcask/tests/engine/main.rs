@@ -10,3 +10,4 @@ mod merge;
 mod model;
 mod power_loss;
 mod recovery;
+mod snapshot_files;
