@@ -8,14 +8,11 @@
 //! is released, so a reader never waits behind I/O.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::num::NonZeroUsize;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
-
-use lru::LruCache;
 
 use crate::error::{Error, Result};
 use crate::format::{
@@ -356,6 +353,33 @@ impl std::fmt::Debug for Handle {
     }
 }
 
+/// The bounded cache of open files and maps. Reads take it shared, so
+/// concurrent readers do not contend; a miss evicts the longest-cached entry
+/// when `open_files_max` is reached (a reader still holding it keeps it
+/// alive until done).
+#[derive(Debug, Default)]
+pub(crate) struct Handles {
+    open: HashMap<u32, (Handle, u64)>,
+    inserted: u64,
+}
+
+impl Handles {
+    fn insert(&mut self, num: u32, handle: Handle, capacity: usize) {
+        if self.open.len() >= capacity && !self.open.contains_key(&num) {
+            let oldest = self
+                .open
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(num, _)| *num);
+            if let Some(oldest) = oldest {
+                self.open.remove(&oldest);
+            }
+        }
+        self.inserted += 1;
+        self.open.insert(num, (handle, self.inserted));
+    }
+}
+
 /// State shared by the engine handle and its background threads.
 #[derive(Debug)]
 pub(crate) struct Shared {
@@ -363,7 +387,7 @@ pub(crate) struct Shared {
     pub(crate) opts: Options,
     pub(crate) keydir: RwLock<KeyDir>,
     pub(crate) files: RwLock<FileSet>,
-    handles: Mutex<LruCache<u32, Handle>>,
+    handles: RwLock<Handles>,
     pub(crate) writer: Mutex<Writer>,
     sync_state: Mutex<SyncState>,
     sync_done: Condvar,
@@ -448,13 +472,12 @@ impl Engine {
             .create_dir_all(&dir)
             .map_err(|e| Error::io(&dir, e))?;
         let recovered = crate::recovery::recover(&dir, &opts)?;
-        let open_files =
-            NonZeroUsize::new(opts.open_files_max).expect("validated: open_files_max >= 2");
+
         let shared = Arc::new(Shared {
             dir,
             keydir: RwLock::new(recovered.keydir),
             files: RwLock::new(recovered.files),
-            handles: Mutex::new(LruCache::new(open_files)),
+            handles: RwLock::new(Handles::default()),
             writer: Mutex::new(recovered.writer),
             sync_state: Mutex::new(SyncState::default()),
             sync_done: Condvar::new(),
@@ -896,7 +919,7 @@ impl Shared {
     /// A way to read file `num`, or `None` if the file left the engine:
     /// sealed files are memory-mapped, the active one is read with pread.
     fn handle(&self, num: u32) -> Result<Option<Handle>> {
-        if let Some(handle) = lock(&self.handles).get(&num) {
+        if let Some((handle, _)) = read(&self.handles).open.get(&num) {
             return Ok(Some(handle.clone()));
         }
         let (path, active) = {
@@ -916,12 +939,12 @@ impl Shared {
         } else {
             Handle::Map(file.map().map_err(|e| Error::io(&path, e))?)
         };
-        lock(&self.handles).put(num, handle.clone());
+        write(&self.handles).insert(num, handle.clone(), self.opts.open_files_max);
         Ok(Some(handle))
     }
 
     pub(crate) fn forget_handle(&self, num: u32) {
-        lock(&self.handles).pop(&num);
+        write(&self.handles).open.remove(&num);
     }
 
     fn file_name(&self, num: u32) -> String {
@@ -1177,7 +1200,7 @@ impl Shared {
             files.active = Some((num, id));
             num
         };
-        lock(&self.handles).put(num, Handle::File(file.clone()));
+        write(&self.handles).insert(num, Handle::File(file.clone()), self.opts.open_files_max);
         let mut hasher = crc32fast::Hasher::new();
         hasher.update(&header_bytes);
         Ok(Active {

@@ -355,3 +355,33 @@ fn concurrent_writers_share_fsyncs() {
     let engine = open_sim(&after, SyncPolicy::Always, 1 << 20);
     assert_eq!(engine.stats().keys, writes);
 }
+
+#[test]
+fn reads_work_with_fewer_open_files_than_segments() {
+    // "Too many open files" is a classic Bitcask complaint: the engine keeps
+    // at most `open_files_max` files open and reopens on demand.
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options {
+        segment_size_bytes: 512,
+        sync: SyncPolicy::Never,
+        open_files_max: 2,
+        auto_merge: None,
+        ..Options::default()
+    };
+    let engine = Engine::open(dir.path(), opts).unwrap();
+    for i in 0..100u32 {
+        let key = format!("k{i:03}").into_bytes();
+        engine.put(&key, &value_for(&key, 1, 200)).unwrap();
+    }
+    assert!(engine.sealed_data_files().len() > 20);
+    for round in 0..3 {
+        for i in (0..100u32).rev() {
+            let key = format!("k{i:03}").into_bytes();
+            let item = engine
+                .get(&key, 0)
+                .unwrap()
+                .unwrap_or_else(|| panic!("round {round}: k{i:03} missing"));
+            assert_eq!(item.value, value_for(&key, 1, 200));
+        }
+    }
+}
