@@ -1,3 +1,38 @@
 //! # kvbench
 //!
-//! Load generators and storage benchmarks (being built).
+//! Load generators and storage benchmarks. The storage benchmark
+//! (`engine-compare`) runs the seed workload (25-byte keys, incompressible
+//! 4 KiB values) against bitcask, redb and fjall side by side; its results
+//! live in `node/bitcask/BENCHMARKS.md`.
+//!
+//! ## Modules
+//! - [`workload`]: keys, incompressible values, random orders.
+//! - [`store`]: the [`store::Store`] interface and one adapter per engine
+//!   (bitcask always; redb and fjall behind the `compare` feature), with the
+//!   durability mapping of each.
+//! - [`run`]: bounded timed loops: load, random reads, concurrent writers,
+//!   writes while something else runs; latency histograms.
+//! - [`probe`]: open time and key-directory memory of one engine, measured
+//!   in a fresh child process.
+//! - [`compare`]: the whole `engine-compare` run and its tables.
+//! - [`report`]: Markdown tables and number formats.
+//! - [`fsutil`]: disk usage, page-cache dropping, resident memory.
+//!
+//! ## Binaries (feature `compare`)
+//! - `engine-compare`: the comparison; `--help` lists its bounds.
+//! - `engine-probe`: the child process `engine-compare` starts for each
+//!   open measurement; it installs a counting global allocator, which is why
+//!   it is a separate program (the comparison itself runs on the plain
+//!   system allocator).
+//!
+//! Build and run (release profile):
+//! `cargo build --release -p kvbench --features compare` then
+//! `target/release/engine-compare`.
+
+pub mod compare;
+pub mod fsutil;
+pub mod probe;
+pub mod report;
+pub mod run;
+pub mod store;
+pub mod workload;
