@@ -12,4 +12,12 @@ if ! command -v fiu-run >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >
 fi
 # Property tests: fixed seeds, and a case count sized for two cores.
 export PROPTEST_CASES="${PROPTEST_CASES:-64}"
-cargo test --workspace "$@"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --workspace "$@" 2>&1 | tee "$log" || status=$?
+# One closing line for the whole workspace (cargo prints one per test binary,
+# and the last of those may be an empty doc-test run of a shell crate).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1) } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+exit "$status"
