@@ -391,6 +391,10 @@ pub(crate) struct Shared {
     pub(crate) writer: Mutex<Writer>,
     sync_state: Mutex<SyncState>,
     sync_done: Condvar,
+    /// Held across every fsync of a data file and the poisoning that a
+    /// failure causes, so no fsync runs after one failed: on Linux a second
+    /// fsync of the same file would report success for pages already lost.
+    fsync_serial: Mutex<()>,
     synced_total: AtomicU64,
     poisoned: AtomicBool,
     poison_cause: Mutex<Option<String>>,
@@ -481,6 +485,7 @@ impl Engine {
             writer: Mutex::new(recovered.writer),
             sync_state: Mutex::new(SyncState::default()),
             sync_done: Condvar::new(),
+            fsync_serial: Mutex::new(()),
             synced_total: AtomicU64::new(0),
             poisoned: AtomicBool::new(false),
             poison_cause: Mutex::new(None),
@@ -570,50 +575,46 @@ impl Engine {
             }
             (_, start) => start,
         };
-        let found: Vec<(Vec<u8>, Location)> = {
-            let keydir = read(&self.shared.keydir);
-            if range_is_empty(&start, &end) {
-                return Ok(Vec::new());
-            }
-            keydir
-                .range(as_ref_bound(&start), as_ref_bound(&end))
-                .filter(|(_, location)| !location.expired(now_ms))
-                .take(scan.limit)
-                .map(|(key, location)| (key.to_vec(), location))
-                .collect()
-        };
-        let mut out = Vec::with_capacity(found.len());
-        for (key, location) in found {
-            if scan.keys_only {
+        // A merge may retire a file between collecting locations and reading
+        // them; then the page is collected again, so a page never mixes
+        // records from before and after a batch.
+        'attempt: for _ in 0..READ_ATTEMPTS_MAX {
+            let found: Vec<(Vec<u8>, Location)> = {
+                let keydir = read(&self.shared.keydir);
+                if range_is_empty(&start, &end) {
+                    return Ok(Vec::new());
+                }
+                keydir
+                    .range(as_ref_bound(&start), as_ref_bound(&end))
+                    .filter(|(_, location)| !location.expired(now_ms))
+                    .take(scan.limit)
+                    .map(|(key, location)| (key.to_vec(), location))
+                    .collect()
+            };
+            let mut out = Vec::with_capacity(found.len());
+            for (key, location) in found {
+                let value = if scan.keys_only {
+                    None
+                } else {
+                    match self.shared.read_value(&key, &location)? {
+                        Some(value) => Some(value),
+                        None => continue 'attempt,
+                    }
+                };
                 out.push(Entry {
                     key,
-                    value: None,
+                    value,
                     seq: location.seq,
                     expiry_ms: location.expiry_ms,
                 });
-                continue;
             }
-            match self.shared.read_value(&key, &location)? {
-                Some(value) => out.push(Entry {
-                    value: Some(value),
-                    seq: location.seq,
-                    expiry_ms: location.expiry_ms,
-                    key,
-                }),
-                // A merge moved the record meanwhile: read the key afresh.
-                None => {
-                    if let Some(item) = self.get(&key, now_ms)? {
-                        out.push(Entry {
-                            key,
-                            value: Some(item.value),
-                            seq: item.seq,
-                            expiry_ms: item.expiry_ms,
-                        });
-                    }
-                }
-            }
+            return Ok(out);
         }
-        Ok(out)
+        Err(Error::Corruption {
+            file: String::new(),
+            offset: 0,
+            reason: "scan kept finding records in removed files".to_string(),
+        })
     }
 
     /// Makes every write so far durable.
@@ -940,6 +941,11 @@ impl Shared {
             Handle::Map(file.map().map_err(|e| Error::io(&path, e))?)
         };
         write(&self.handles).insert(num, handle.clone(), self.opts.open_files_max);
+        // A merge may have retired the file while it was being opened: do
+        // not keep a stale map of it (it would pin its disk space).
+        if !read(&self.files).paths.contains_key(&num) {
+            self.forget_handle(num);
+        }
         Ok(Some(handle))
     }
 
@@ -1065,7 +1071,16 @@ impl Shared {
             let mut guard = lock(&self.writer);
             self.check_poison()?;
             let writer = &mut *guard;
-            let first_seq = batch.seq.unwrap_or(writer.last_seq + 1);
+            let first_seq = match batch.seq {
+                Some(seq) => seq,
+                None => writer
+                    .last_seq
+                    .checked_add(1)
+                    .ok_or(Error::SequenceNotIncreasing {
+                        given: u64::MAX,
+                        last: writer.last_seq,
+                    })?,
+            };
             if first_seq <= writer.last_seq || first_seq == 0 {
                 return Err(Error::SequenceNotIncreasing {
                     given: first_seq,
@@ -1220,10 +1235,7 @@ impl Shared {
         let Some(active) = writer.active.take() else {
             return Ok(());
         };
-        let data_path = path_in(&self.dir, &active.id.data_name());
-        if let Err(e) = active.file.sync() {
-            return Err(self.poison(Error::io(data_path, e)));
-        }
+        self.sync_file(active.file.as_ref(), &active.id.data_name())?;
         // Everything written so far is durable now.
         let pending: Vec<(u64, Vec<Update>)> = writer.pending.drain(..).collect();
         {
@@ -1304,12 +1316,13 @@ impl Shared {
                 None => (None, String::new(), writer.written_total),
             }
         };
-        if let Some(file) = file
-            && let Err(e) = file.sync()
-        {
-            return Err(self.poison(Error::io(path_in(&self.dir, &name), e)));
+        if let Some(file) = file {
+            self.sync_file(file.as_ref(), &name)?;
         }
         let mut writer = lock(&self.writer);
+        // A seal or another fsync may have failed meanwhile: then nothing
+        // pending is known to be durable, and nothing may be published.
+        self.check_poison()?;
         let mut ready = Vec::new();
         while writer
             .pending
@@ -1326,6 +1339,16 @@ impl Shared {
         }
         self.synced_total.fetch_max(end, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// fsyncs a data file; a failure poisons the engine, and once poisoned
+    /// no data file is fsynced again (see `fsync_serial`).
+    pub(crate) fn sync_file(&self, file: &dyn VfsFile, name: &str) -> Result<()> {
+        let _serial = lock(&self.fsync_serial);
+        // Not `check_poison`: closing fsyncs after `closed` is set.
+        self.check_poison_after_sync()?;
+        file.sync()
+            .map_err(|e| self.poison(Error::io(path_in(&self.dir, name), e)))
     }
 
     fn check_poison_after_sync(&self) -> Result<()> {
@@ -1446,16 +1469,12 @@ impl Shared {
         for thread in threads {
             let _ = thread.join();
         }
-        if self.poisoned.load(Ordering::SeqCst) {
-            return Ok(());
-        }
+        // A poisoned engine reports why (sync_file refuses to fsync again).
         let writer = lock(&self.writer);
-        if let Some(active) = &writer.active {
-            active.file.sync().map_err(|e| {
-                self.poison(Error::io(path_in(&self.dir, &active.id.data_name()), e))
-            })?;
+        match &writer.active {
+            Some(active) => self.sync_file(active.file.as_ref(), &active.id.data_name()),
+            None => self.check_poison_after_sync(),
         }
-        Ok(())
     }
 }
 

@@ -441,7 +441,8 @@ impl FileId {
             }
         } else if let Some(rest) = stem.strip_prefix("merge-") {
             let (cutoff, part) = rest.split_once('-')?;
-            if cutoff.len() == 20 && part.len() == 4 {
+            let digits = |text: &str| text.bytes().all(|b| b.is_ascii_digit());
+            if cutoff.len() == 20 && part.len() == 4 && digits(cutoff) && digits(part) {
                 return Some(FileId::Merge {
                     cutoff: cutoff.parse().ok()?,
                     part: part.parse().ok()?,
@@ -561,5 +562,6 @@ mod tests {
         assert!(a.data_name() < b.data_name());
         assert_eq!(FileId::parse_stem("seg-12"), None);
         assert_eq!(FileId::parse_stem("other"), None);
+        assert_eq!(FileId::parse_stem("merge-+0000000000000000001-0000"), None);
     }
 }

@@ -112,7 +112,7 @@ pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Res
         .map(|meta| meta.max_seq)
         .max()
         .unwrap_or(0)
-        + 1;
+        .saturating_add(1);
 
     // 2. Capture the live records at the cut-off.
     let (cutoff, live): (u64, Vec<(Vec<u8>, Location)>) = {
@@ -208,7 +208,12 @@ pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Res
         part.hint.commit(&last_commit_meta, offset, last_commit_seq);
         for part in &mut parts {
             part.flush()?;
-            part.file.sync().map_err(|e| Error::io(&part.tmp_path, e))?;
+            let name = part
+                .tmp_path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            shared.sync_file(part.file.as_ref(), name)?;
         }
         Ok(())
     })();

@@ -86,20 +86,17 @@ pub(crate) fn recover(dir: &Path, opts: &Options) -> Result<Recovered> {
         })
         .copied()
         .collect();
-    for id in superseded {
-        tracing::info!(file = %id.data_name(), "deleting a file superseded by a merge");
-        remove(vfs, dir, &id.data_name())?;
-        data.remove(&id);
-        changed = true;
+    // Superseded files are deleted only after the files that replace them
+    // loaded without error (a damaged merge output must not cost its inputs).
+    for id in &superseded {
+        data.remove(id);
     }
-    for id in hints.iter().filter(|id| !data.contains(id)) {
-        remove(vfs, dir, &id.hint_name())?;
-        changed = true;
-    }
+    let orphan_hints: Vec<FileId> = hints
+        .iter()
+        .filter(|id| !data.contains(id))
+        .copied()
+        .collect();
     hints.retain(|id| data.contains(id));
-    if changed {
-        vfs.sync_dir(dir).map_err(|e| Error::io(dir, e))?;
-    }
 
     let ordered: Vec<FileId> = data.into_iter().collect();
     let mut expected_part = 0;
@@ -162,7 +159,10 @@ pub(crate) fn recover(dir: &Path, opts: &Options) -> Result<Recovered> {
             }
         } else {
             let num = files.allocate(path);
-            let meta = load_sealed(vfs, dir, id, num, boundary, &mut keydir)?;
+            // Only the last part of a merge ends with a commit record.
+            let next_is_merge = matches!(ordered.get(index + 1), Some(FileId::Merge { .. }));
+            let needs_commit = !(matches!(id, FileId::Merge { .. }) && next_is_merge);
+            let meta = load_sealed(vfs, dir, id, num, boundary, needs_commit, &mut keydir)?;
             files.sealed.push(Arc::new(meta));
         }
     }
@@ -175,6 +175,33 @@ pub(crate) fn recover(dir: &Path, opts: &Options) -> Result<Recovered> {
             .and_then(|meta| meta.last_commit.clone()),
     }
     .map(|(_, meta)| meta);
+    if let Some(last_merge) = files
+        .sealed
+        .iter()
+        .rev()
+        .find(|m| matches!(m.id, FileId::Merge { .. }))
+        && last_merge.last_commit.is_none()
+    {
+        return Err(Error::Corruption {
+            file: last_merge.id.data_name(),
+            offset: last_merge.len,
+            reason: "the last part of the merge holds no commit record (a part is missing)"
+                .to_string(),
+        });
+    }
+    for id in &superseded {
+        tracing::info!(file = %id.data_name(), "deleting a file superseded by a merge");
+        remove(vfs, dir, &id.data_name())?;
+        remove(vfs, dir, &id.hint_name())?;
+        changed = true;
+    }
+    for id in &orphan_hints {
+        remove(vfs, dir, &id.hint_name())?;
+        changed = true;
+    }
+    if changed {
+        vfs.sync_dir(dir).map_err(|e| Error::io(dir, e))?;
+    }
     let last_seq = keydir.applied_seq();
     Ok(Recovered {
         keydir,
@@ -347,6 +374,7 @@ fn load_sealed(
     id: &FileId,
     num: u32,
     boundary: u64,
+    needs_commit: bool,
     keydir: &mut KeyDir,
 ) -> Result<FileMeta> {
     let (file, header) = open_data(vfs, dir, id)?;
@@ -413,7 +441,7 @@ fn load_sealed(
             _ => writer.add(&HintEntry::of_record(&record, &key, offset))?,
         }
     }
-    if last_commit.is_none() {
+    if needs_commit && last_commit.is_none() {
         return Err(Error::Corruption {
             file: id.data_name(),
             offset: len,
@@ -522,8 +550,11 @@ fn recover_active(
         );
         file.truncate(committed_end)
             .map_err(|e| Error::io(&path, e))?;
-        file.sync().map_err(|e| Error::io(&path, e))?;
     }
+    // What a killed process wrote may still be only in the page cache: make
+    // the recovered state durable before anything builds on it (a published
+    // prefix, a merge cut-off, or acknowledging reads of it).
+    file.sync().map_err(|e| Error::io(&path, e))?;
     if last_commit.is_none() {
         hint.discard(vfs);
         remove(vfs, dir, &id.data_name())?;

@@ -300,3 +300,26 @@ fn leftovers_are_cleaned_up_and_strangers_left_alone() {
     assert!(fs.read_file(&dir.join("notes.txt")).is_some());
     assert_eq!(engine.stats().keys, 40);
 }
+
+#[test]
+fn reopening_after_a_kill_makes_the_recovered_state_durable() {
+    // A killed process leaves its writes in the page cache. The engine that
+    // reopens the directory must fsync them before building on them, or a
+    // later power cut takes back state it already served.
+    let fs = SimFs::new();
+    let engine = open_sim(&fs, SyncPolicy::Never, 1 << 20);
+    for i in 0..10u32 {
+        engine.put(format!("k{i}").as_bytes(), b"v").unwrap();
+    }
+    std::mem::forget(engine); // SIGKILL: no close, no fsync
+    let reopened = open_sim(&fs, SyncPolicy::Never, 1 << 20);
+    assert_eq!(reopened.stats().keys, 10);
+    let after = fs.power_cut(bitcask::sim::Torn::Nothing);
+    drop(reopened);
+    let engine = open_sim(&after, SyncPolicy::Never, 1 << 20);
+    assert_eq!(
+        engine.stats().keys,
+        10,
+        "the reopened state was not made durable"
+    );
+}
