@@ -2,7 +2,7 @@
 //! (lookups, scans), stats, and the file-level API the Raft layer uses.
 //!
 //! Locks, always taken in this order and never held across an fsync unless
-//! said so: `merge_lock` → `sync_state` (never held across the fsync) → `writer` → `files` → `keydir` →
+//! said so: the merge slot → `sync_state` (never held across the fsync) → `writer` → `files` → `keydir` →
 //! `handles` → `pins`. Readers take only `keydir` (shared, briefly) and
 //! `handles`; record bytes are read with positioned reads after every lock
 //! is released, so a reader never waits behind I/O.
@@ -22,6 +22,7 @@ use crate::format::{
 use crate::hint::HintWriter;
 use crate::io::{Mapping, VfsFile, path_in};
 use crate::keydir::{KeyDir, Location};
+use crate::merge::MergeJob;
 use crate::options::{METADATA_SIZE_BYTES_MAX, Options, SyncPolicy};
 
 /// Attempts of a read whose file a concurrent merge removed (the key
@@ -398,8 +399,11 @@ pub(crate) struct Shared {
     synced_total: AtomicU64,
     poisoned: AtomicBool,
     poison_cause: Mutex<Option<String>>,
-    pub(crate) merge_lock: Mutex<()>,
-    merge_running: AtomicBool,
+    /// Whether a merge job exists (captured, not yet finished or dropped).
+    pub(crate) merge_running: Mutex<bool>,
+    pub(crate) merge_done: Condvar,
+    /// An automatic merge thread was started and has not finished.
+    auto_merge_queued: AtomicBool,
     pub(crate) merges: AtomicU64,
     pins: Mutex<Pins>,
     /// Highest "now" any caller passed in: the clock of automatic merges.
@@ -489,8 +493,9 @@ impl Engine {
             synced_total: AtomicU64::new(0),
             poisoned: AtomicBool::new(false),
             poison_cause: Mutex::new(None),
-            merge_lock: Mutex::new(()),
-            merge_running: AtomicBool::new(false),
+            merge_running: Mutex::new(false),
+            merge_done: Condvar::new(),
+            auto_merge_queued: AtomicBool::new(false),
             merges: AtomicU64::new(0),
             pins: Mutex::new(Pins::default()),
             now_seen_ms: AtomicU64::new(0),
@@ -778,6 +783,15 @@ impl Engine {
     /// Blocks the calling thread; readers and writers carry on meanwhile.
     pub fn merge(&self, inputs: &[String], now_ms: u64) -> Result<MergeReport> {
         crate::merge::merge(&self.shared, inputs, now_ms)
+    }
+
+    /// Captures a merge of `inputs` now and returns it for [`MergeJob::run`]
+    /// (on any thread). The cut-off is the engine's state at this call, so a
+    /// caller that captures at the same point of the same write stream gets
+    /// the same output on every replica (the cluster captures while applying
+    /// a merge entry). Waits while another merge job exists.
+    pub fn begin_merge(&self, inputs: &[String], now_ms: u64) -> Result<MergeJob> {
+        crate::merge::begin(&self.shared, inputs, now_ms)
     }
 
     /// Names of the sealed data files, in order (the candidates for a merge).
@@ -1404,7 +1418,7 @@ impl Shared {
         {
             return;
         }
-        if self.merge_running.swap(true, Ordering::SeqCst) {
+        if self.auto_merge_queued.swap(true, Ordering::SeqCst) {
             return;
         }
         let worker = self.clone();
@@ -1423,7 +1437,7 @@ impl Shared {
                     Err(Error::Closed) => {}
                     Err(e) => tracing::warn!(error = %e, "automatic merge failed"),
                 }
-                worker.merge_running.store(false, Ordering::SeqCst);
+                worker.auto_merge_queued.store(false, Ordering::SeqCst);
             });
         match spawned {
             Ok(handle) => {
@@ -1433,7 +1447,7 @@ impl Shared {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "could not start a merge thread");
-                self.merge_running.store(false, Ordering::SeqCst);
+                self.auto_merge_queued.store(false, Ordering::SeqCst);
             }
         }
     }

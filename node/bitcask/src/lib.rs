@@ -70,6 +70,7 @@ pub use engine::{
 };
 pub use error::{Error, Result};
 pub use keydir::SLOT_HEADER_SIZE_BYTES;
+pub use merge::MergeJob;
 pub use options::{
     AutoMerge, BATCH_SIZE_BYTES_MAX, KEY_SIZE_BYTES_MAX, METADATA_SIZE_BYTES_MAX, Options,
     PublishedPrefix, SEGMENT_SIZE_BYTES_DEFAULT, SyncPolicy, VALUE_SIZE_BYTES_MAX,

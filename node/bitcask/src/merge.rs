@@ -67,11 +67,57 @@ struct Moved {
     offset: u32,
 }
 
+/// A merge whose input is captured: the inputs and the records of theirs
+/// that were live at the cut-off. [`MergeJob::run`] writes the output and
+/// swaps it in, on any thread, while reads and writes go on. Only one merge
+/// exists at a time: capturing another waits for this one to finish or drop.
+#[derive(Debug)]
+pub struct MergeJob {
+    shared: Arc<Shared>,
+    _slot: MergeSlot,
+    input_metas: Vec<Arc<FileMeta>>,
+    live: Vec<(Vec<u8>, Location)>,
+    cutoff: u64,
+    boundary: u64,
+    last_commit_seq: u64,
+    last_commit_meta: Vec<u8>,
+    now_ms: u64,
+}
+
+/// The right to run the one merge; released on drop.
+#[derive(Debug)]
+struct MergeSlot(Arc<Shared>);
+
+impl MergeSlot {
+    fn take(shared: &Arc<Shared>) -> MergeSlot {
+        let mut running = lock(&shared.merge_running);
+        while *running {
+            running = shared
+                .merge_done
+                .wait(running)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+        *running = true;
+        MergeSlot(shared.clone())
+    }
+}
+
+impl Drop for MergeSlot {
+    fn drop(&mut self) {
+        *lock(&self.0.merge_running) = false;
+        self.0.merge_done.notify_all();
+    }
+}
+
+/// Captures and runs a merge in the calling thread.
 pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Result<MergeReport> {
-    let _one_at_a_time = lock(&shared.merge_lock);
+    begin(shared, inputs, now_ms)?.run()
+}
+
+/// Captures a merge of `inputs` at the engine's current state (see [`MergeJob`]).
+pub(crate) fn begin(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Result<MergeJob> {
+    let slot = MergeSlot::take(shared);
     shared.check_poison()?;
-    let vfs = shared.opts.vfs.as_ref();
-    let dir = shared.dir.clone();
 
     // 1. Inputs: a non-empty prefix of the sealed files covering every merge part.
     let input_metas: Vec<Arc<FileMeta>> = {
@@ -124,11 +170,6 @@ pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Res
             .collect();
         (keydir.applied_seq(), live)
     };
-    // Make the cut-off durable before any output names it: otherwise a power
-    // cut could leave a merge generation named after sequence numbers the
-    // write stream no longer holds, and they would be handed out again.
-    let written = lock(&shared.writer).written_total;
-    shared.sync_to(written)?;
     let earlier_cutoff = input_metas.iter().find_map(|meta| match meta.id {
         FileId::Merge {
             cutoff: earlier, ..
@@ -141,194 +182,237 @@ pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Res
         )));
     }
 
-    // 3. Write the output parts.
-    let mut parts: Vec<Part> = Vec::new();
-    let mut moved: Vec<Moved> = Vec::with_capacity(live.len());
-    let mut dropped: Vec<usize> = Vec::new();
-    let result = (|| -> Result<()> {
-        parts.push(new_part(shared, cutoff, 0, boundary)?);
-        for (index, (key, location)) in live.iter().enumerate() {
-            if index % 1024 == 0 && shared.closed.load(Ordering::SeqCst) {
-                return Err(Error::Closed);
+    Ok(MergeJob {
+        shared: shared.clone(),
+        _slot: slot,
+        input_metas,
+        live,
+        cutoff,
+        boundary,
+        last_commit_seq,
+        last_commit_meta,
+        now_ms,
+    })
+}
+
+impl MergeJob {
+    /// The cut-off sequence: the output is named after it.
+    pub fn cutoff(&self) -> u64 {
+        self.cutoff
+    }
+
+    /// Writes the output, swaps it in and retires the inputs.
+    pub fn run(self) -> Result<MergeReport> {
+        let MergeJob {
+            shared,
+            _slot,
+            input_metas,
+            live,
+            cutoff,
+            boundary,
+            last_commit_seq,
+            last_commit_meta,
+            now_ms,
+        } = self;
+        let shared = &shared;
+        shared.check_poison()?;
+        let vfs = shared.opts.vfs.as_ref();
+        let dir = shared.dir.clone();
+        // Make the cut-off durable before any output names it: otherwise a power
+        // cut could leave a merge generation named after sequence numbers the
+        // write stream no longer holds, and they would be handed out again.
+        let written = lock(&shared.writer).written_total;
+        shared.sync_to(written)?;
+        // 3. Write the output parts.
+        let mut parts: Vec<Part> = Vec::new();
+        let mut moved: Vec<Moved> = Vec::with_capacity(live.len());
+        let mut dropped: Vec<usize> = Vec::new();
+        let result = (|| -> Result<()> {
+            parts.push(new_part(shared, cutoff, 0, boundary)?);
+            for (index, (key, location)) in live.iter().enumerate() {
+                if index % 1024 == 0 && shared.closed.load(Ordering::SeqCst) {
+                    return Err(Error::Closed);
+                }
+                if location.expired(now_ms) {
+                    dropped.push(index);
+                    continue;
+                }
+                if parts.last().expect("one part at least").len >= shared.opts.segment_size_bytes {
+                    let next = parts.len() as u32;
+                    parts.push(new_part(shared, cutoff, next, boundary)?);
+                }
+                let part_index = parts.len() - 1;
+                let part = parts.last_mut().expect("one part at least");
+                let offset = part.len as u32;
+                let copied = shared.with_record(key.len(), location, |record| {
+                    part.buf.extend_from_slice(record);
+                    record.len() as u64
+                })?;
+                let Some(copied) = copied else {
+                    return Err(Error::Corruption {
+                        file: format!("file #{}", location.file),
+                        offset: location.offset as u64,
+                        reason: "merge input vanished during the merge".to_string(),
+                    });
+                };
+                part.len += copied;
+                part.max_seq = part.max_seq.max(location.seq);
+                part.hint.add(&HintEntry {
+                    kind: RecordKind::Put,
+                    key,
+                    value_len: location.value_len,
+                    offset,
+                    seq: location.seq,
+                    expiry_ms: location.expiry_ms,
+                })?;
+                moved.push(Moved {
+                    index,
+                    part: part_index,
+                    offset,
+                });
+                if part.buf.len() >= MERGE_WRITE_BUFFER_BYTES {
+                    part.flush()?;
+                }
             }
-            if location.expired(now_ms) {
-                dropped.push(index);
-                continue;
-            }
-            if parts.last().expect("one part at least").len >= shared.opts.segment_size_bytes {
-                let next = parts.len() as u32;
-                parts.push(new_part(shared, cutoff, next, boundary)?);
-            }
-            let part_index = parts.len() - 1;
             let part = parts.last_mut().expect("one part at least");
             let offset = part.len as u32;
-            let copied = shared.with_record(key.len(), location, |record| {
-                part.buf.extend_from_slice(record);
-                record.len() as u64
-            })?;
-            let Some(copied) = copied else {
-                return Err(Error::Corruption {
-                    file: format!("file #{}", location.file),
-                    offset: location.offset as u64,
-                    reason: "merge input vanished during the merge".to_string(),
-                });
-            };
-            part.len += copied;
-            part.max_seq = part.max_seq.max(location.seq);
-            part.hint.add(&HintEntry {
-                kind: RecordKind::Put,
-                key,
-                value_len: location.value_len,
-                offset,
-                seq: location.seq,
-                expiry_ms: location.expiry_ms,
-            })?;
-            moved.push(Moved {
-                index,
-                part: part_index,
-                offset,
-            });
-            if part.buf.len() >= MERGE_WRITE_BUFFER_BYTES {
+            let before = part.buf.len();
+            encode_record(
+                &mut part.buf,
+                RecordKind::Commit,
+                last_commit_seq,
+                0,
+                &[],
+                &last_commit_meta,
+            );
+            part.len += (part.buf.len() - before) as u64;
+            part.max_seq = part.max_seq.max(last_commit_seq);
+            part.hint.commit(&last_commit_meta, offset, last_commit_seq);
+            for part in &mut parts {
                 part.flush()?;
+                let name = part
+                    .tmp_path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or_default();
+                shared.sync_file(part.file.as_ref(), name)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            for part in parts {
+                let _ = vfs.remove(&part.tmp_path);
+                part.hint.discard(vfs);
+            }
+            return Err(e);
+        }
+
+        // 4. Publish: hints, parts n-1..1, directory fsync, part 0, directory fsync.
+        let mut metas = Vec::with_capacity(parts.len());
+        let last_part = parts.len() - 1;
+        for (index, part) in parts.into_iter().enumerate() {
+            let crc = part.hasher.clone().finalize();
+            part.hint
+                .finish(vfs, part.len, crc)
+                .map_err(|e| shared.poison(e))?;
+            let last_commit =
+                (index == last_part).then(|| (last_commit_seq, last_commit_meta.clone()));
+            metas.push((
+                part.id,
+                part.tmp_path,
+                part.len,
+                crc,
+                part.max_seq,
+                last_commit,
+            ));
+        }
+        let sync_dir = || {
+            vfs.sync_dir(&dir)
+                .map_err(|e| shared.poison(Error::io(&dir, e)))
+        };
+        for (id, tmp_path, ..) in metas.iter().skip(1).rev() {
+            vfs.rename(tmp_path, &path_in(&dir, &id.data_name()))
+                .map_err(|e| shared.poison(Error::io(tmp_path, e)))?;
+        }
+        sync_dir()?;
+        let (id0, tmp0, ..) = &metas[0];
+        vfs.rename(tmp0, &path_in(&dir, &id0.data_name()))
+            .map_err(|e| shared.poison(Error::io(tmp0, e)))?;
+        sync_dir()?;
+
+        // 5. Swap: register the outputs, repoint the keys chunk by chunk, then
+        //    replace the inputs in the sealed list.
+        let new_metas: Vec<Arc<FileMeta>> = {
+            let mut files = write(&shared.files);
+            metas
+                .into_iter()
+                .map(|(id, _, len, crc, max_seq, last_commit)| {
+                    let num = files.allocate(path_in(&dir, &id.data_name()));
+                    Arc::new(FileMeta {
+                        id,
+                        num,
+                        len,
+                        crc,
+                        max_seq,
+                        last_commit,
+                    })
+                })
+                .collect()
+        };
+        for chunk in moved.chunks(MERGE_SWAP_CHUNK_KEYS) {
+            let mut keydir = write(&shared.keydir);
+            for item in chunk {
+                let (key, location) = &live[item.index];
+                keydir.repoint(key, location.seq, new_metas[item.part].num, item.offset);
             }
         }
-        let part = parts.last_mut().expect("one part at least");
-        let offset = part.len as u32;
-        let before = part.buf.len();
-        encode_record(
-            &mut part.buf,
-            RecordKind::Commit,
-            last_commit_seq,
-            0,
-            &[],
-            &last_commit_meta,
+        for chunk in dropped.chunks(MERGE_SWAP_CHUNK_KEYS) {
+            let mut keydir = write(&shared.keydir);
+            for index in chunk {
+                let (key, location) = &live[*index];
+                keydir.remove_if_seq(key, location.seq);
+            }
+        }
+        {
+            let mut files = write(&shared.files);
+            let rest = files.sealed.split_off(input_metas.len());
+            files.sealed = new_metas.iter().cloned().chain(rest).collect();
+            for meta in &input_metas {
+                files.paths.remove(&meta.num);
+            }
+            let mut keydir = write(&shared.keydir);
+            for meta in &input_metas {
+                keydir.drop_file(meta.num);
+            }
+        }
+        for meta in &input_metas {
+            shared.forget_handle(meta.num);
+            shared.retire_file(&meta.id.hint_name());
+            shared.retire_file(&meta.id.data_name());
+        }
+        if let Err(e) = vfs.sync_dir(&dir) {
+            // The swap already happened; a later open deletes leftovers anyway.
+            tracing::warn!(error = %e, "directory fsync after deleting merge inputs failed");
+        }
+        shared.merges.fetch_add(1, Ordering::SeqCst);
+        let report = MergeReport {
+            cutoff,
+            inputs: input_metas.iter().map(|meta| meta.id.data_name()).collect(),
+            outputs: new_metas.iter().map(|meta| meta.id.data_name()).collect(),
+            records_kept: moved.len() as u64,
+            bytes_before: input_metas.iter().map(|meta| meta.len).sum(),
+            bytes_after: new_metas.iter().map(|meta| meta.len).sum(),
+        };
+        tracing::info!(
+            cutoff,
+            inputs = report.inputs.len(),
+            outputs = report.outputs.len(),
+            bytes_before = report.bytes_before,
+            bytes_after = report.bytes_after,
+            "merge swapped in"
         );
-        part.len += (part.buf.len() - before) as u64;
-        part.max_seq = part.max_seq.max(last_commit_seq);
-        part.hint.commit(&last_commit_meta, offset, last_commit_seq);
-        for part in &mut parts {
-            part.flush()?;
-            let name = part
-                .tmp_path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default();
-            shared.sync_file(part.file.as_ref(), name)?;
-        }
-        Ok(())
-    })();
-    if let Err(e) = result {
-        for part in parts {
-            let _ = vfs.remove(&part.tmp_path);
-            part.hint.discard(vfs);
-        }
-        return Err(e);
+        Ok(report)
     }
-
-    // 4. Publish: hints, parts n-1..1, directory fsync, part 0, directory fsync.
-    let mut metas = Vec::with_capacity(parts.len());
-    let last_part = parts.len() - 1;
-    for (index, part) in parts.into_iter().enumerate() {
-        let crc = part.hasher.clone().finalize();
-        part.hint
-            .finish(vfs, part.len, crc)
-            .map_err(|e| shared.poison(e))?;
-        let last_commit = (index == last_part).then(|| (last_commit_seq, last_commit_meta.clone()));
-        metas.push((
-            part.id,
-            part.tmp_path,
-            part.len,
-            crc,
-            part.max_seq,
-            last_commit,
-        ));
-    }
-    let sync_dir = || {
-        vfs.sync_dir(&dir)
-            .map_err(|e| shared.poison(Error::io(&dir, e)))
-    };
-    for (id, tmp_path, ..) in metas.iter().skip(1).rev() {
-        vfs.rename(tmp_path, &path_in(&dir, &id.data_name()))
-            .map_err(|e| shared.poison(Error::io(tmp_path, e)))?;
-    }
-    sync_dir()?;
-    let (id0, tmp0, ..) = &metas[0];
-    vfs.rename(tmp0, &path_in(&dir, &id0.data_name()))
-        .map_err(|e| shared.poison(Error::io(tmp0, e)))?;
-    sync_dir()?;
-
-    // 5. Swap: register the outputs, repoint the keys chunk by chunk, then
-    //    replace the inputs in the sealed list.
-    let new_metas: Vec<Arc<FileMeta>> = {
-        let mut files = write(&shared.files);
-        metas
-            .into_iter()
-            .map(|(id, _, len, crc, max_seq, last_commit)| {
-                let num = files.allocate(path_in(&dir, &id.data_name()));
-                Arc::new(FileMeta {
-                    id,
-                    num,
-                    len,
-                    crc,
-                    max_seq,
-                    last_commit,
-                })
-            })
-            .collect()
-    };
-    for chunk in moved.chunks(MERGE_SWAP_CHUNK_KEYS) {
-        let mut keydir = write(&shared.keydir);
-        for item in chunk {
-            let (key, location) = &live[item.index];
-            keydir.repoint(key, location.seq, new_metas[item.part].num, item.offset);
-        }
-    }
-    for chunk in dropped.chunks(MERGE_SWAP_CHUNK_KEYS) {
-        let mut keydir = write(&shared.keydir);
-        for index in chunk {
-            let (key, location) = &live[*index];
-            keydir.remove_if_seq(key, location.seq);
-        }
-    }
-    {
-        let mut files = write(&shared.files);
-        let rest = files.sealed.split_off(input_metas.len());
-        files.sealed = new_metas.iter().cloned().chain(rest).collect();
-        for meta in &input_metas {
-            files.paths.remove(&meta.num);
-        }
-        let mut keydir = write(&shared.keydir);
-        for meta in &input_metas {
-            keydir.drop_file(meta.num);
-        }
-    }
-    for meta in &input_metas {
-        shared.forget_handle(meta.num);
-        shared.retire_file(&meta.id.hint_name());
-        shared.retire_file(&meta.id.data_name());
-    }
-    if let Err(e) = vfs.sync_dir(&dir) {
-        // The swap already happened; a later open deletes leftovers anyway.
-        tracing::warn!(error = %e, "directory fsync after deleting merge inputs failed");
-    }
-    shared.merges.fetch_add(1, Ordering::SeqCst);
-    let report = MergeReport {
-        cutoff,
-        inputs: input_metas.iter().map(|meta| meta.id.data_name()).collect(),
-        outputs: new_metas.iter().map(|meta| meta.id.data_name()).collect(),
-        records_kept: moved.len() as u64,
-        bytes_before: input_metas.iter().map(|meta| meta.len).sum(),
-        bytes_after: new_metas.iter().map(|meta| meta.len).sum(),
-    };
-    tracing::info!(
-        cutoff,
-        inputs = report.inputs.len(),
-        outputs = report.outputs.len(),
-        bytes_before = report.bytes_before,
-        bytes_after = report.bytes_after,
-        "merge swapped in"
-    );
-    Ok(report)
 }
 
 fn new_part(shared: &Shared, cutoff: u64, part: u32, boundary: u64) -> Result<Part> {

@@ -321,3 +321,37 @@ fn a_failed_fsync_under_concurrent_group_commit_loses_no_acknowledged_write() {
         }
     }
 }
+
+#[test]
+fn a_captured_merge_is_the_same_whenever_it_runs() {
+    // The cluster captures a merge while applying its entry and runs it in
+    // the background while later entries apply. Replica A runs the job
+    // after more writes, replica B at once: their files must be identical.
+    let write = |engine: &Engine, from: u64, to: u64| {
+        for n in from..to {
+            let key = format!("k{}", n % 13).into_bytes();
+            engine
+                .write_batch(
+                    &Batch::new()
+                        .put(key.clone(), value_for(&key, n, 80))
+                        .seq(n << 16),
+                )
+                .unwrap();
+        }
+    };
+    let (fs_a, fs_b) = (SimFs::new(), SimFs::new());
+    let a = open_sim(&fs_a, SyncPolicy::Never, 700);
+    let b = open_sim(&fs_b, SyncPolicy::Never, 700);
+    write(&a, 1, 80);
+    write(&b, 1, 80);
+    let job_a = a.begin_merge(&a.sealed_data_files(), 0).unwrap();
+    let job_b = b.begin_merge(&b.sealed_data_files(), 0).unwrap();
+    assert_eq!(job_a.cutoff(), job_b.cutoff());
+    job_b.run().unwrap();
+    write(&b, 80, 160);
+    write(&a, 80, 160);
+    job_a.run().unwrap();
+    assert_eq!(a.sealed_files(), b.sealed_files());
+    assert_eq!(a.active_file(), b.active_file());
+    assert_eq!(contents(&a, 0), contents(&b, 0));
+}
