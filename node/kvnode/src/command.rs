@@ -1,0 +1,159 @@
+//! What a Raft entry carries (the application half of openraft's `D` / `R`
+//! types) and the limits on it.
+//!
+//! A proposal is stamped by the leader with the cluster time and carries one
+//! command: a batch of client requests gathered by proposal batching, a tick
+//! that only advances time, or a merge naming engine files. Every type here
+//! is plain data encoded with the codec module; none of it knows openraft.
+
+use serde::{Deserialize, Serialize};
+
+/// Operations in one entry at most: versions are `index × 65536 + position`,
+/// so the position must fit in 16 bits.
+pub const ENTRY_OPS_MAX: usize = 65_535;
+/// Every key at or after this prefix is reserved for the node's own
+/// bookkeeping (exactly-once sessions) and refused as a user key.
+pub const RESERVED_KEY_PREFIX: &[u8] = b"\xff\xffraftcask/";
+/// Sessions idle longer than this (cluster time) are evicted.
+pub const SESSION_IDLE_MS_MAX: u64 = 10 * 60 * 1000;
+/// Answers kept per session (requests in flight per client, at most).
+pub const SESSION_ANSWERS_MAX: usize = 1024;
+
+/// One write inside a client request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    /// Set `key` to `value`; `ttl_ms` 0 = no expiry.
+    Put {
+        /// The key.
+        key: Vec<u8>,
+        /// The value.
+        value: Vec<u8>,
+        /// Time to live in ms of cluster time; 0 = never expires.
+        ttl_ms: u64,
+    },
+    /// Delete `key`.
+    Delete {
+        /// The key.
+        key: Vec<u8>,
+    },
+    /// Give an existing key a new time to live (keeps its value).
+    Expire {
+        /// The key.
+        key: Vec<u8>,
+        /// Time to live in ms; must be > 0.
+        ttl_ms: u64,
+    },
+    /// Remove an existing key's time to live (keeps its value).
+    Persist {
+        /// The key.
+        key: Vec<u8>,
+    },
+}
+
+impl Op {
+    /// The key the op writes.
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Op::Put { key, .. }
+            | Op::Delete { key }
+            | Op::Expire { key, .. }
+            | Op::Persist { key } => key,
+        }
+    }
+}
+
+/// A condition a request needs to hold before any of its ops applies.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Condition {
+    /// The key.
+    pub key: Vec<u8>,
+    /// Its expected version; 0 = the key must be absent.
+    pub version: u64,
+}
+
+/// Exactly-once bookkeeping a client attaches to a write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRef {
+    /// The client's random id.
+    pub client_id: u64,
+    /// This request's sequence number (increasing per client).
+    pub sequence: u64,
+    /// Every sequence below this was acknowledged to the client: its answer
+    /// may be forgotten.
+    pub lowest_unacked: u64,
+}
+
+/// One client write request: conditions, then ops, all or nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// Exactly-once bookkeeping, if the client uses a session.
+    pub session: Option<SessionRef>,
+    /// Conditions checked against the state before this request.
+    pub conditions: Vec<Condition>,
+    /// Ops applied in order when every condition holds.
+    pub ops: Vec<Op>,
+}
+
+/// What an entry asks the state machine to do.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Client requests gathered into one entry, applied in order.
+    Requests(Vec<Request>),
+    /// Only advances the cluster time (so TTLs expire without writes).
+    Tick,
+    /// Merge these engine data files (a prefix of the sealed ones).
+    Merge {
+        /// Data file names, in order.
+        inputs: Vec<String>,
+    },
+}
+
+/// The payload of a Raft entry: the leader's cluster time and a command.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proposal {
+    /// Cluster time in ms, stamped by the leader; never decreases along the log.
+    pub time_ms: u64,
+    /// What to do.
+    pub command: Command,
+}
+
+/// The outcome of one request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// Applied; the version each op wrote, in op order.
+    Applied {
+        /// One version per op.
+        versions: Vec<u64>,
+        /// Per op, whether its key existed (unexpired) just before it, as
+        /// Redis and etcd report for deletes.
+        existed: Vec<bool>,
+    },
+    /// Condition `index` did not hold; nothing was applied.
+    ConditionFailed {
+        /// Which condition failed.
+        index: usize,
+        /// The key's version when checked (0 = absent).
+        current_version: u64,
+    },
+    /// An `expire` or `persist` named a key that does not exist; nothing applied.
+    KeyNotFound {
+        /// Which op.
+        index: usize,
+    },
+    /// The request was a retry whose answer was already forgotten: whether
+    /// it applied the first time is unknown to the server.
+    SessionExpired,
+    /// The request was refused before it touched state (reserved key,
+    /// too many ops); nothing applied.
+    Rejected {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The state machine's answer to one entry.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryResponse {
+    /// One outcome per request of a `Requests` entry; empty otherwise.
+    pub outcomes: Vec<Outcome>,
+}

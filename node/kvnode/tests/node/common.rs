@@ -1,0 +1,99 @@
+//! Shared test helpers: a test Raft type config and log-store shortcuts.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bitcask::io::Vfs;
+use bitcask::sim::SimFs;
+use kvnode::{LogStore, LogStoreOptions};
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
+use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader};
+
+openraft::declare_raft_types!(
+    /// A test type config: string payloads, the default u64 node ids.
+    pub TestConfig:
+        D = String,
+        R = String,
+        SnapshotData = std::io::Cursor<Vec<u8>>,
+);
+
+pub type Store = LogStore<TestConfig>;
+
+/// The log directory used with `SimFs`.
+pub fn sim_dir() -> PathBuf {
+    PathBuf::from("/node/raft-log")
+}
+
+/// Options with tiny segments, so a few entries rotate.
+pub fn small_segments() -> LogStoreOptions {
+    LogStoreOptions {
+        segment_size_bytes: 512,
+        ..LogStoreOptions::default()
+    }
+}
+
+pub fn open_sim(fs: &SimFs, options: LogStoreOptions) -> Store {
+    LogStore::open_with(Arc::new(fs.clone()), sim_dir(), options).expect("open log store")
+}
+
+pub fn log_id(term: u64, index: u64) -> LogId<u64> {
+    LogId::new(CommittedLeaderId::new(term, 1), index)
+}
+
+/// A normal entry whose payload names its term and index (and pads a bit).
+pub fn entry(term: u64, index: u64) -> Entry<TestConfig> {
+    Entry {
+        log_id: log_id(term, index),
+        payload: EntryPayload::Normal(payload(term, index)),
+    }
+}
+
+pub fn payload(term: u64, index: u64) -> String {
+    format!(
+        "term {term} index {index} {}",
+        "x".repeat((index % 17) as usize * 5)
+    )
+}
+
+pub fn entries(term: u64, indexes: std::ops::Range<u64>) -> Vec<Entry<TestConfig>> {
+    indexes.map(|index| entry(term, index)).collect()
+}
+
+/// Appends and waits for the flush callback (i.e. for the fsync).
+pub async fn append(store: &mut Store, batch: Vec<Entry<TestConfig>>) {
+    store.blocking_append(batch).await.expect("append");
+}
+
+pub async fn all(store: &mut Store) -> Vec<Entry<TestConfig>> {
+    store.try_get_log_entries(..).await.expect("read entries")
+}
+
+pub async fn indexes(store: &mut Store) -> Vec<u64> {
+    all(store).await.iter().map(|e| e.log_id.index).collect()
+}
+
+pub async fn last_log_id(store: &mut Store) -> Option<LogId<u64>> {
+    store.get_log_state().await.unwrap().last_log_id
+}
+
+/// Names of the segment files in `dir`.
+pub fn segments(vfs: &dyn Vfs, dir: &Path) -> Vec<String> {
+    vfs.list(dir)
+        .unwrap()
+        .into_iter()
+        .filter(|name| name.ends_with(".seg"))
+        .collect()
+}
+
+/// Checks that every entry carries the payload `entry()` gives it.
+pub fn assert_payloads(found: &[Entry<TestConfig>], term_of: impl Fn(u64) -> u64) {
+    for e in found {
+        let index = e.log_id.index;
+        match &e.payload {
+            EntryPayload::Normal(text) => {
+                assert_eq!(text, &payload(term_of(index), index), "payload of {index}")
+            }
+            other => panic!("entry {index} has payload {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! Proves appends, truncates, purges, the vote and the committed log id
+//! survive closing and reopening the store (on real files and on the
+//! simulated disk), that segments rotate by size and purged segments are
+//! deleted, that one appended batch costs one fsync, and that reads work
+//! from disk once the in-memory cache has let entries go.
+
+use std::sync::Arc;
+
+use bitcask::io::{RealFs, Vfs};
+use bitcask::sim::SimFs;
+use kvnode::log_store::{LOG_ENTRY_SIZE_BYTES_MAX, segment_name};
+use kvnode::{LogStore, LogStoreOptions};
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
+use openraft::{CommittedLeaderId, Entry, EntryPayload, RaftLogReader, Vote};
+
+use crate::common::*;
+
+/// The whole lifecycle on one disk, reopening after every step.
+async fn lifecycle(vfs: Arc<dyn Vfs>, dir: std::path::PathBuf) {
+    let options = small_segments();
+    let open = || LogStore::<TestConfig>::open_with(vfs.clone(), dir.clone(), options).unwrap();
+
+    // Appends in batches, rotating through several segments.
+    let mut store = open();
+    assert_eq!(last_log_id(&mut store).await, None);
+    assert_eq!(store.read_vote().await.unwrap(), None);
+    for start in (0..100).step_by(7) {
+        append(&mut store, entries(1, start..(start + 7).min(100))).await;
+    }
+    let vote = Vote::new(3, 2);
+    store.save_vote(&vote).await.unwrap();
+    store.save_committed(Some(log_id(1, 60))).await.unwrap();
+    drop(store);
+    let segment_count = segments(&*vfs, &dir).len();
+    assert!(segment_count >= 5, "only {segment_count} segments");
+
+    let mut store = open();
+    assert_eq!(indexes(&mut store).await, (0..100).collect::<Vec<_>>());
+    assert_payloads(&all(&mut store).await, |_| 1);
+    assert_eq!(store.read_vote().await.unwrap(), Some(vote));
+    assert_eq!(store.read_committed().await.unwrap(), Some(log_id(1, 60)));
+    assert_eq!(last_log_id(&mut store).await, Some(log_id(1, 99)));
+
+    // Truncate inside a segment, then append a new term over the cut.
+    store.truncate(log_id(1, 80)).await.unwrap();
+    assert_eq!(last_log_id(&mut store).await, Some(log_id(1, 79)));
+    drop(store);
+    let mut store = open();
+    assert_eq!(indexes(&mut store).await, (0..80).collect::<Vec<_>>());
+    append(&mut store, entries(2, 80..90)).await;
+    drop(store);
+    let mut store = open();
+    assert_eq!(indexes(&mut store).await, (0..90).collect::<Vec<_>>());
+    assert_payloads(&all(&mut store).await, |i| if i < 80 { 1 } else { 2 });
+
+    // Truncate exactly at a segment's first index: the segment goes.
+    let names = segments(&*vfs, &dir);
+    let boundary: u64 = names[names.len() - 1][4..24].parse().unwrap();
+    store.truncate(log_id(2, boundary)).await.unwrap();
+    assert!(!segments(&*vfs, &dir).contains(&segment_name(boundary)));
+    drop(store);
+    let mut store = open();
+    assert_eq!(indexes(&mut store).await, (0..boundary).collect::<Vec<_>>());
+    append(&mut store, entries(3, boundary..95)).await;
+
+    // Purge: the purge point persists; wholly purged segments are deleted.
+    store.purge(log_id(1, 40)).await.unwrap();
+    let names = segments(&*vfs, &dir);
+    let firsts: Vec<u64> = names.iter().map(|n| n[4..24].parse().unwrap()).collect();
+    assert!(
+        firsts[0] <= 41 && firsts.get(1).is_none_or(|&second| second > 41),
+        "{names:?}"
+    );
+    drop(store);
+    let mut store = open();
+    let state = store.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 40)));
+    assert_eq!(state.last_log_id, Some(log_id(3, 94)));
+    assert_eq!(indexes(&mut store).await, (41..95).collect::<Vec<_>>());
+    assert!(store.try_get_log_entries(0..41).await.unwrap().is_empty());
+    assert_eq!(store.read_vote().await.unwrap(), Some(vote));
+
+    // Purge beyond the last entry: every segment goes; appends continue after it.
+    store.purge(log_id(4, 120)).await.unwrap();
+    assert!(segments(&*vfs, &dir).is_empty());
+    drop(store);
+    let mut store = open();
+    let state = store.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id, Some(log_id(4, 120)));
+    assert_eq!(state.last_log_id, Some(log_id(4, 120)));
+    append(&mut store, entries(5, 121..130)).await;
+    drop(store);
+    let mut store = open();
+    assert_eq!(indexes(&mut store).await, (121..130).collect::<Vec<_>>());
+    assert_eq!(last_log_id(&mut store).await, Some(log_id(5, 129)));
+
+    // Truncate everything that is left (down to the purge point).
+    store.truncate(log_id(5, 121)).await.unwrap();
+    drop(store);
+    let mut store = open();
+    assert_eq!(last_log_id(&mut store).await, Some(log_id(4, 120)));
+    append(&mut store, entries(6, 121..123)).await;
+    drop(store);
+    let mut store = open();
+    assert_eq!(indexes(&mut store).await, vec![121, 122]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_on_real_files_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    lifecycle(Arc::new(RealFs), dir.path().join("raft-log")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_on_simulated_disk_survives_reopen() {
+    let fs = SimFs::new();
+    lifecycle(Arc::new(fs), sim_dir()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_survives_power_cuts_between_steps() {
+    // Every step above returns only once durable, so cutting the power
+    // right after each close loses nothing.
+    let fs = SimFs::new();
+    let dir = sim_dir();
+    let mut store = open_sim(&fs, small_segments());
+    append(&mut store, entries(1, 0..50)).await;
+    store.save_vote(&Vote::new(7, 1)).await.unwrap();
+    store.truncate(log_id(1, 30)).await.unwrap();
+    store.purge(log_id(1, 10)).await.unwrap();
+    store.save_committed(Some(log_id(1, 20))).await.unwrap();
+    let fs = fs.power_cut(bitcask::sim::Torn::Nothing);
+    drop(store);
+    let mut store = open_sim(&fs, small_segments());
+    assert_eq!(indexes(&mut store).await, (11..30).collect::<Vec<_>>());
+    assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new(7, 1)));
+    assert_eq!(store.read_committed().await.unwrap(), Some(log_id(1, 20)));
+    assert!(!segments(&fs, &dir).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_batch_is_one_fsync() {
+    let fs = SimFs::new();
+    let mut store = open_sim(&fs, LogStoreOptions::default());
+    append(&mut store, entries(1, 0..1)).await; // creates the segment
+    let before = fs.sync_count();
+    append(&mut store, entries(1, 1..65)).await;
+    assert_eq!(
+        fs.sync_count() - before,
+        1,
+        "64 entries in one batch: one fsync"
+    );
+    let before = fs.sync_count();
+    store.save_vote(&Vote::new(1, 1)).await.unwrap();
+    assert_eq!(fs.sync_count() - before, 1, "the vote file is fsynced");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_from_disk_when_nothing_is_cached() {
+    let fs = SimFs::new();
+    let options = LogStoreOptions {
+        cache_bytes_max: 0,
+        ..small_segments()
+    };
+    let mut store = open_sim(&fs, options);
+    append(&mut store, entries(1, 0..40)).await;
+    let mut reader = store.get_log_reader().await;
+    let found = reader.try_get_log_entries(5..25).await.unwrap();
+    assert_eq!(found.len(), 20);
+    assert_eq!(found[0].log_id, log_id(1, 5));
+    assert_payloads(&found, |_| 1);
+    assert_eq!(reader.try_get_log_entries(38..100).await.unwrap().len(), 2);
+    assert!(
+        reader
+            .try_get_log_entries(40..100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_must_continue_the_log() {
+    let fs = SimFs::new();
+    let mut store = open_sim(&fs, LogStoreOptions::default());
+    append(&mut store, entries(1, 0..5)).await;
+    let err = store.blocking_append(entries(1, 6..8)).await.unwrap_err();
+    assert!(err.to_string().contains("expected index 5, got 6"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_entry_is_refused_naming_the_limit() {
+    let fs = SimFs::new();
+    let mut store = open_sim(&fs, LogStoreOptions::default());
+    let huge = Entry::<TestConfig> {
+        log_id: openraft::LogId::new(CommittedLeaderId::new(1, 1), 0),
+        payload: EntryPayload::Normal("x".repeat(LOG_ENTRY_SIZE_BYTES_MAX)),
+    };
+    let err = store.blocking_append(vec![huge]).await.unwrap_err();
+    assert!(
+        err.to_string().contains("LOG_ENTRY_SIZE_BYTES_MAX"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_committed_log_id_can_stay_in_memory() {
+    let fs = SimFs::new();
+    let options = LogStoreOptions {
+        persist_committed: false,
+        ..LogStoreOptions::default()
+    };
+    let mut store = open_sim(&fs, options);
+    append(&mut store, entries(1, 0..3)).await;
+    let before = fs.sync_count();
+    store.save_committed(Some(log_id(1, 2))).await.unwrap();
+    assert_eq!(fs.sync_count(), before, "no fsync");
+    assert_eq!(store.read_committed().await.unwrap(), Some(log_id(1, 2)));
+    drop(store);
+    let mut store = open_sim(&fs, options);
+    assert_eq!(store.read_committed().await.unwrap(), None);
+}

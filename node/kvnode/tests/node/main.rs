@@ -1,0 +1,8 @@
+//! The kvnode integration tests: one binary, one module per scenario.
+
+mod common;
+mod corruption;
+mod fsync_failure;
+mod log_store;
+mod power_loss;
+mod suite;
