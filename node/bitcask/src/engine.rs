@@ -384,6 +384,8 @@ impl Handles {
 /// State shared by the engine handle and its background threads.
 #[derive(Debug)]
 pub(crate) struct Shared {
+    /// Held while the engine is open: one engine per data directory.
+    _dir_lock: crate::io::DirLock,
     pub(crate) dir: PathBuf,
     pub(crate) opts: Options,
     pub(crate) keydir: RwLock<KeyDir>,
@@ -479,9 +481,14 @@ impl Engine {
         opts.vfs
             .create_dir_all(&dir)
             .map_err(|e| Error::io(&dir, e))?;
+        let dir_lock = opts.vfs.lock_dir(&dir).map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock => Error::DirectoryInUse { path: dir.clone() },
+            _ => Error::io(&dir, e),
+        })?;
         let recovered = crate::recovery::recover(&dir, &opts)?;
 
         let shared = Arc::new(Shared {
+            _dir_lock: dir_lock,
             dir,
             keydir: RwLock::new(recovered.keydir),
             files: RwLock::new(recovered.files),

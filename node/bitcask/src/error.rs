@@ -95,6 +95,12 @@ pub enum Error {
     /// A file named by the caller is not one of the engine's.
     #[error("unknown file {0}")]
     UnknownFile(String),
+    /// Another engine (in this or another process) has the directory open.
+    #[error("data directory {} is in use by another engine (its LOCK file is held)", path.display())]
+    DirectoryInUse {
+        /// The data directory.
+        path: PathBuf,
+    },
     /// The engine was closed.
     #[error("engine is closed")]
     Closed,

@@ -72,7 +72,21 @@ pub trait Vfs: Send + Sync + std::fmt::Debug + 'static {
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
     /// Creates a directory and its parents.
     fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// Takes an exclusive lock on the directory for as long as the returned
+    /// guard lives; fails with `WouldBlock` if another engine holds it. The
+    /// default takes no lock (test file systems live in one process).
+    fn lock_dir(&self, _dir: &Path) -> io::Result<DirLock> {
+        Ok(DirLock(None))
+    }
 }
+
+/// Name of the lock file in a data directory (empty; only its lock matters).
+pub const LOCK_FILE_NAME: &str = "LOCK";
+
+/// Holds a data directory's lock until dropped (the open, locked file; the
+/// lock goes with it).
+#[derive(Debug)]
+pub struct DirLock(#[allow(dead_code)] Option<File>);
 
 /// The real file system.
 #[derive(Clone, Copy, Debug, Default)]
@@ -149,6 +163,22 @@ impl Vfs for RealFs {
     }
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         std::fs::create_dir_all(dir)
+    }
+    fn lock_dir(&self, dir: &Path) -> io::Result<DirLock> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join(LOCK_FILE_NAME))?;
+        match file.try_lock() {
+            Ok(()) => Ok(DirLock(Some(file))),
+            Err(std::fs::TryLockError::WouldBlock) => Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "another engine has this data directory open",
+            )),
+            Err(std::fs::TryLockError::Error(e)) => Err(e),
+        }
     }
 }
 

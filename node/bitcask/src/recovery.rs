@@ -59,7 +59,7 @@ pub(crate) fn recover(dir: &Path, opts: &Options) -> Result<Recovered> {
             data.insert(id);
         } else if let Some(id) = name.strip_suffix(HINT_SUFFIX).and_then(FileId::parse_stem) {
             hints.insert(id);
-        } else {
+        } else if name != crate::io::LOCK_FILE_NAME {
             tracing::warn!(file = %name, dir = %dir.display(), "ignoring a file that is not the engine's");
         }
     }

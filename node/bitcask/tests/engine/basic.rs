@@ -385,3 +385,18 @@ fn reads_work_with_fewer_open_files_than_segments() {
         }
     }
 }
+
+#[test]
+fn one_engine_per_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = open_real(dir.path(), 1 << 20);
+    let second = Engine::open(dir.path(), Options::default());
+    match second {
+        Err(err @ Error::DirectoryInUse { .. }) => {
+            assert!(err.to_string().contains("in use"), "{err}")
+        }
+        other => panic!("a second engine opened the same directory: {other:?}"),
+    }
+    drop(first);
+    open_real(dir.path(), 1 << 20);
+}
