@@ -14,14 +14,29 @@
 //! - [`log_store`]: the Raft log store — segmented, checksummed append-only
 //!   files through the engine's I/O trait, implementing openraft's
 //!   `RaftLogStorage` (byte layout in `LOG_FORMAT.md`).
+//! - [`types`]: the openraft type config (`TypeConfig`), the node type
+//!   (`NodeInfo`: client and peer address) and the commit metadata every
+//!   applied entry leaves in the engine (`CommitMeta`).
+//! - [`state_machine`]: openraft's `RaftStateMachine` over the engine and
+//!   [`apply`]: one engine batch per entry, exact recovery of
+//!   `last_applied` / membership / cluster time, snapshots built from the
+//!   engine's files and installed by an atomic switch of the engine
+//!   directory.
+//! - [`snapshot`]: the snapshot manifest, the `CURRENT` engine pointer and
+//!   the snapshot handle (byte layout in `SNAPSHOT_FORMAT.md`).
 //!
-//! The rest of the node (the openraft type config and state-machine trait
-//! over [`apply`], snapshots, proposal batching, the peer and client gRPC
+//! The rest of the node (proposal batching, the peer and client gRPC
 //! services, the admin HTTP port, the binary) is being built.
 
 pub mod apply;
 pub mod codec;
 pub mod command;
 pub mod log_store;
+pub mod snapshot;
+pub mod state_machine;
+pub mod types;
 
 pub use log_store::{LogError, LogReader, LogStore, LogStoreOptions};
+pub use snapshot::SnapshotHandle;
+pub use state_machine::{SmError, StateMachine, StateMachineOptions};
+pub use types::{CommitMeta, NodeInfo, TypeConfig};

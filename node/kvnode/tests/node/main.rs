@@ -5,4 +5,5 @@ mod corruption;
 mod fsync_failure;
 mod log_store;
 mod power_loss;
+mod state_machine;
 mod suite;

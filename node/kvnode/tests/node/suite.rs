@@ -1,19 +1,20 @@
-//! Proves the log store passes openraft's own storage conformance suite
-//! (`openraft::testing::Suite`): log state, reads, vote, committed, truncate,
-//! purge, and the initial-state reconstruction openraft does at startup —
-//! on real files and on the simulated disk.
+//! Proves the log store and the state machine pass openraft's own storage
+//! conformance suite (`openraft::testing::Suite`): log state, reads, vote,
+//! committed, truncate, purge, apply, snapshot build / install / current
+//! snapshot, and the initial-state reconstruction openraft does at startup.
 //!
-//! The suite also exercises a state machine, so this module holds a minimal
-//! in-memory one. It exists only for this test: the real state machine (the
-//! bitcask engine under Raft, with snapshots of its files) is built later in
-//! its own module of the crate.
+//! On real files the suite runs the node's real pair: `LogStore<TypeConfig>`
+//! and `StateMachine` (the bitcask engine under Raft, snapshots of its
+//! files). The state machine needs real files (snapshots hard-link them), so
+//! the run on the simulated disk pairs the log store with a minimal
+//! in-memory state machine that exists only for this test.
 
 use std::io::Cursor;
 use std::sync::{Arc, Mutex};
 
 use bitcask::io::RealFs;
 use bitcask::sim::SimFs;
-use kvnode::{LogStore, codec};
+use kvnode::{LogStore, StateMachine, StateMachineOptions, TypeConfig, codec};
 use openraft::storage::RaftStateMachine;
 use openraft::testing::{StoreBuilder, Suite};
 use openraft::{
@@ -127,17 +128,20 @@ impl RaftStateMachine<TestConfig> for MemStateMachine {
     }
 }
 
-/// Builds each test's store on real files in a fresh temporary directory.
+/// Builds each test's real log store and real state machine on real files
+/// in a fresh temporary directory.
 struct RealFiles;
 
-impl StoreBuilder<TestConfig, Store, MemStateMachine, tempfile::TempDir> for RealFiles {
+impl StoreBuilder<TypeConfig, LogStore<TypeConfig>, StateMachine, tempfile::TempDir> for RealFiles {
     async fn build(
         &self,
-    ) -> Result<(tempfile::TempDir, Store, MemStateMachine), StorageError<u64>> {
+    ) -> Result<(tempfile::TempDir, LogStore<TypeConfig>, StateMachine), StorageError<u64>> {
         let dir = tempfile::tempdir().expect("temporary directory");
         let store =
             LogStore::open(Arc::new(RealFs), dir.path().join("raft-log")).expect("open log store");
-        Ok((dir, store, MemStateMachine::default()))
+        let sm = StateMachine::open(dir.path().join("state"), StateMachineOptions::default())
+            .expect("open state machine");
+        Ok((dir, store, sm))
     }
 }
 

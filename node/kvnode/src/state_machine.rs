@@ -1,0 +1,724 @@
+//! The Raft state machine: openraft's `RaftStateMachine` over the bitcask
+//! engine and [`Applier`], with snapshots made of the engine's files.
+//!
+//! Directory layout (`<dir>` is the state machine's directory):
+//! - `CURRENT`: names the engine directory in use (see [`Pointer`]);
+//! - `engine-<generation>/`: the engine's data directory;
+//! - `snapshots/snap-<counter>/`: a built or installed snapshot (its files
+//!   and `MANIFEST`); the two newest are kept, the newest is current;
+//! - `snapshots/staging-<counter>/`: a snapshot being received.
+//!
+//! Every applied entry (normal, blank, membership) is one engine batch whose
+//! commit record carries a [`CommitMeta`], so `last_applied`, the membership
+//! and the cluster clock come back exactly from the engine at open, and
+//! replaying entries at or below `last_applied` does nothing. The engine
+//! never fsyncs on apply (the Raft log is the write-ahead log) and never
+//! merges on its own; merges come as `Command::Merge` entries.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use bitcask::io::RealFs;
+use bitcask::{Batch, Engine, Options, PublishedPrefix, SyncPolicy};
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    EntryPayload, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError,
+    StorageIOError, StoredMembership,
+};
+
+use crate::apply::{Applier, ApplyError, VERSIONS_PER_INDEX};
+use crate::codec::CodecError;
+use crate::command::{Command, EntryResponse};
+use crate::snapshot::{
+    self, CURRENT_BYTES_MAX, CURRENT_FILE, KIND_ACTIVE_PREFIX, KIND_SEALED, Manifest, ManifestFile,
+    Pointer, SnapshotError, SnapshotHandle, io_err,
+};
+use crate::types::{CommitMeta, NodeInfo, NodeLogId, NodeMembership, TypeConfig};
+
+/// Name of the directory holding snapshots.
+pub const SNAPSHOTS_DIR: &str = "snapshots";
+/// Prefix of a complete snapshot directory (`snap-<20-digit counter>`).
+pub const SNAPSHOT_DIR_PREFIX: &str = "snap-";
+/// Prefix of a staging directory (`staging-<20-digit counter>`).
+pub const STAGING_DIR_PREFIX: &str = "staging-";
+/// Complete snapshots kept on disk (the newest is current; the one before
+/// stays so that a transfer of it in progress can finish).
+pub const SNAPSHOTS_KEPT: usize = 2;
+
+/// Why the state machine failed. Any of these stops the node.
+#[derive(Debug, thiserror::Error)]
+pub enum SmError {
+    /// The engine failed.
+    #[error("engine: {0}")]
+    Engine(#[from] bitcask::Error),
+    /// Applying an entry failed.
+    #[error("apply: {0}")]
+    Apply(#[from] ApplyError),
+    /// A snapshot, pointer or file operation failed.
+    #[error("snapshot: {0}")]
+    Snapshot(#[from] SnapshotError),
+    /// The engine's last commit metadata does not decode.
+    #[error("commit metadata of the engine's last batch: {0}")]
+    Meta(#[from] CodecError),
+    /// The state does not hold together (snapshot and meta disagree, ...).
+    #[error("{0}")]
+    Inconsistent(String),
+}
+
+/// Options of the state machine.
+#[derive(Clone, Debug, Default)]
+pub struct StateMachineOptions {
+    /// Engine options; `sync`, `auto_merge`, `published_prefix` and `vfs` are
+    /// overridden (never, off, from `CURRENT`, real files). Options that
+    /// shape files (segment size) must be equal on every replica.
+    pub engine: Options,
+}
+
+#[derive(Clone, Debug)]
+struct CurrentSnapshot {
+    counter: u64,
+    manifest: Manifest,
+}
+
+#[derive(Debug)]
+struct Inner {
+    engine: Arc<Engine>,
+    applier: Applier,
+    generation: u64,
+    last_applied: Option<NodeLogId>,
+    membership: NodeMembership,
+    time_ms: u64,
+    current: Option<CurrentSnapshot>,
+    next_counter: u64,
+}
+
+#[derive(Debug)]
+struct Shared {
+    dir: PathBuf,
+    options: StateMachineOptions,
+    inner: Mutex<Inner>,
+    engine: RwLock<Arc<Engine>>,
+    cluster_time_ms: AtomicU64,
+}
+
+/// The state machine (cheap to clone: clones share one state). It is also
+/// its own snapshot builder.
+#[derive(Clone, Debug)]
+pub struct StateMachine {
+    shared: Arc<Shared>,
+}
+
+fn sm_err(err: SmError) -> StorageError<u64> {
+    StorageIOError::write_state_machine(&err).into()
+}
+
+fn snapshot_err(err: SmError) -> StorageError<u64> {
+    StorageIOError::write_snapshot(None, &err).into()
+}
+
+fn counter_name(prefix: &str, counter: u64) -> String {
+    format!("{prefix}{counter:020}")
+}
+
+fn parse_counter(name: &str, prefix: &str) -> Option<u64> {
+    let digits = name.strip_prefix(prefix)?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+fn list_dir(dir: &Path) -> Result<Vec<String>, SnapshotError> {
+    let mut names = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_err("list", dir))? {
+        let entry = entry.map_err(io_err("list", dir))?;
+        if let Some(name) = entry.file_name().to_str() {
+            names.push(name.to_string());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+fn remove_dir_logged(path: &Path) {
+    if let Err(err) = fs::remove_dir_all(path)
+        && err.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %path.display(), error = %err, "could not delete a directory");
+    }
+}
+
+fn decode_meta(engine: &Engine) -> Result<Option<CommitMeta>, SmError> {
+    match engine.last_commit_meta() {
+        None => Ok(None),
+        Some(bytes) => Ok(Some(CommitMeta::decode(&bytes)?)),
+    }
+}
+
+impl StateMachine {
+    /// Opens (or creates) the state machine in `dir`.
+    pub fn open(dir: impl AsRef<Path>, options: StateMachineOptions) -> Result<Self, SmError> {
+        let dir = dir.as_ref().to_path_buf();
+        snapshot::create_dir_durable(&dir)?;
+        let snapshots = dir.join(SNAPSHOTS_DIR);
+        snapshot::create_dir_durable(&snapshots)?;
+        let current_path = dir.join(CURRENT_FILE);
+        let pointer = if current_path.exists() {
+            let bytes = snapshot::read_capped(&current_path, CURRENT_BYTES_MAX)?;
+            Pointer::decode(&bytes).map_err(|reason| SnapshotError::Malformed {
+                path: current_path.clone(),
+                reason,
+            })?
+        } else {
+            let pointer = Pointer {
+                generation: 0,
+                published_prefix: None,
+            };
+            snapshot::create_dir_durable(&dir.join(pointer.engine_dir_name()))?;
+            snapshot::write_atomic(&dir, CURRENT_FILE, &pointer.encode())?;
+            pointer
+        };
+        // Leftovers of an interrupted install or write.
+        for name in list_dir(&dir)? {
+            if (name.starts_with("engine-") && name != pointer.engine_dir_name())
+                || name.ends_with(snapshot::TMP_SUFFIX)
+            {
+                let path = dir.join(&name);
+                if path.is_dir() {
+                    remove_dir_logged(&path);
+                } else {
+                    let _ = fs::remove_file(&path);
+                }
+            }
+        }
+        // Snapshots: complete ones have a MANIFEST; staging ones and
+        // incomplete builds are deleted.
+        let mut complete: Vec<CurrentSnapshot> = Vec::new();
+        let mut next_counter = 0u64;
+        for name in list_dir(&snapshots)? {
+            let path = snapshots.join(&name);
+            if let Some(counter) = parse_counter(&name, SNAPSHOT_DIR_PREFIX) {
+                next_counter = next_counter.max(counter + 1);
+                match SnapshotHandle::new(&path).read_manifest() {
+                    Ok(manifest) => complete.push(CurrentSnapshot { counter, manifest }),
+                    Err(err) => {
+                        tracing::warn!(snapshot = %name, error = %err, "deleting an incomplete snapshot");
+                        remove_dir_logged(&path);
+                    }
+                }
+            } else {
+                if let Some(counter) = parse_counter(&name, STAGING_DIR_PREFIX) {
+                    next_counter = next_counter.max(counter + 1);
+                }
+                remove_dir_logged(&path);
+            }
+        }
+        let current = complete.last().cloned();
+        let (engine, applier, meta) = open_engine(&dir, &options, &pointer)?;
+        let (last_applied, membership, time_ms) = match meta {
+            Some(meta) => (Some(meta.log_id), meta.membership, meta.time_ms),
+            None => (None, StoredMembership::default(), 0),
+        };
+        let engine = Arc::new(engine);
+        let sm = StateMachine {
+            shared: Arc::new(Shared {
+                dir,
+                options,
+                engine: RwLock::new(engine.clone()),
+                cluster_time_ms: AtomicU64::new(time_ms),
+                inner: Mutex::new(Inner {
+                    engine,
+                    applier,
+                    generation: pointer.generation,
+                    last_applied,
+                    membership,
+                    time_ms,
+                    current,
+                    next_counter,
+                }),
+            }),
+        };
+        sm.prune_snapshots();
+        Ok(sm)
+    }
+
+    /// The engine in use (replaced when a snapshot is installed: take it
+    /// anew for each read).
+    pub fn engine(&self) -> Arc<Engine> {
+        self.shared
+            .engine
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Cluster time of the last applied entry, in ms: what reads judge
+    /// expiry against.
+    pub fn cluster_time_ms(&self) -> u64 {
+        self.shared.cluster_time_ms.load(Ordering::SeqCst)
+    }
+
+    /// Last applied log id and membership (as openraft's `applied_state`).
+    pub fn applied(&self) -> (Option<NodeLogId>, NodeMembership) {
+        let inner = self.lock();
+        (inner.last_applied, inner.membership.clone())
+    }
+
+    /// The state machine's directory.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    fn snapshots_dir(&self) -> PathBuf {
+        self.shared.dir.join(SNAPSHOTS_DIR)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.shared.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn apply_entries(
+        &self,
+        entries: impl IntoIterator<Item = openraft::Entry<TypeConfig>>,
+    ) -> Result<Vec<EntryResponse>, SmError> {
+        let mut inner = self.lock();
+        let mut responses = Vec::new();
+        for entry in entries {
+            let log_id = entry.log_id;
+            let index = log_id.index;
+            if inner
+                .last_applied
+                .is_some_and(|applied| index <= applied.index)
+            {
+                responses.push(EntryResponse::default());
+                continue;
+            }
+            let engine = inner.engine.clone();
+            let (response, time_ms, membership) = match entry.payload {
+                EntryPayload::Normal(proposal) => {
+                    if index == 0 {
+                        return Err(SmError::Inconsistent(
+                            "a normal entry at log index 0 has no versions".to_string(),
+                        ));
+                    }
+                    let meta = CommitMeta {
+                        log_id,
+                        time_ms: proposal.time_ms,
+                        membership: inner.membership.clone(),
+                    };
+                    let response = inner
+                        .applier
+                        .apply(&engine, index, &proposal, meta.encode())?;
+                    if let Command::Merge { inputs } = &proposal.command {
+                        start_merge(&engine, inputs, proposal.time_ms);
+                    }
+                    (response, proposal.time_ms, meta.membership)
+                }
+                payload => {
+                    let membership = match payload {
+                        EntryPayload::Membership(membership) => {
+                            StoredMembership::new(Some(log_id), membership)
+                        }
+                        _ => inner.membership.clone(),
+                    };
+                    let meta = CommitMeta {
+                        log_id,
+                        time_ms: inner.time_ms,
+                        membership,
+                    };
+                    // Index 0 (openraft's initial membership) cannot use
+                    // sequence 0; it comes first, so sequence 1 is free.
+                    let seq = (index * VERSIONS_PER_INDEX).max(1);
+                    engine.write_batch(&Batch::new().seq(seq).meta(meta.encode()))?;
+                    (EntryResponse::default(), inner.time_ms, meta.membership)
+                }
+            };
+            inner.last_applied = Some(log_id);
+            inner.membership = membership;
+            inner.time_ms = time_ms;
+            self.shared.cluster_time_ms.store(time_ms, Ordering::SeqCst);
+            responses.push(response);
+        }
+        Ok(responses)
+    }
+
+    /// Builds a snapshot of the files as of the last applied entry.
+    pub fn build(&self) -> Result<Snapshot<TypeConfig>, SmError> {
+        // Capture under the lock (no apply meanwhile): fsync, file lists, pins.
+        let (engine, pin, sealed, active, last_applied, membership, counter) = {
+            let mut inner = self.lock();
+            let engine = inner.engine.clone();
+            engine.sync()?;
+            let mut attempts = 0;
+            let (sealed, active, pin) = loop {
+                let sealed = engine.sealed_files();
+                let active = engine.active_file();
+                let names: Vec<String> = sealed
+                    .iter()
+                    .chain(active.iter())
+                    .map(|f| f.name.clone())
+                    .collect();
+                match engine.pin(&names) {
+                    Ok(pin) => break (sealed, active, pin),
+                    // A merge swapped files in between: list again.
+                    Err(bitcask::Error::UnknownFile(_)) if attempts < 100 => attempts += 1,
+                    Err(err) => return Err(err.into()),
+                }
+            };
+            let counter = inner.next_counter;
+            inner.next_counter += 1;
+            (
+                engine,
+                pin,
+                sealed,
+                active,
+                inner.last_applied,
+                inner.membership.clone(),
+                counter,
+            )
+        };
+        let snap_dir = self
+            .snapshots_dir()
+            .join(counter_name(SNAPSHOT_DIR_PREFIX, counter));
+        fs::create_dir(&snap_dir).map_err(io_err("create directory", &snap_dir))?;
+        let mut files = Vec::new();
+        for file in &sealed {
+            let from = engine.dir().join(&file.name);
+            let to = snap_dir.join(&file.name);
+            fs::hard_link(&from, &to).map_err(io_err("hard-link", &to))?;
+            files.push(ManifestFile {
+                kind: KIND_SEALED,
+                name: file.name.clone(),
+                len: file.len,
+                crc: file.crc,
+            });
+        }
+        if let Some(file) = &active {
+            let from = engine.dir().join(&file.name);
+            let to = snap_dir.join(&file.name);
+            snapshot::copy_prefix(&from, &to, file.len)?;
+            let (len, crc) = snapshot::crc_of_file(&to)?;
+            if (len, crc) != (file.len, file.crc) {
+                return Err(SmError::Inconsistent(format!(
+                    "copied prefix of {} has length {len} crc {crc:08x}; the engine said {} {:08x}",
+                    file.name, file.len, file.crc
+                )));
+            }
+            files.push(ManifestFile {
+                kind: KIND_ACTIVE_PREFIX,
+                name: file.name.clone(),
+                len: file.len,
+                crc: file.crc,
+            });
+        }
+        let snapshot_id = match last_applied {
+            Some(id) => format!(
+                "{}-{}-{}-{counter}",
+                id.leader_id.term, id.leader_id.node_id, id.index
+            ),
+            None => format!("none-{counter}"),
+        };
+        let manifest = Manifest {
+            snapshot_id,
+            cluster_id: 0,
+            last_log_id: last_applied,
+            membership,
+            files,
+        };
+        // The manifest comes last: fsyncing the directory also makes the
+        // hard links durable; then the snapshot's entry in `snapshots/`.
+        SnapshotHandle::new(&snap_dir).write_manifest(&manifest)?;
+        snapshot::fsync_dir(&self.snapshots_dir())?;
+        drop(pin);
+        tracing::info!(snapshot = %manifest.snapshot_id, files = manifest.files.len(), "snapshot built");
+        let snapshot = Snapshot {
+            meta: meta_of(&manifest),
+            snapshot: Box::new(SnapshotHandle::new(&snap_dir)),
+        };
+        {
+            let mut inner = self.lock();
+            if inner.current.as_ref().is_none_or(|c| c.counter < counter) {
+                inner.current = Some(CurrentSnapshot { counter, manifest });
+            }
+        }
+        self.prune_snapshots();
+        Ok(snapshot)
+    }
+
+    /// A new empty staging directory for a snapshot being received.
+    pub fn begin_receiving(&self) -> Result<SnapshotHandle, SmError> {
+        let counter = {
+            let mut inner = self.lock();
+            inner.next_counter += 1;
+            inner.next_counter - 1
+        };
+        let dir = self
+            .snapshots_dir()
+            .join(counter_name(STAGING_DIR_PREFIX, counter));
+        snapshot::create_dir_durable(&dir)?;
+        Ok(SnapshotHandle::new(dir))
+    }
+
+    /// Verifies the snapshot in `handle` against its manifest and `meta`,
+    /// and switches the engine to its files atomically.
+    pub fn install(
+        &self,
+        meta: &SnapshotMeta<u64, NodeInfo>,
+        handle: &SnapshotHandle,
+    ) -> Result<(), SmError> {
+        let manifest = handle.read_manifest()?;
+        if manifest.last_log_id != meta.last_log_id || manifest.membership != meta.last_membership {
+            return Err(SmError::Inconsistent(format!(
+                "snapshot manifest (last log id {:?}) does not match the snapshot meta (last log id {:?}) or its membership",
+                manifest.last_log_id, meta.last_log_id
+            )));
+        }
+        // Bring the files into a staging directory of ours (a handle filled
+        // by the network layer already is one; another state machine's
+        // snapshot is linked in), verify, fsync.
+        let snapshots = self.snapshots_dir();
+        let own_staging = handle.dir().parent() == Some(snapshots.as_path())
+            && handle
+                .dir()
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| parse_counter(n, STAGING_DIR_PREFIX))
+                .is_some();
+        let staging = if own_staging {
+            handle.clone()
+        } else {
+            let staging = self.begin_receiving()?;
+            for file in &manifest.files {
+                let from = handle.file_path(&file.name)?;
+                let to = staging.file_path(&file.name)?;
+                if fs::hard_link(&from, &to).is_err() {
+                    fs::copy(&from, &to).map_err(io_err("copy", &to))?;
+                }
+            }
+            staging.write_manifest(&manifest)?;
+            staging
+        };
+        staging.verify(&manifest)?;
+        for file in &manifest.files {
+            snapshot::fsync_file(&staging.file_path(&file.name)?)?;
+        }
+        snapshot::fsync_dir(staging.dir())?;
+
+        let mut inner = self.lock();
+        let counter = inner.next_counter;
+        inner.next_counter += 1;
+        let snap_dir = snapshots.join(counter_name(SNAPSHOT_DIR_PREFIX, counter));
+        fs::rename(staging.dir(), &snap_dir).map_err(io_err("rename", staging.dir()))?;
+        snapshot::fsync_dir(&snapshots)?;
+        let snap = SnapshotHandle::new(&snap_dir);
+
+        // The new engine directory: links to sealed files, a private copy of
+        // the active prefix (the engine appends to it).
+        let pointer = Pointer {
+            generation: inner.generation + 1,
+            published_prefix: manifest.active().map(|f| (f.name.clone(), f.len)),
+        };
+        let engine_dir = self.shared.dir.join(pointer.engine_dir_name());
+        remove_dir_logged(&engine_dir);
+        snapshot::create_dir_durable(&engine_dir)?;
+        for file in &manifest.files {
+            let from = snap.file_path(&file.name)?;
+            let to = engine_dir.join(&file.name);
+            if file.kind == KIND_ACTIVE_PREFIX {
+                snapshot::copy_prefix(&from, &to, file.len)?;
+            } else {
+                fs::hard_link(&from, &to).map_err(io_err("hard-link", &to))?;
+            }
+        }
+        snapshot::fsync_dir(&engine_dir)?;
+        let (engine, applier, engine_meta) =
+            match open_engine(&self.shared.dir, &self.shared.options, &pointer) {
+                Ok(opened) => opened,
+                Err(err) => {
+                    remove_dir_logged(&engine_dir);
+                    return Err(err);
+                }
+            };
+        let recovered = engine_meta.as_ref().map(|m| m.log_id);
+        if recovered != manifest.last_log_id {
+            drop(engine);
+            remove_dir_logged(&engine_dir);
+            return Err(SmError::Inconsistent(format!(
+                "the snapshot's files end at {recovered:?}, its manifest says {:?}",
+                manifest.last_log_id
+            )));
+        }
+        // The switch: the pointer is written last.
+        snapshot::write_atomic(&self.shared.dir, CURRENT_FILE, &pointer.encode())?;
+        let old_dir = self
+            .shared
+            .dir
+            .join(snapshot::engine_dir_name(inner.generation));
+        let engine = Arc::new(engine);
+        let time_ms = engine_meta.as_ref().map_or(0, |m| m.time_ms);
+        inner.engine = engine.clone();
+        inner.applier = applier;
+        inner.generation = pointer.generation;
+        inner.last_applied = manifest.last_log_id;
+        inner.membership = manifest.membership.clone();
+        inner.time_ms = time_ms;
+        inner.current = Some(CurrentSnapshot {
+            counter,
+            manifest: manifest.clone(),
+        });
+        *self
+            .shared
+            .engine
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = engine;
+        self.shared.cluster_time_ms.store(time_ms, Ordering::SeqCst);
+        drop(inner);
+        remove_dir_logged(&old_dir);
+        tracing::info!(snapshot = %manifest.snapshot_id, last_log_id = ?manifest.last_log_id, "snapshot installed");
+        self.prune_snapshots();
+        Ok(())
+    }
+
+    /// The latest snapshot built or installed.
+    pub fn current_snapshot(&self) -> Option<Snapshot<TypeConfig>> {
+        let inner = self.lock();
+        inner.current.as_ref().map(|current| Snapshot {
+            meta: meta_of(&current.manifest),
+            snapshot: Box::new(SnapshotHandle::new(
+                self.snapshots_dir()
+                    .join(counter_name(SNAPSHOT_DIR_PREFIX, current.counter)),
+            )),
+        })
+    }
+
+    /// Deletes complete snapshots beyond the newest [`SNAPSHOTS_KEPT`].
+    fn prune_snapshots(&self) {
+        let snapshots = self.snapshots_dir();
+        let Ok(names) = list_dir(&snapshots) else {
+            return;
+        };
+        let current = self.lock().current.as_ref().map(|c| c.counter);
+        let mut complete: Vec<u64> = names
+            .iter()
+            .filter_map(|n| parse_counter(n, SNAPSHOT_DIR_PREFIX))
+            .filter(|c| Some(*c) <= current)
+            // A directory without a manifest is a build in progress.
+            .filter(|c| {
+                snapshots
+                    .join(counter_name(SNAPSHOT_DIR_PREFIX, *c))
+                    .join(snapshot::MANIFEST_FILE)
+                    .exists()
+            })
+            .collect();
+        complete.sort_unstable();
+        let excess = complete.len().saturating_sub(SNAPSHOTS_KEPT);
+        for counter in &complete[..excess] {
+            remove_dir_logged(&snapshots.join(counter_name(SNAPSHOT_DIR_PREFIX, *counter)));
+        }
+    }
+}
+
+fn meta_of(manifest: &Manifest) -> SnapshotMeta<u64, NodeInfo> {
+    SnapshotMeta {
+        last_log_id: manifest.last_log_id,
+        last_membership: manifest.membership.clone(),
+        snapshot_id: manifest.snapshot_id.clone(),
+    }
+}
+
+fn open_engine(
+    dir: &Path,
+    options: &StateMachineOptions,
+    pointer: &Pointer,
+) -> Result<(Engine, Applier, Option<CommitMeta>), SmError> {
+    let opts = Options {
+        sync: SyncPolicy::Never,
+        auto_merge: None,
+        published_prefix: pointer
+            .published_prefix
+            .as_ref()
+            .map(|(file, len)| PublishedPrefix {
+                file: file.clone(),
+                len: *len,
+            }),
+        vfs: Arc::new(RealFs),
+        ..options.engine.clone()
+    };
+    let engine = Engine::open(dir.join(pointer.engine_dir_name()), opts)?;
+    let meta = decode_meta(&engine)?;
+    let applier = Applier::load(&engine)?;
+    Ok((engine, applier, meta))
+}
+
+/// Captures the merge now (deterministic cut-off) and runs it on a thread.
+fn start_merge(engine: &Arc<Engine>, inputs: &[String], time_ms: u64) {
+    match engine.begin_merge(inputs, time_ms) {
+        Ok(job) => {
+            let spawned = std::thread::Builder::new()
+                .name("kvnode-merge".to_string())
+                .spawn(move || match job.run() {
+                    Ok(report) => tracing::info!(
+                        cutoff = report.cutoff,
+                        inputs = report.inputs.len(),
+                        outputs = report.outputs.len(),
+                        "merge finished"
+                    ),
+                    Err(err) => tracing::warn!(error = %err, "merge failed"),
+                });
+            if let Err(err) = spawned {
+                tracing::warn!(error = %err, "could not start the merge thread");
+            }
+        }
+        // Bad inputs are refused the same way on every replica.
+        Err(err) => tracing::warn!(error = %err, ?inputs, "merge entry not run"),
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
+        self.build().map_err(snapshot_err)
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<NodeLogId>, NodeMembership), StorageError<u64>> {
+        Ok(self.applied())
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<EntryResponse>, StorageError<u64>>
+    where
+        I: IntoIterator<Item = openraft::Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        self.apply_entries(entries).map_err(sm_err)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotHandle>, StorageError<u64>> {
+        self.begin_receiving().map(Box::new).map_err(snapshot_err)
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<u64, NodeInfo>,
+        snapshot: Box<SnapshotHandle>,
+    ) -> Result<(), StorageError<u64>> {
+        self.install(meta, &snapshot)
+            .map_err(|err| StorageIOError::write_snapshot(Some(meta.signature()), &err).into())
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
+        Ok(self.current_snapshot())
+    }
+}
