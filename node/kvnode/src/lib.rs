@@ -9,6 +9,8 @@
 //! - [`apply`]: applying one entry to the engine deterministically: one
 //!   engine batch per entry, versions `index × 65536 + position`,
 //!   conditions, TTL by cluster time, exactly-once sessions.
+//! - [`batcher`]: proposal batching — concurrent client requests gathered
+//!   into one entry (capped by count, ops and bytes), pipelined.
 //! - [`codec`]: the one binary codec (bincode 2, serde mode) for Raft
 //!   entries, votes and openraft payloads, with bounded decoding.
 //! - [`log_store`]: the Raft log store — segmented, checksummed append-only
@@ -29,6 +31,7 @@
 //! services, the admin HTTP port, the binary) is being built.
 
 pub mod apply;
+pub mod batcher;
 pub mod codec;
 pub mod command;
 pub mod log_store;

@@ -1,0 +1,330 @@
+//! Proposal batching: concurrent client requests gathered into one Raft
+//! entry.
+//!
+//! openraft 0.9 appends and fsyncs every `client_write` on the leader by
+//! itself, so one request per entry would pay one log fsync per request.
+//! The batcher queues requests, and a single task takes everything queued
+//! (up to the caps below) as one entry, proposes it, and while that entry is
+//! in flight gathers the next one — up to [`PROPOSALS_IN_FLIGHT_MAX`]
+//! entries at a time. Each caller gets the outcome of its own request.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::command::{ENTRY_OPS_MAX, Outcome, Request};
+
+/// Requests in one entry at most.
+pub const ENTRY_REQUESTS_MAX: usize = 1024;
+/// User ops in one entry at most: below [`ENTRY_OPS_MAX`], leaving room for
+/// the session records the same entry writes (one per request at most).
+pub const ENTRY_USER_OPS_MAX: usize = ENTRY_OPS_MAX - ENTRY_REQUESTS_MAX - 1;
+/// Encoded bytes of one entry at most (DESIGN §4: one Raft entry ≤ 4 MiB).
+pub const ENTRY_SIZE_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Entries proposed and not yet answered at once: enough to keep the log
+/// busy while the next batch gathers, few enough to bound memory.
+pub const PROPOSALS_IN_FLIGHT_MAX: usize = 4;
+/// Requests waiting for a batch at most; further submits wait for room.
+pub const QUEUE_REQUESTS_MAX: usize = 16 * 1024;
+
+/// Why a request got no outcome.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProposeError {
+    /// The request alone is larger than an entry may be.
+    #[error("request is {len} bytes encoded; the limit ENTRY_SIZE_BYTES_MAX is {max} bytes")]
+    TooLarge {
+        /// Encoded size of the request.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The request alone has more ops than an entry may hold.
+    #[error("request has {ops} ops; the limit ENTRY_USER_OPS_MAX is {max}")]
+    TooManyOps {
+        /// Ops in the request.
+        ops: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The entry was not committed: it definitely did not apply (for
+    /// example this node is not the leader).
+    #[error("not applied: {0}")]
+    NotApplied(String),
+    /// The entry may or may not have applied (for example leadership was
+    /// lost after it was appended).
+    #[error("outcome unknown: {0}")]
+    Unknown(String),
+    /// The batcher stopped.
+    #[error("the node is shutting down")]
+    Stopped,
+}
+
+/// What proposes one entry: given the requests, returns one outcome per
+/// request, in order.
+pub type ProposeFn = Arc<
+    dyn Fn(Vec<Request>) -> Pin<Box<dyn Future<Output = Result<Vec<Outcome>, ProposeError>> + Send>>
+        + Send
+        + Sync,
+>;
+
+struct Pending {
+    request: Request,
+    size_bytes: usize,
+    reply: oneshot::Sender<Result<Outcome, ProposeError>>,
+}
+
+/// The handle callers submit requests through; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Batcher {
+    queue: mpsc::Sender<Pending>,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending")
+            .field("size_bytes", &self.size_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Batcher {
+    /// Starts the batching task on the current tokio runtime.
+    pub fn spawn(propose: ProposeFn) -> Batcher {
+        let (queue, incoming) = mpsc::channel(QUEUE_REQUESTS_MAX);
+        tokio::spawn(run(incoming, propose));
+        Batcher { queue }
+    }
+
+    /// Submits one request and waits for its outcome.
+    pub async fn submit(&self, request: Request) -> Result<Outcome, ProposeError> {
+        let size_bytes = crate::codec::encode(&request).len();
+        if size_bytes > ENTRY_SIZE_BYTES_MAX {
+            return Err(ProposeError::TooLarge {
+                len: size_bytes,
+                max: ENTRY_SIZE_BYTES_MAX,
+            });
+        }
+        if request.ops.len() > ENTRY_USER_OPS_MAX {
+            return Err(ProposeError::TooManyOps {
+                ops: request.ops.len(),
+                max: ENTRY_USER_OPS_MAX,
+            });
+        }
+        let (reply, answer) = oneshot::channel();
+        self.queue
+            .send(Pending {
+                request,
+                size_bytes,
+                reply,
+            })
+            .await
+            .map_err(|_| ProposeError::Stopped)?;
+        answer.await.map_err(|_| ProposeError::Stopped)?
+    }
+}
+
+async fn run(mut incoming: mpsc::Receiver<Pending>, propose: ProposeFn) {
+    let in_flight = Arc::new(Semaphore::new(PROPOSALS_IN_FLIGHT_MAX));
+    let mut carried: Option<Pending> = None;
+    loop {
+        // Wait for room in the pipeline first: requests keep queueing (and
+        // so batch up) while every slot is busy.
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let first = match carried.take() {
+            Some(first) => first,
+            None => match incoming.recv().await {
+                Some(first) => first,
+                None => return,
+            },
+        };
+        let mut bytes = first.size_bytes;
+        let mut ops = first.request.ops.len();
+        let mut batch = vec![first];
+        while batch.len() < ENTRY_REQUESTS_MAX {
+            let Ok(next) = incoming.try_recv() else { break };
+            if bytes + next.size_bytes > ENTRY_SIZE_BYTES_MAX
+                || ops + next.request.ops.len() > ENTRY_USER_OPS_MAX
+            {
+                carried = Some(next);
+                break;
+            }
+            bytes += next.size_bytes;
+            ops += next.request.ops.len();
+            batch.push(next);
+        }
+        let propose = propose.clone();
+        tokio::spawn(async move {
+            let (requests, replies): (Vec<Request>, Vec<_>) = batch
+                .into_iter()
+                .map(|pending| (pending.request, pending.reply))
+                .unzip();
+            let count = requests.len();
+            match propose(requests).await {
+                Ok(outcomes) if outcomes.len() == count => {
+                    for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                        let _ = reply.send(Ok(outcome));
+                    }
+                }
+                Ok(outcomes) => {
+                    let error = ProposeError::Unknown(format!(
+                        "the state machine answered {} outcomes for {count} requests",
+                        outcomes.len()
+                    ));
+                    for reply in replies {
+                        let _ = reply.send(Err(error.clone()));
+                    }
+                }
+                Err(error) => {
+                    for reply in replies {
+                        let _ = reply.send(Err(error.clone()));
+                    }
+                }
+            }
+            drop(permit);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::command::Op;
+
+    fn request(id: u64, ops: usize, value_len: usize) -> Request {
+        Request {
+            session: None,
+            conditions: Vec::new(),
+            ops: (0..ops)
+                .map(|i| Op::Put {
+                    key: format!("{id}/{i}").into_bytes(),
+                    value: vec![0; value_len],
+                    ttl_ms: 0,
+                })
+                .collect(),
+        }
+    }
+
+    /// A proposer that records each entry's requests and answers each with
+    /// a version naming the request (its first key), after a delay like a
+    /// log fsync.
+    fn recording(entries: Arc<Mutex<Vec<Vec<Request>>>>, fail: bool, delay_ms: u64) -> ProposeFn {
+        Arc::new(move |requests: Vec<Request>| {
+            let entries = entries.clone();
+            Box::pin(async move {
+                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                let outcomes = requests
+                    .iter()
+                    .map(|r| {
+                        let id: u64 = String::from_utf8_lossy(r.ops[0].key())
+                            .split('/')
+                            .next()
+                            .unwrap()
+                            .parse()
+                            .unwrap();
+                        Outcome::Applied {
+                            versions: vec![id],
+                            existed: vec![false],
+                        }
+                    })
+                    .collect();
+                entries.lock().unwrap().push(requests);
+                if fail {
+                    Err(ProposeError::NotApplied("not the leader".to_string()))
+                } else {
+                    Ok(outcomes)
+                }
+            })
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_requests_share_entries_and_each_gets_its_own_outcome() {
+        let entries = Arc::new(Mutex::new(Vec::new()));
+        let batcher = Batcher::spawn(recording(entries.clone(), false, 2));
+        const REQUESTS: u64 = 400;
+        let tasks: Vec<_> = (0..REQUESTS)
+            .map(|id| {
+                let batcher = batcher.clone();
+                tokio::spawn(async move { (id, batcher.submit(request(id, 1, 16)).await) })
+            })
+            .collect();
+        for task in tasks {
+            let (id, outcome) = task.await.unwrap();
+            assert_eq!(
+                outcome.unwrap(),
+                Outcome::Applied {
+                    versions: vec![id],
+                    existed: vec![false]
+                }
+            );
+        }
+        let entries = entries.lock().unwrap();
+        let proposed: usize = entries.iter().map(Vec::len).sum();
+        assert_eq!(
+            proposed as u64, REQUESTS,
+            "every request proposed exactly once"
+        );
+        assert!(
+            entries.len() < (REQUESTS / 4) as usize,
+            "{} entries for {REQUESTS} requests: no batching",
+            entries.len()
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn entries_respect_the_byte_and_op_caps() {
+        let entries = Arc::new(Mutex::new(Vec::new()));
+        // A slow log: the pipeline fills, the rest queue up, and the next
+        // entry could take all of them if the caps were not applied.
+        let batcher = Batcher::spawn(recording(entries.clone(), false, 50));
+        // 40 requests of ~300 KiB: at most 13 fit in 4 MiB.
+        let tasks: Vec<_> = (0..40u64)
+            .map(|id| {
+                let batcher = batcher.clone();
+                tokio::spawn(async move { batcher.submit(request(id, 1, 300 * 1024)).await })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap().unwrap();
+        }
+        let entries = entries.lock().unwrap().clone();
+        assert!(
+            entries.iter().any(|entry| entry.len() > 1),
+            "no entry held several requests"
+        );
+        for entry in &entries {
+            let bytes: usize = entry.iter().map(|r| crate::codec::encode(r).len()).sum();
+            assert!(bytes <= ENTRY_SIZE_BYTES_MAX, "entry of {bytes} bytes");
+            let ops: usize = entry.iter().map(|r| r.ops.len()).sum();
+            assert!(ops <= ENTRY_USER_OPS_MAX);
+        }
+        let too_big = batcher.submit(request(1, 1, ENTRY_SIZE_BYTES_MAX)).await;
+        assert!(
+            matches!(too_big, Err(ProposeError::TooLarge { .. })),
+            "{too_big:?}"
+        );
+        let too_many = batcher.submit(request(1, ENTRY_USER_OPS_MAX + 1, 0)).await;
+        assert!(
+            matches!(too_many, Err(ProposeError::TooManyOps { .. })),
+            "{too_many:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_proposal_fails_every_request_in_it() {
+        let entries = Arc::new(Mutex::new(Vec::new()));
+        let batcher = Batcher::spawn(recording(entries, true, 2));
+        let outcome = batcher.submit(request(7, 1, 1)).await;
+        assert_eq!(
+            outcome,
+            Err(ProposeError::NotApplied("not the leader".to_string()))
+        );
+    }
+}
