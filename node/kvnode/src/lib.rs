@@ -27,19 +27,32 @@
 //! - [`snapshot`]: the snapshot manifest, the `CURRENT` engine pointer and
 //!   the snapshot handle (byte layout in `SNAPSHOT_FORMAT.md`).
 //!
-//! The rest of the node (proposal batching, the peer and client gRPC
-//! services, the admin HTTP port, the binary) is being built.
+//! - [`network`]: openraft's network over tonic (cached channel per peer,
+//!   codec payloads, snapshots streamed file by file).
+//! - [`service`]: the peer `Raft` gRPC service and the client `Kv` service.
+//! - [`convert`]: protocol conversions, error statuses with `ErrorDetail`,
+//!   request limits.
+//! - [`node`]: one member: storage, openraft, batcher, both ports, bootstrap
+//!   and graceful shutdown.
+//!
+//! Still to build: the Cluster service, the admin HTTP port, follower
+//! linearizable reads (ReadIndex), node identity.
 
 pub mod apply;
 pub mod batcher;
 pub mod codec;
 pub mod command;
+pub mod convert;
 pub mod log_store;
+pub mod network;
+pub mod node;
+pub mod service;
 pub mod snapshot;
 pub mod state_machine;
 pub mod types;
 
 pub use log_store::{LogError, LogReader, LogStore, LogStoreOptions};
+pub use node::{Node, NodeConfig};
 pub use snapshot::SnapshotHandle;
 pub use state_machine::{SmError, StateMachine, StateMachineOptions};
 pub use types::{CommitMeta, NodeInfo, TypeConfig};

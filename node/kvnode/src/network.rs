@@ -1,0 +1,391 @@
+//! openraft's network over tonic: one lazily connected, cached [`Channel`]
+//! per peer (dialled at `NodeInfo::peer_addr`), openraft's AppendEntries and
+//! Vote as codec payloads inside the raft.proto messages, and full snapshots
+//! streamed file by file over `TransferSnapshot`.
+//!
+//! Errors: a transport failure or an UNAVAILABLE status is openraft's
+//! `Unreachable` (openraft backs off); a deadline is `Timeout`; a payload
+//! that does not decode, or any other status, is a `NetworkError`.
+
+// The error types are openraft's (its `RaftNetwork` trait fixes them); they
+// are large, and boxing them is not ours to choose.
+#![allow(clippy::result_large_err)]
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kvproto::raft::v1::raft_client::RaftClient;
+use kvproto::raft::v1::{
+    AppendEntriesRequest as PbAppendEntries, Identity, SnapshotChunk, SnapshotDone, SnapshotFile,
+    SnapshotManifest, SnapshotOffer, TransferSnapshotRequest, VoteRequest as PbVote,
+    transfer_snapshot_request, transfer_snapshot_response,
+};
+use openraft::error::{
+    Fatal, NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError,
+    Timeout, Unreachable,
+};
+use openraft::network::{RPCOption, RPCTypes, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+};
+use openraft::{OptionalSend, Snapshot, Vote};
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::codec;
+use crate::snapshot::SnapshotHandle;
+use crate::types::{NodeInfo, TypeConfig};
+
+/// Largest gRPC message a peer sends or accepts, in bytes: above one Raft
+/// entry (4 MiB) times the entries openraft packs into one AppendEntries.
+pub const PEER_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Bytes of one snapshot chunk: well below [`PEER_MESSAGE_BYTES_MAX`].
+pub const SNAPSHOT_CHUNK_BYTES: usize = 1024 * 1024;
+/// How long a peer connection attempt may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+type RpcErr<E = openraft::error::Infallible> = RPCError<u64, NodeInfo, E>;
+
+/// openraft's network factory: hands out clients sharing cached channels.
+#[derive(Clone, Debug)]
+pub struct Network {
+    id: u64,
+    channels: Arc<Mutex<HashMap<u64, (String, Channel)>>>,
+}
+
+impl Network {
+    /// A network for member `id`.
+    pub fn new(id: u64) -> Network {
+        Network {
+            id,
+            channels: Arc::default(),
+        }
+    }
+
+    fn channel(&self, target: u64, addr: &str) -> Result<Channel, String> {
+        let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((cached, channel)) = channels.get(&target)
+            && cached == addr
+        {
+            return Ok(channel.clone());
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|err| format!("bad peer address {addr:?}: {err}"))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true);
+        let channel = endpoint.connect_lazy();
+        channels.insert(target, (addr.to_string(), channel.clone()));
+        Ok(channel)
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: u64, node: &NodeInfo) -> PeerClient {
+        PeerClient {
+            from: self.id,
+            target,
+            client: self.channel(target, &node.peer_addr).map(|channel| {
+                RaftClient::new(channel)
+                    .max_decoding_message_size(PEER_MESSAGE_BYTES_MAX)
+                    .max_encoding_message_size(PEER_MESSAGE_BYTES_MAX)
+            }),
+        }
+    }
+}
+
+/// openraft's client for one peer.
+#[derive(Debug)]
+pub struct PeerClient {
+    from: u64,
+    target: u64,
+    client: Result<RaftClient<Channel>, String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Msg(String);
+
+fn status_error<E: std::error::Error>(status: &tonic::Status) -> RpcErr<E> {
+    match status.code() {
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled => {
+            RPCError::Unreachable(Unreachable::new(status))
+        }
+        _ => RPCError::Network(NetworkError::new(status)),
+    }
+}
+
+impl PeerClient {
+    fn identity(&self) -> Identity {
+        // Cluster ids and incarnations do not exist yet (see DESIGN §3
+        // "Identity"): 0 = unknown; the receiver checks `to_id`.
+        Identity {
+            cluster_id: 0,
+            from_id: self.from,
+            from_incarnation: 0,
+            to_id: self.target,
+            to_incarnation: 0,
+        }
+    }
+
+    fn client<E: std::error::Error>(&self) -> Result<RaftClient<Channel>, RpcErr<E>> {
+        self.client
+            .clone()
+            .map_err(|err| RPCError::Unreachable(Unreachable::new(&Msg(err))))
+    }
+
+    fn timeout<E: std::error::Error>(&self, action: RPCTypes, ttl: Duration) -> RpcErr<E> {
+        RPCError::Timeout(Timeout {
+            action,
+            id: self.from,
+            target: self.target,
+            timeout: ttl,
+        })
+    }
+
+    fn decode_result<T: serde::de::DeserializeOwned>(
+        &self,
+        payload: &[u8],
+    ) -> Result<T, RpcErr<RaftError<u64>>> {
+        let result: Result<T, RaftError<u64>> =
+            codec::decode(payload).map_err(|err| RPCError::Network(NetworkError::new(&err)))?;
+        result.map_err(|err| RPCError::RemoteError(RemoteError::new(self.target, err)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<u64>, RpcErr<RaftError<u64>>> {
+        let mut client = self.client()?;
+        let ttl = option.hard_ttl();
+        let mut request = tonic::Request::new(PbAppendEntries {
+            identity: Some(self.identity()),
+            payload: codec::encode(&rpc).into(),
+        });
+        request.set_timeout(ttl);
+        let response = match tokio::time::timeout(ttl, client.append_entries(request)).await {
+            Err(_) => return Err(self.timeout(RPCTypes::AppendEntries, ttl)),
+            Ok(Err(status)) if status.code() == tonic::Code::DeadlineExceeded => {
+                return Err(self.timeout(RPCTypes::AppendEntries, ttl));
+            }
+            Ok(Err(status)) => return Err(status_error(&status)),
+            Ok(Ok(response)) => response.into_inner(),
+        };
+        self.decode_result(&response.payload)
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<u64>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<u64>, RpcErr<RaftError<u64>>> {
+        let mut client = self.client()?;
+        let ttl = option.hard_ttl();
+        let mut request = tonic::Request::new(PbVote {
+            identity: Some(self.identity()),
+            payload: codec::encode(&rpc).into(),
+        });
+        request.set_timeout(ttl);
+        let response = match tokio::time::timeout(ttl, client.vote(request)).await {
+            Err(_) => return Err(self.timeout(RPCTypes::Vote, ttl)),
+            Ok(Err(status)) if status.code() == tonic::Code::DeadlineExceeded => {
+                return Err(self.timeout(RPCTypes::Vote, ttl));
+            }
+            Ok(Err(status)) => return Err(status_error(&status)),
+            Ok(Ok(response)) => response.into_inner(),
+        };
+        self.decode_result(&response.payload)
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote<u64>,
+        snapshot: Snapshot<TypeConfig>,
+        cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<u64>, StreamingError<TypeConfig, Fatal<u64>>> {
+        let transfer = self.send_snapshot(vote, *snapshot.snapshot, option.hard_ttl());
+        tokio::select! {
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            result = transfer => result,
+        }
+    }
+}
+
+fn streaming<E: std::error::Error + 'static>(
+    err: RpcErr<E>,
+) -> StreamingError<TypeConfig, Fatal<u64>> {
+    match err {
+        RPCError::Timeout(t) => StreamingError::Timeout(t),
+        RPCError::Unreachable(u) => StreamingError::Unreachable(u),
+        RPCError::PayloadTooLarge(p) => StreamingError::Network(NetworkError::new(&p)),
+        RPCError::Network(n) => StreamingError::Network(n),
+        RPCError::RemoteError(r) => StreamingError::Network(NetworkError::new(&r)),
+    }
+}
+
+fn net_err(message: String) -> StreamingError<TypeConfig, Fatal<u64>> {
+    StreamingError::Network(NetworkError::new(&Msg(message)))
+}
+
+impl PeerClient {
+    /// Streams the snapshot's files whole: offer, (need), chunks, done,
+    /// (installed). Every step must finish within `ttl`.
+    async fn send_snapshot(
+        &self,
+        vote: Vote<u64>,
+        handle: SnapshotHandle,
+        ttl: Duration,
+    ) -> Result<SnapshotResponse<u64>, StreamingError<TypeConfig, Fatal<u64>>> {
+        let mut client = self
+            .client::<openraft::error::Infallible>()
+            .map_err(streaming)?;
+        let manifest_bytes = tokio::fs::read(handle.manifest_path())
+            .await
+            .map_err(|err| net_err(format!("read snapshot manifest: {err}")))?;
+        let manifest = handle
+            .read_manifest()
+            .map_err(|err| net_err(format!("snapshot manifest: {err}")))?;
+        let (tx, rx) = mpsc::channel::<TransferSnapshotRequest>(4);
+        let offer = TransferSnapshotRequest {
+            step: Some(transfer_snapshot_request::Step::Offer(SnapshotOffer {
+                identity: Some(self.identity()),
+                vote: codec::encode(&vote).into(),
+                manifest: Some(SnapshotManifest {
+                    snapshot_id: manifest.snapshot_id.clone(),
+                    last_log_index: manifest.last_log_id.map(|l| l.index).unwrap_or(0),
+                    last_log_term: manifest.last_log_id.map(|l| l.leader_id.term).unwrap_or(0),
+                    files: manifest
+                        .files
+                        .iter()
+                        .map(|f| SnapshotFile {
+                            name: f.name.clone(),
+                            length_bytes: f.len,
+                            crc32: f.crc,
+                        })
+                        .collect(),
+                    encoded: manifest_bytes.into(),
+                }),
+            })),
+        };
+        tx.send(offer)
+            .await
+            .map_err(|_| net_err("snapshot stream closed".into()))?;
+        let mut responses = match tokio::time::timeout(
+            ttl,
+            client.transfer_snapshot(ReceiverStream::new(rx)),
+        )
+        .await
+        {
+            Err(_) => {
+                return Err(streaming(
+                    self.timeout::<Msg>(RPCTypes::InstallSnapshot, ttl),
+                ));
+            }
+            Ok(Err(status)) => return Err(streaming(status_error::<Msg>(&status))),
+            Ok(Ok(response)) => response.into_inner(),
+        };
+        let next = async |responses: &mut tonic::Streaming<_>| match tokio::time::timeout(
+            ttl,
+            responses.message(),
+        )
+        .await
+        {
+            Err(_) => Err(streaming(
+                self.timeout::<Msg>(RPCTypes::InstallSnapshot, ttl),
+            )),
+            Ok(Err(status)) => Err(streaming(status_error::<Msg>(&status))),
+            Ok(Ok(None)) => Err(net_err("snapshot stream ended early".into())),
+            Ok(Ok(Some(message))) => Ok(message),
+        };
+        let first: kvproto::raft::v1::TransferSnapshotResponse = next(&mut responses).await?;
+        let ranges = match first.step {
+            Some(transfer_snapshot_response::Step::Installed(installed)) => {
+                return decode_installed(&installed.payload);
+            }
+            Some(transfer_snapshot_response::Step::Need(need)) => need.ranges,
+            None => return Err(net_err("empty snapshot response".into())),
+        };
+        for range in ranges {
+            let Some(file) = manifest.files.iter().find(|f| f.name == range.name) else {
+                return Err(net_err(format!(
+                    "follower asked for unknown file {:?}",
+                    range.name
+                )));
+            };
+            // Whole files only: offset 0 tells the follower so.
+            let path = handle
+                .file_path(&file.name)
+                .map_err(|err| net_err(err.to_string()))?;
+            let mut reader = tokio::fs::File::open(&path)
+                .await
+                .map_err(|err| net_err(format!("open {}: {err}", path.display())))?;
+            reader
+                .seek(std::io::SeekFrom::Start(0))
+                .await
+                .map_err(|err| net_err(format!("seek {}: {err}", path.display())))?;
+            let mut offset = 0u64;
+            let mut sent_any = false;
+            while offset < file.len || !sent_any {
+                let want = (file.len - offset).min(SNAPSHOT_CHUNK_BYTES as u64) as usize;
+                let mut data = vec![0u8; want];
+                reader
+                    .read_exact(&mut data)
+                    .await
+                    .map_err(|err| net_err(format!("read {}: {err}", path.display())))?;
+                let chunk = TransferSnapshotRequest {
+                    step: Some(transfer_snapshot_request::Step::Chunk(SnapshotChunk {
+                        file_name: file.name.clone(),
+                        offset_bytes: offset,
+                        data: data.into(),
+                    })),
+                };
+                match tokio::time::timeout(ttl, tx.send(chunk)).await {
+                    Err(_) => {
+                        return Err(streaming(
+                            self.timeout::<Msg>(RPCTypes::InstallSnapshot, ttl),
+                        ));
+                    }
+                    Ok(Err(_)) => {
+                        return Err(net_err("snapshot stream closed by the follower".into()));
+                    }
+                    Ok(Ok(())) => {}
+                }
+                offset += want as u64;
+                sent_any = true;
+            }
+        }
+        tx.send(TransferSnapshotRequest {
+            step: Some(transfer_snapshot_request::Step::Done(SnapshotDone {})),
+        })
+        .await
+        .map_err(|_| net_err("snapshot stream closed by the follower".into()))?;
+        let last = next(&mut responses).await?;
+        match last.step {
+            Some(transfer_snapshot_response::Step::Installed(installed)) => {
+                decode_installed(&installed.payload)
+            }
+            _ => Err(net_err("expected `installed` after `done`".into())),
+        }
+    }
+}
+
+fn decode_installed(
+    payload: &[u8],
+) -> Result<SnapshotResponse<u64>, StreamingError<TypeConfig, Fatal<u64>>> {
+    let result: Result<SnapshotResponse<u64>, String> =
+        codec::decode(payload).map_err(|err| net_err(format!("installed payload: {err}")))?;
+    result.map_err(|err| {
+        net_err(format!(
+            "the follower could not install the snapshot: {err}"
+        ))
+    })
+}

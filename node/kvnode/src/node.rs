@@ -1,0 +1,333 @@
+//! One member: the log store and state machine on disk, openraft, the
+//! proposal batcher, and the two gRPC ports (peer: Raft service; client: Kv
+//! service), with bootstrap and graceful shutdown.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bitcask::io::RealFs;
+use openraft::error::{ClientWriteError, RaftError};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::transport::server::TcpIncoming;
+
+use crate::batcher::{Batcher, ProposeError, ProposeFn};
+use crate::command::{Command, Outcome, Proposal, Request};
+use crate::log_store::LogStore;
+use crate::network::Network;
+use crate::service::kv::KvService;
+use crate::service::raft::PeerService;
+use crate::state_machine::{StateMachine, StateMachineOptions};
+use crate::types::{NodeInfo, TypeConfig};
+
+/// Heartbeat interval (DESIGN §3).
+pub const HEARTBEAT_MS: u64 = 200;
+/// Election timeout range (DESIGN §3).
+pub const ELECTION_TIMEOUT_MIN_MS: u64 = 1500;
+/// Election timeout range (DESIGN §3).
+pub const ELECTION_TIMEOUT_MAX_MS: u64 = 3000;
+/// Deadline of one snapshot transfer step.
+pub const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 10_000;
+
+/// How a member starts.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// Member id (from 1).
+    pub id: u64,
+    /// Data directory (`raft-log/` and `state/` inside).
+    pub data_dir: PathBuf,
+    /// Client port address (bound unless a listener is given).
+    pub client_addr: SocketAddr,
+    /// Peer port address (bound unless a listener is given).
+    pub peer_addr: SocketAddr,
+    /// The initial members (id → addresses), used when bootstrapping.
+    pub initial_cluster: BTreeMap<u64, NodeInfo>,
+    /// Initialize the cluster if the log is empty (one member only).
+    pub bootstrap: bool,
+}
+
+/// Why a member could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The log store failed to open.
+    #[error("raft log: {0}")]
+    Log(#[from] crate::log_store::LogError),
+    /// The state machine failed to open.
+    #[error("state machine: {0}")]
+    StateMachine(#[from] crate::state_machine::SmError),
+    /// openraft refused the configuration or failed.
+    #[error("raft: {0}")]
+    Raft(String),
+    /// A port could not be bound.
+    #[error("bind {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// A running member.
+pub struct Node {
+    id: u64,
+    raft: openraft::Raft<TypeConfig>,
+    state_machine: StateMachine,
+    client_addr: SocketAddr,
+    peer_addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    servers: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("id", &self.id)
+            .field("client_addr", &self.client_addr)
+            .field("peer_addr", &self.peer_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The leader's cluster clock: never decreasing, advanced by a monotonic
+/// clock from the replicated time.
+#[derive(Debug)]
+struct ClusterClock {
+    state_machine: StateMachine,
+    /// (base time, when it was taken, last stamp).
+    inner: Mutex<(u64, Instant, u64)>,
+}
+
+impl ClusterClock {
+    fn stamp(&self) -> u64 {
+        let applied = self.state_machine.cluster_time_ms();
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let (base, at, last) = &mut *inner;
+        let mut now = base.saturating_add(at.elapsed().as_millis() as u64);
+        if applied > now {
+            // Another leader advanced the time beyond our clock: rebase.
+            *base = applied;
+            *at = Instant::now();
+            now = applied;
+        }
+        let stamp = now.max(*last);
+        *last = stamp;
+        stamp
+    }
+}
+
+/// How long a new leader waits to apply its predecessors' entries before
+/// it stamps its first proposal.
+pub const LEADER_CATCH_UP_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits until this leader has applied an entry of its own term (its blank
+/// entry): then every earlier entry is applied, so the cluster time it
+/// stamps is never below an entry earlier in the log.
+async fn leader_caught_up(raft: &openraft::Raft<TypeConfig>) -> Result<(), ProposeError> {
+    let caught_up = |m: &openraft::RaftMetrics<u64, NodeInfo>| {
+        m.last_applied
+            .is_some_and(|applied| applied.leader_id.term >= m.current_term)
+    };
+    if caught_up(&raft.metrics().borrow()) {
+        return Ok(());
+    }
+    let mut metrics = raft.metrics();
+    match tokio::time::timeout(LEADER_CATCH_UP_WAIT, metrics.wait_for(caught_up)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(_)) => Err(ProposeError::Stopped),
+        Err(_) => Err(ProposeError::NotApplied(
+            "the leader has not applied its own first entry yet".to_string(),
+        )),
+    }
+}
+
+fn propose_fn(raft: openraft::Raft<TypeConfig>, clock: Arc<ClusterClock>) -> ProposeFn {
+    Arc::new(move |requests: Vec<Request>| {
+        let raft = raft.clone();
+        let clock = clock.clone();
+        Box::pin(async move {
+            leader_caught_up(&raft).await?;
+            let proposal = Proposal {
+                time_ms: clock.stamp(),
+                command: Command::Requests(requests),
+            };
+            match raft.client_write(proposal).await {
+                Ok(response) => Ok::<Vec<Outcome>, ProposeError>(response.data.outcomes),
+                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
+                    Err(ProposeError::NotApplied(forward.to_string()))
+                }
+                Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(err))) => {
+                    Err(ProposeError::NotApplied(err.to_string()))
+                }
+                Err(RaftError::Fatal(fatal)) => Err(ProposeError::Unknown(fatal.to_string())),
+            }
+        })
+    })
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { addr, source })
+}
+
+impl Node {
+    /// Starts a member, binding its two ports.
+    pub async fn start(config: NodeConfig) -> Result<Node, StartError> {
+        let client = bind(config.client_addr).await?;
+        let peer = bind(config.peer_addr).await?;
+        Node::start_with_listeners(config, client, peer).await
+    }
+
+    /// Starts a member on listeners already bound (tests bind ephemeral
+    /// ports first so they can name every member's addresses up front).
+    pub async fn start_with_listeners(
+        config: NodeConfig,
+        client: TcpListener,
+        peer: TcpListener,
+    ) -> Result<Node, StartError> {
+        let client_addr = client.local_addr().map_err(|source| StartError::Bind {
+            addr: config.client_addr,
+            source,
+        })?;
+        let peer_addr = peer.local_addr().map_err(|source| StartError::Bind {
+            addr: config.peer_addr,
+            source,
+        })?;
+        let log_dir = config.data_dir.join("raft-log");
+        let state_dir = config.data_dir.join("state");
+        let (log_store, state_machine) = tokio::task::spawn_blocking(move || {
+            let log = LogStore::<TypeConfig>::open(Arc::new(RealFs), log_dir)?;
+            let sm = StateMachine::open(state_dir, StateMachineOptions::default())?;
+            Ok::<_, StartError>((log, sm))
+        })
+        .await
+        .map_err(|err| StartError::Raft(format!("open task: {err}")))??;
+
+        let raft_config = openraft::Config {
+            cluster_name: "raftcask".to_string(),
+            heartbeat_interval: HEARTBEAT_MS,
+            election_timeout_min: ELECTION_TIMEOUT_MIN_MS,
+            election_timeout_max: ELECTION_TIMEOUT_MAX_MS,
+            install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|err| StartError::Raft(err.to_string()))?;
+        let raft = openraft::Raft::new(
+            config.id,
+            Arc::new(raft_config),
+            Network::new(config.id),
+            log_store,
+            state_machine.clone(),
+        )
+        .await
+        .map_err(|err| StartError::Raft(err.to_string()))?;
+
+        if config.bootstrap {
+            let initialized = raft
+                .is_initialized()
+                .await
+                .map_err(|err| StartError::Raft(err.to_string()))?;
+            if !initialized {
+                tracing::info!(id = config.id, members = ?config.initial_cluster.keys(), "bootstrapping the cluster");
+                match raft.initialize(config.initial_cluster.clone()).await {
+                    Ok(()) => {}
+                    Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(e))) => {
+                        tracing::info!(error = %e, "already initialized; not bootstrapping again");
+                    }
+                    Err(err) => return Err(StartError::Raft(err.to_string())),
+                }
+            }
+        }
+
+        let clock = Arc::new(ClusterClock {
+            inner: Mutex::new((state_machine.cluster_time_ms(), Instant::now(), 0)),
+            state_machine: state_machine.clone(),
+        });
+        let batcher = Batcher::spawn(propose_fn(raft.clone(), clock));
+        let (shutdown, _) = watch::channel(false);
+
+        let peer_service = PeerService::new(config.id, raft.clone(), state_machine.clone());
+        let kv_service = KvService::new(config.id, raft.clone(), state_machine.clone(), batcher);
+        let mut servers = Vec::new();
+        let mut stop = shutdown.subscribe();
+        servers.push(tokio::spawn(async move {
+            let result = tonic::transport::Server::builder()
+                .add_service(peer_service.into_server())
+                .serve_with_incoming_shutdown(TcpIncoming::from(peer), async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await;
+            if let Err(err) = result {
+                tracing::error!(error = %err, "peer server failed");
+            }
+        }));
+        let mut stop = shutdown.subscribe();
+        servers.push(tokio::spawn(async move {
+            let result = tonic::transport::Server::builder()
+                .add_service(kv_service.into_server())
+                .serve_with_incoming_shutdown(TcpIncoming::from(client), async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await;
+            if let Err(err) = result {
+                tracing::error!(error = %err, "client server failed");
+            }
+        }));
+        tracing::info!(id = config.id, %client_addr, %peer_addr, "node started");
+        Ok(Node {
+            id: config.id,
+            raft,
+            state_machine,
+            client_addr,
+            peer_addr,
+            shutdown,
+            servers,
+        })
+    }
+
+    /// The member id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The bound client address.
+    pub fn client_addr(&self) -> SocketAddr {
+        self.client_addr
+    }
+
+    /// The bound peer address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer_addr
+    }
+
+    /// The openraft handle.
+    pub fn raft(&self) -> &openraft::Raft<TypeConfig> {
+        &self.raft
+    }
+
+    /// The state machine.
+    pub fn state_machine(&self) -> &StateMachine {
+        &self.state_machine
+    }
+
+    /// Stops serving (in-flight requests finish, bounded by `grace`), then
+    /// stops Raft.
+    pub async fn shutdown(self, grace: Duration) {
+        let _ = self.shutdown.send(true);
+        for server in self.servers {
+            let abort = server.abort_handle();
+            if tokio::time::timeout(grace, server).await.is_err() {
+                abort.abort();
+            }
+        }
+        if let Err(err) = self.raft.shutdown().await {
+            tracing::warn!(error = %err, "raft shutdown");
+        }
+    }
+}

@@ -1,0 +1,457 @@
+//! The client `Kv` gRPC service: Put, Delete, Get and Scan.
+//!
+//! Writes go through the proposal batcher on the leader; a follower fails
+//! them fast with FAILED_PRECONDITION + `NotLeader`. Linearizable reads on
+//! the leader confirm leadership (`ensure_linearizable`) and read locally;
+//! on a follower they answer UNAVAILABLE (the follower read index is later
+//! work). Stale reads answer locally, honouring `min_index`.
+//!
+//! Not implemented yet (answer UNIMPLEMENTED): Expire, Persist, Batch.
+
+use std::ops::Bound;
+use std::time::Duration;
+
+use bitcask::{KeyRange, Scan};
+use kvproto::kv::v1::kv_server::{Kv, KvServer};
+use kvproto::kv::v1::{
+    BatchRequest, BatchResponse, ConditionFailed, Consistency, DeleteRequest, DeleteResponse,
+    Deleted, ExpireRequest, ExpireResponse, GetRequest, GetResponse, Header, KeyValue,
+    PersistRequest, PersistResponse, PutRequest, PutResponse, ScanRequest, ScanResponse,
+    SessionExpired, delete_response, error_detail, put_request, put_response, scan_request,
+};
+use tonic::{Code, Request, Response, Status};
+
+use crate::batcher::{Batcher, ProposeError};
+use crate::command::{self, Condition, Op, Outcome, RESERVED_KEY_PREFIX, SessionRef};
+use crate::convert::{self, check_key, check_value};
+use crate::state_machine::StateMachine;
+use crate::types::TypeConfig;
+
+/// Largest client request or response message, in bytes: above the largest
+/// legal value plus its key and framing.
+pub const CLIENT_MESSAGE_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// How long a write may wait for its outcome before answering "unknown".
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a stale read waits for `min_index` at most.
+pub const MIN_INDEX_WAIT: Duration = Duration::from_secs(5);
+/// Entries of a scan page by default.
+pub const SCAN_LIMIT_DEFAULT: usize = 100;
+/// Entries of a scan page at most.
+pub const SCAN_LIMIT_MAX: usize = 1000;
+/// Engine scans one page may take at most (reserved keys are skipped).
+pub const SCAN_ROUNDS_MAX: usize = 16;
+/// Bytes of a scan page at most (keys and values).
+pub const SCAN_PAGE_BYTES_MAX: usize = 4 * 1024 * 1024;
+
+/// The client service of one member.
+#[derive(Clone)]
+pub struct KvService {
+    id: u64,
+    raft: openraft::Raft<TypeConfig>,
+    state_machine: StateMachine,
+    batcher: Batcher,
+}
+
+impl std::fmt::Debug for KvService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvService")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KvService {
+    /// The service for member `id`.
+    pub fn new(
+        id: u64,
+        raft: openraft::Raft<TypeConfig>,
+        state_machine: StateMachine,
+        batcher: Batcher,
+    ) -> KvService {
+        KvService {
+            id,
+            raft,
+            state_machine,
+            batcher,
+        }
+    }
+
+    /// The tonic server with raised message limits.
+    pub fn into_server(self) -> KvServer<KvService> {
+        KvServer::new(self)
+            .max_decoding_message_size(CLIENT_MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(CLIENT_MESSAGE_BYTES_MAX)
+    }
+
+    fn applied_index(&self) -> u64 {
+        self.state_machine
+            .applied()
+            .0
+            .map(|log_id| log_id.index)
+            .unwrap_or(0)
+    }
+
+    fn header(&self) -> Header {
+        let metrics = self.raft.metrics().borrow().clone();
+        Header {
+            cluster_id: 0,
+            member_id: self.id,
+            raft_term: metrics.current_term,
+            applied_index: self.applied_index(),
+            leader_id: metrics.current_leader.unwrap_or(0),
+        }
+    }
+
+    /// The known leader and its client address.
+    fn leader(&self) -> (Option<u64>, Option<String>) {
+        let metrics = self.raft.metrics().borrow().clone();
+        let leader = metrics.current_leader;
+        let addr = leader.and_then(|id| {
+            metrics
+                .membership_config
+                .membership()
+                .get_node(&id)
+                .map(|node| node.client_addr.clone())
+        });
+        (leader, addr)
+    }
+
+    #[allow(clippy::result_large_err)]
+    fn require_leader(&self) -> Result<(), Status> {
+        let (leader, addr) = self.leader();
+        if leader == Some(self.id) {
+            Ok(())
+        } else {
+            Err(convert::not_leader(leader, addr))
+        }
+    }
+
+    async fn write(&self, request: command::Request) -> Result<Outcome, Status> {
+        self.require_leader()?;
+        let session = request.session;
+        let submitted = tokio::time::timeout(WRITE_TIMEOUT, self.batcher.submit(request)).await;
+        match submitted {
+            Err(_) => Err(convert::outcome_unknown(
+                "the write's outcome was not known in time; retry with the same session sequence",
+            )),
+            Ok(Ok(Outcome::SessionExpired)) => {
+                let session = session.unwrap_or(SessionRef {
+                    client_id: 0,
+                    sequence: 0,
+                    lowest_unacked: 0,
+                });
+                Err(convert::status_with_detail(
+                    Code::Aborted,
+                    "the retried write's answer was forgotten: outcome unknown",
+                    error_detail::Detail::SessionExpired(SessionExpired {
+                        client_id: session.client_id,
+                        sequence: session.sequence,
+                    }),
+                ))
+            }
+            Ok(Ok(Outcome::Rejected { reason })) => Err(Status::invalid_argument(reason)),
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(ProposeError::NotApplied(_))) => {
+                let (leader, addr) = self.leader();
+                Err(convert::not_leader(
+                    leader.filter(|l| *l != self.id),
+                    addr.filter(|_| leader != Some(self.id)),
+                ))
+            }
+            Ok(Err(ProposeError::Unknown(reason))) => Err(convert::outcome_unknown(format!(
+                "the write's outcome is unknown: {reason}"
+            ))),
+            Ok(Err(ProposeError::Stopped)) => Err(Status::unavailable("the node is shutting down")),
+            Ok(Err(ProposeError::TooLarge { len, max })) => Err(convert::limit_exceeded(
+                "ENTRY_SIZE_BYTES_MAX",
+                max as u64,
+                len as u64,
+            )),
+            Ok(Err(ProposeError::TooManyOps { ops, max })) => Err(convert::limit_exceeded(
+                "ENTRY_USER_OPS_MAX",
+                max as u64,
+                ops as u64,
+            )),
+        }
+    }
+
+    /// Makes the local state fit for a read of `consistency`; returns the
+    /// cluster time to judge expiry against.
+    async fn prepare_read(&self, consistency: Consistency, min_index: u64) -> Result<(), Status> {
+        match consistency {
+            Consistency::Linearizable => {
+                let (leader, _) = self.leader();
+                if leader != Some(self.id) {
+                    return Err(Status::unavailable(
+                        "linearizable reads on a follower are not implemented yet; read from the leader or use stale consistency",
+                    ));
+                }
+                self.raft.ensure_linearizable().await.map_err(|err| {
+                    Status::unavailable(format!("could not confirm leadership: {err}"))
+                })?;
+                Ok(())
+            }
+            Consistency::Stale => {
+                if min_index == 0 || self.applied_index() >= min_index {
+                    return Ok(());
+                }
+                let mut metrics = self.raft.metrics();
+                let reached = tokio::time::timeout(
+                    MIN_INDEX_WAIT,
+                    metrics.wait_for(|m| m.last_applied.map(|l| l.index).unwrap_or(0) >= min_index),
+                )
+                .await;
+                match reached {
+                    Ok(Ok(_)) if self.applied_index() >= min_index => Ok(()),
+                    _ => Err(convert::index_not_reached(min_index, self.applied_index())),
+                }
+            }
+        }
+    }
+}
+
+fn session(session: Option<kvproto::kv::v1::Session>) -> Option<SessionRef> {
+    session.filter(|s| s.client_id != 0).map(|s| SessionRef {
+        client_id: s.client_id,
+        sequence: s.sequence,
+        lowest_unacked: s.lowest_unacked_sequence,
+    })
+}
+
+fn engine_error(err: bitcask::Error) -> Status {
+    Status::internal(format!("engine: {err}"))
+}
+
+fn consistency_of(value: i32) -> Result<Consistency, Status> {
+    Consistency::try_from(value)
+        .map_err(|_| Status::invalid_argument(format!("unknown consistency {value}")))
+}
+
+fn unexpected(outcome: Outcome) -> Status {
+    Status::new(
+        Code::Internal,
+        format!("unexpected outcome for a single write: {outcome:?}"),
+    )
+}
+
+#[tonic::async_trait]
+impl Kv for KvService {
+    async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
+        let request = request.into_inner();
+        check_key(&request.key)?;
+        self.prepare_read(consistency_of(request.consistency)?, request.min_index)
+            .await?;
+        let header = self.header();
+        let now = self.state_machine.cluster_time_ms();
+        let item = self
+            .state_machine
+            .engine()
+            .get(&request.key, now)
+            .map_err(engine_error)?;
+        Ok(Response::new(match item {
+            Some(item) => GetResponse {
+                header: Some(header),
+                found: true,
+                value: item.value.into(),
+                version: item.seq,
+                ttl_ms_left: convert::ttl_left(item.expiry_ms, now),
+            },
+            None => GetResponse {
+                header: Some(header),
+                ..Default::default()
+            },
+        }))
+    }
+
+    async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
+        let request = request.into_inner();
+        check_key(&request.key)?;
+        check_value(&request.value)?;
+        let key = request.key.to_vec();
+        let conditions = match request.condition {
+            None => Vec::new(),
+            Some(put_request::Condition::IfVersion(version)) => vec![Condition {
+                key: key.clone(),
+                version,
+            }],
+            Some(put_request::Condition::IfAbsent(_)) => vec![Condition {
+                key: key.clone(),
+                version: 0,
+            }],
+        };
+        let outcome = self
+            .write(command::Request {
+                session: session(request.session),
+                conditions,
+                ops: vec![Op::Put {
+                    key,
+                    value: request.value.to_vec(),
+                    ttl_ms: request.ttl_ms,
+                }],
+            })
+            .await?;
+        let outcome = match outcome {
+            Outcome::Applied { versions, .. } if versions.len() == 1 => {
+                put_response::Outcome::Version(versions[0])
+            }
+            Outcome::ConditionFailed {
+                index,
+                current_version,
+            } => put_response::Outcome::ConditionFailed(ConditionFailed {
+                condition_index: index as u32,
+                current_version,
+            }),
+            other => return Err(unexpected(other)),
+        };
+        Ok(Response::new(PutResponse {
+            header: Some(self.header()),
+            outcome: Some(outcome),
+        }))
+    }
+
+    async fn delete(
+        &self,
+        request: Request<DeleteRequest>,
+    ) -> Result<Response<DeleteResponse>, Status> {
+        let request = request.into_inner();
+        check_key(&request.key)?;
+        let key = request.key.to_vec();
+        let conditions = request
+            .if_version
+            .map(|version| {
+                vec![Condition {
+                    key: key.clone(),
+                    version,
+                }]
+            })
+            .unwrap_or_default();
+        let outcome = self
+            .write(command::Request {
+                session: session(request.session),
+                conditions,
+                ops: vec![Op::Delete { key }],
+            })
+            .await?;
+        let outcome = match outcome {
+            Outcome::Applied { existed, .. } if existed.len() == 1 => {
+                delete_response::Outcome::Deleted(Deleted { found: existed[0] })
+            }
+            Outcome::ConditionFailed {
+                index,
+                current_version,
+            } => delete_response::Outcome::ConditionFailed(ConditionFailed {
+                condition_index: index as u32,
+                current_version,
+            }),
+            other => return Err(unexpected(other)),
+        };
+        Ok(Response::new(DeleteResponse {
+            header: Some(self.header()),
+            outcome: Some(outcome),
+        }))
+    }
+
+    async fn expire(
+        &self,
+        _request: Request<ExpireRequest>,
+    ) -> Result<Response<ExpireResponse>, Status> {
+        Err(Status::unimplemented("Expire is not implemented yet"))
+    }
+
+    async fn persist(
+        &self,
+        _request: Request<PersistRequest>,
+    ) -> Result<Response<PersistResponse>, Status> {
+        Err(Status::unimplemented("Persist is not implemented yet"))
+    }
+
+    async fn scan(&self, request: Request<ScanRequest>) -> Result<Response<ScanResponse>, Status> {
+        let request = request.into_inner();
+        let range = match request.range {
+            None => KeyRange::All,
+            Some(scan_request::Range::Prefix(prefix)) => KeyRange::Prefix(prefix.to_vec()),
+            Some(scan_request::Range::Between(between)) => KeyRange::Range(
+                Bound::Included(between.from.to_vec()),
+                match between.to {
+                    Some(to) => Bound::Excluded(to.to_vec()),
+                    None => Bound::Unbounded,
+                },
+            ),
+        };
+        let limit = match request.limit as usize {
+            0 => SCAN_LIMIT_DEFAULT,
+            n => n.min(SCAN_LIMIT_MAX),
+        };
+        self.prepare_read(consistency_of(request.consistency)?, request.min_index)
+            .await?;
+        let header = self.header();
+        let now = self.state_machine.cluster_time_ms();
+        let engine = self.state_machine.engine();
+        // Reserved keys are skipped, so a page may take several engine
+        // scans; one extra entry tells whether more follow.
+        let mut cursor = request.after.map(|a| a.to_vec());
+        let mut entries: Vec<KeyValue> = Vec::new();
+        let mut bytes = 0usize;
+        let mut more = false;
+        let mut next_after = None;
+        let mut exhausted = false;
+        'rounds: for _ in 0..SCAN_ROUNDS_MAX {
+            let want = limit + 1 - entries.len();
+            let scan = Scan {
+                range: range.clone(),
+                after: cursor.clone(),
+                limit: want,
+                keys_only: request.keys_only,
+            };
+            let found = engine.scan(&scan, now).map_err(engine_error)?;
+            exhausted = found.len() < want;
+            for entry in found {
+                cursor = Some(entry.key.clone());
+                if entry.key.starts_with(RESERVED_KEY_PREFIX) {
+                    continue;
+                }
+                let size = entry.key.len() + entry.value.as_ref().map_or(0, Vec::len);
+                if entries.len() == limit
+                    || (!entries.is_empty() && bytes + size > SCAN_PAGE_BYTES_MAX)
+                {
+                    more = true;
+                    next_after = entries.last().map(|e| e.key.clone());
+                    break 'rounds;
+                }
+                bytes += size;
+                entries.push(KeyValue {
+                    key: entry.key.into(),
+                    value: entry.value.unwrap_or_default().into(),
+                    version: entry.seq,
+                    ttl_ms_left: convert::ttl_left(entry.expiry_ms, now),
+                });
+            }
+            if exhausted {
+                break;
+            }
+        }
+        if !more && !exhausted {
+            // Out of rounds (many reserved keys): resume after the last key seen.
+            more = true;
+            next_after = cursor.map(Into::into);
+        }
+        let next_after = if more {
+            next_after.unwrap_or_default()
+        } else {
+            Default::default()
+        };
+        Ok(Response::new(ScanResponse {
+            header: Some(header),
+            entries,
+            more,
+            next_after,
+        }))
+    }
+
+    async fn batch(
+        &self,
+        _request: Request<BatchRequest>,
+    ) -> Result<Response<BatchResponse>, Status> {
+        Err(Status::unimplemented("Batch is not implemented yet"))
+    }
+}
