@@ -12,6 +12,10 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use kvnode::{Node, NodeConfig, NodeInfo};
 
+/// Log filter when `RUST_LOG` is unset: our own events at info, openraft's
+/// (one line per heartbeat-level step at info) only from warn.
+const DEFAULT_LOG_FILTER: &str = "info,openraft=warn";
+
 #[derive(Debug, Parser)]
 #[command(name = "kvnode", about = "A raftcask member")]
 struct Cli {
@@ -87,7 +91,7 @@ async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER)),
         )
         .init();
     let cli = Cli::parse();

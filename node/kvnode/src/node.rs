@@ -279,6 +279,40 @@ impl Node {
                 tracing::error!(error = %err, "client server failed");
             }
         }));
+        let mut stop = shutdown.subscribe();
+        let mut metrics = raft.metrics();
+        let id = config.id;
+        servers.push(tokio::spawn(async move {
+            // One line per leader change and per membership change.
+            let mut seen = None;
+            loop {
+                let now = {
+                    let m = metrics.borrow();
+                    (
+                        m.current_leader,
+                        m.current_term,
+                        *m.membership_config.log_id(),
+                    )
+                };
+                if seen != Some(now) {
+                    let (leader, term, membership_log_id) = now;
+                    let membership = metrics.borrow().membership_config.membership().clone();
+                    match seen {
+                        Some((old_leader, _, old_membership))
+                            if old_leader == leader && old_membership != membership_log_id =>
+                        {
+                            tracing::info!(id, ?membership, "membership changed")
+                        }
+                        _ => tracing::info!(id, ?leader, term, "leader changed"),
+                    }
+                    seen = Some(now);
+                }
+                tokio::select! {
+                    changed = metrics.changed() => if changed.is_err() { break },
+                    _ = stop.wait_for(|s| *s) => break,
+                }
+            }
+        }));
         tracing::info!(id = config.id, %client_addr, %peer_addr, "node started");
         Ok(Node {
             id: config.id,
