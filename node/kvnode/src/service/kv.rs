@@ -1,12 +1,11 @@
-//! The client `Kv` gRPC service: Put, Delete, Get and Scan.
+//! The client `Kv` gRPC service: Put, Delete, Expire, Persist, Get, Scan
+//! and Batch.
 //!
 //! Writes go through the proposal batcher on the leader; a follower fails
 //! them fast with FAILED_PRECONDITION + `NotLeader`. Linearizable reads on
 //! the leader confirm leadership (`ensure_linearizable`) and read locally;
 //! on a follower they answer UNAVAILABLE (the follower read index is later
 //! work). Stale reads answer locally, honouring `min_index`.
-//!
-//! Not implemented yet (answer UNIMPLEMENTED): Expire, Persist, Batch.
 
 use std::ops::Bound;
 use std::time::Duration;
@@ -14,10 +13,11 @@ use std::time::Duration;
 use bitcask::{KeyRange, Scan};
 use kvproto::kv::v1::kv_server::{Kv, KvServer};
 use kvproto::kv::v1::{
-    BatchRequest, BatchResponse, ConditionFailed, Consistency, DeleteRequest, DeleteResponse,
-    Deleted, ExpireRequest, ExpireResponse, GetRequest, GetResponse, Header, KeyValue,
-    PersistRequest, PersistResponse, PutRequest, PutResponse, ScanRequest, ScanResponse,
-    SessionExpired, delete_response, error_detail, put_request, put_response, scan_request,
+    BatchApplied, BatchRequest, BatchResponse, ConditionFailed, Consistency, DeleteRequest,
+    DeleteResponse, Deleted, ExpireRequest, ExpireResponse, GetRequest, GetResponse, Header,
+    KeyNotFound, KeyValue, OpResult, PersistRequest, PersistResponse, PutRequest, PutResponse,
+    ScanRequest, ScanResponse, SessionExpired, batch_op, batch_response, delete_response,
+    error_detail, put_request, put_response, scan_request,
 };
 use tonic::{Code, Request, Response, Status};
 
@@ -227,10 +227,73 @@ fn consistency_of(value: i32) -> Result<Consistency, Status> {
         .map_err(|_| Status::invalid_argument(format!("unknown consistency {value}")))
 }
 
+/// Checks an expire's TTL: it must be > 0 (Persist removes a TTL).
+#[allow(clippy::result_large_err)]
+fn check_expire_ttl(ttl_ms: u64) -> Result<(), Status> {
+    if ttl_ms == 0 {
+        return Err(Status::invalid_argument(
+            "ttl_ms must be > 0 for an expire; use Persist to remove a TTL",
+        ));
+    }
+    Ok(())
+}
+
+/// Validates one batch op and turns it into a command op.
+#[allow(clippy::result_large_err)]
+fn batch_op_of(index: usize, op: kvproto::kv::v1::BatchOp) -> Result<Op, Status> {
+    let op = match op.op {
+        None => {
+            return Err(Status::invalid_argument(format!(
+                "ops[{index}] has no op set"
+            )));
+        }
+        Some(batch_op::Op::Put(put)) => {
+            check_key(&put.key)?;
+            check_value(&put.value)?;
+            Op::Put {
+                key: put.key.to_vec(),
+                value: put.value.to_vec(),
+                ttl_ms: put.ttl_ms,
+            }
+        }
+        Some(batch_op::Op::Delete(delete)) => {
+            check_key(&delete.key)?;
+            Op::Delete {
+                key: delete.key.to_vec(),
+            }
+        }
+        Some(batch_op::Op::Expire(expire)) => {
+            check_key(&expire.key)?;
+            check_expire_ttl(expire.ttl_ms)?;
+            Op::Expire {
+                key: expire.key.to_vec(),
+                ttl_ms: expire.ttl_ms,
+            }
+        }
+        Some(batch_op::Op::Persist(persist)) => {
+            check_key(&persist.key)?;
+            Op::Persist {
+                key: persist.key.to_vec(),
+            }
+        }
+    };
+    Ok(op)
+}
+
+/// The `(found, version)` of a single expire or persist.
+#[allow(clippy::result_large_err)]
+fn single_key_op_result(outcome: Outcome) -> Result<(bool, u64), Status> {
+    match outcome {
+        Outcome::Applied { versions, .. } if versions.len() == 1 => Ok((true, versions[0])),
+        Outcome::KeyNotFound { index: 0 } => Ok((false, 0)),
+        other => Err(unexpected(other)),
+    }
+}
+
 fn unexpected(outcome: Outcome) -> Status {
     Status::new(
         Code::Internal,
-        format!("unexpected outcome for a single write: {outcome:?}"),
+        format!("unexpected outcome for the write: {outcome:?}"),
     )
 }
 
@@ -353,16 +416,50 @@ impl Kv for KvService {
 
     async fn expire(
         &self,
-        _request: Request<ExpireRequest>,
+        request: Request<ExpireRequest>,
     ) -> Result<Response<ExpireResponse>, Status> {
-        Err(Status::unimplemented("Expire is not implemented yet"))
+        let request = request.into_inner();
+        check_key(&request.key)?;
+        check_expire_ttl(request.ttl_ms)?;
+        let outcome = self
+            .write(command::Request {
+                session: session(request.session),
+                conditions: Vec::new(),
+                ops: vec![Op::Expire {
+                    key: request.key.to_vec(),
+                    ttl_ms: request.ttl_ms,
+                }],
+            })
+            .await?;
+        let (found, version) = single_key_op_result(outcome)?;
+        Ok(Response::new(ExpireResponse {
+            header: Some(self.header()),
+            found,
+            version,
+        }))
     }
 
     async fn persist(
         &self,
-        _request: Request<PersistRequest>,
+        request: Request<PersistRequest>,
     ) -> Result<Response<PersistResponse>, Status> {
-        Err(Status::unimplemented("Persist is not implemented yet"))
+        let request = request.into_inner();
+        check_key(&request.key)?;
+        let outcome = self
+            .write(command::Request {
+                session: session(request.session),
+                conditions: Vec::new(),
+                ops: vec![Op::Persist {
+                    key: request.key.to_vec(),
+                }],
+            })
+            .await?;
+        let (found, version) = single_key_op_result(outcome)?;
+        Ok(Response::new(PersistResponse {
+            header: Some(self.header()),
+            found,
+            version,
+        }))
     }
 
     async fn scan(&self, request: Request<ScanRequest>) -> Result<Response<ScanResponse>, Status> {
@@ -450,8 +547,58 @@ impl Kv for KvService {
 
     async fn batch(
         &self,
-        _request: Request<BatchRequest>,
+        request: Request<BatchRequest>,
     ) -> Result<Response<BatchResponse>, Status> {
-        Err(Status::unimplemented("Batch is not implemented yet"))
+        let request = request.into_inner();
+        let mut conditions = Vec::with_capacity(request.conditions.len());
+        for condition in request.conditions {
+            check_key(&condition.key)?;
+            conditions.push(Condition {
+                key: condition.key.to_vec(),
+                version: condition.version,
+            });
+        }
+        let op_count = request.ops.len();
+        let ops = request
+            .ops
+            .into_iter()
+            .enumerate()
+            .map(|(index, op)| batch_op_of(index, op))
+            .collect::<Result<Vec<_>, _>>()?;
+        let outcome = self
+            .write(command::Request {
+                session: session(request.session),
+                conditions,
+                ops,
+            })
+            .await?;
+        let outcome = match outcome {
+            Outcome::Applied { versions, existed }
+                if versions.len() == op_count && existed.len() == op_count =>
+            {
+                batch_response::Outcome::Applied(BatchApplied {
+                    results: versions
+                        .into_iter()
+                        .zip(existed)
+                        .map(|(version, found)| OpResult { version, found })
+                        .collect(),
+                })
+            }
+            Outcome::ConditionFailed {
+                index,
+                current_version,
+            } => batch_response::Outcome::ConditionFailed(ConditionFailed {
+                condition_index: index as u32,
+                current_version,
+            }),
+            Outcome::KeyNotFound { index } => batch_response::Outcome::KeyNotFound(KeyNotFound {
+                op_index: index as u32,
+            }),
+            other => return Err(unexpected(other)),
+        };
+        Ok(Response::new(BatchResponse {
+            header: Some(self.header()),
+            outcome: Some(outcome),
+        }))
     }
 }

@@ -4,6 +4,7 @@ mod cluster;
 mod common;
 mod corruption;
 mod fsync_failure;
+mod kv_ops;
 mod log_store;
 mod power_loss;
 mod state_machine;
