@@ -11,7 +11,7 @@
 //! order: the same entry applied to the same state writes the same bytes
 //! on every replica.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use bitcask::{Batch, Engine};
 use serde::{Deserialize, Serialize};
@@ -143,24 +143,26 @@ impl Applier {
     ) -> Result<EntryResponse, ApplyError> {
         let now_ms = proposal.time_ms;
         let base = index * VERSIONS_PER_INDEX;
-        let mut batch = Batch::new().seq(base).meta(meta);
-        let mut overlay: BTreeMap<Vec<u8>, KeyState> = BTreeMap::new();
-        let mut touched_sessions: BTreeMap<u64, ()> = BTreeMap::new();
+        let mut entry = EntryWrite {
+            engine,
+            base,
+            now_ms,
+            batch: Batch::new().seq(base).meta(meta),
+            overlay: BTreeMap::new(),
+            touched_sessions: BTreeSet::new(),
+        };
         let mut response = EntryResponse::default();
         if let Command::Requests(requests) = &proposal.command {
             for request in requests {
-                let outcome = self.apply_request(
-                    engine,
-                    base,
-                    now_ms,
-                    request,
-                    &mut batch,
-                    &mut overlay,
-                    &mut touched_sessions,
-                )?;
+                let outcome = self.apply_request(&mut entry, request)?;
                 response.outcomes.push(outcome);
             }
         }
+        let EntryWrite {
+            mut batch,
+            mut touched_sessions,
+            ..
+        } = entry;
         // Sessions: evict idle ones, then store the touched ones, in client-id order.
         let idle: Vec<u64> = self
             .sessions
@@ -175,7 +177,7 @@ impl Applier {
             touched_sessions.remove(&client_id);
             batch = batch.delete(session_key(client_id));
         }
-        for client_id in touched_sessions.keys() {
+        for client_id in &touched_sessions {
             let record = &self.sessions[client_id];
             batch = batch.put(session_key(*client_id), codec::encode(record));
         }
@@ -189,24 +191,18 @@ impl Applier {
         Ok(response)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn apply_request(
         &mut self,
-        engine: &Engine,
-        base: u64,
-        now_ms: u64,
+        entry: &mut EntryWrite<'_>,
         request: &Request,
-        batch: &mut Batch,
-        overlay: &mut BTreeMap<Vec<u8>, KeyState>,
-        touched: &mut BTreeMap<u64, ()>,
     ) -> Result<Outcome, ApplyError> {
         if let Some(session) = request.session
-            && let Some(answer) = self.replay(session, now_ms)
+            && let Some(answer) = self.replay(session, entry.now_ms)
         {
-            touched.insert(session.client_id, ());
+            entry.touched_sessions.insert(session.client_id);
             return Ok(answer);
         }
-        let outcome = self.evaluate(engine, base, now_ms, request, batch, overlay)?;
+        let outcome = self.evaluate(entry, request)?;
         if let Some(session) = request.session {
             let record = self.sessions.entry(session.client_id).or_default();
             record.answers.insert(session.sequence, outcome.clone());
@@ -217,7 +213,7 @@ impl Applier {
                     .expect("over the limit, so not empty");
                 record.forgotten_below = record.forgotten_below.max(oldest + 1);
             }
-            touched.insert(session.client_id, ());
+            entry.touched_sessions.insert(session.client_id);
         }
         Ok(outcome)
     }
@@ -247,13 +243,10 @@ impl Applier {
 
     fn evaluate(
         &self,
-        engine: &Engine,
-        base: u64,
-        now_ms: u64,
+        entry: &mut EntryWrite<'_>,
         request: &Request,
-        batch: &mut Batch,
-        overlay: &mut BTreeMap<Vec<u8>, KeyState>,
     ) -> Result<Outcome, ApplyError> {
+        let (base, now_ms) = (entry.base, entry.now_ms);
         let reserved = request
             .conditions
             .iter()
@@ -265,13 +258,13 @@ impl Applier {
                 reason: "keys starting with the reserved prefix are refused".to_string(),
             });
         }
-        if batch.ops.len() + request.ops.len() >= ENTRY_OPS_MAX {
+        if entry.batch.ops.len() + request.ops.len() >= ENTRY_OPS_MAX {
             return Ok(Outcome::Rejected {
                 reason: format!("the entry would exceed ENTRY_OPS_MAX ({ENTRY_OPS_MAX}) ops"),
             });
         }
         for (index, condition) in request.conditions.iter().enumerate() {
-            let current_version = match state_of(engine, overlay, &condition.key, now_ms)? {
+            let current_version = match entry.state_of(&condition.key)? {
                 KeyState::Absent => 0,
                 KeyState::Present { version, .. } => version,
             };
@@ -288,7 +281,7 @@ impl Applier {
         let mut versions = Vec::with_capacity(request.ops.len());
         let mut existed = Vec::with_capacity(request.ops.len());
         for (index, op) in request.ops.iter().enumerate() {
-            let version = base + (batch.ops.len() + index) as u64;
+            let version = base + (entry.batch.ops.len() + index) as u64;
             let expiry = |ttl_ms: u64| {
                 if ttl_ms == 0 {
                     0
@@ -302,7 +295,7 @@ impl Applier {
                 .find(|(key, _)| key.as_slice() == op.key())
             {
                 Some((_, state)) => state.clone(),
-                None => state_of(engine, overlay, op.key(), now_ms)?,
+                None => entry.state_of(op.key())?,
             };
             existed.push(matches!(current, KeyState::Present { .. }));
             let next = match (op, current) {
@@ -331,43 +324,59 @@ impl Applier {
         }
         for (key, state) in staged {
             match &state {
-                KeyState::Absent => batch.ops.push(bitcask::Op::Delete { key: key.clone() }),
+                KeyState::Absent => entry
+                    .batch
+                    .ops
+                    .push(bitcask::Op::Delete { key: key.clone() }),
                 KeyState::Present {
                     expiry_ms, value, ..
-                } => batch.ops.push(bitcask::Op::Put {
+                } => entry.batch.ops.push(bitcask::Op::Put {
                     key: key.clone(),
                     value: value.clone(),
                     expiry_ms: *expiry_ms,
                 }),
             }
-            overlay.insert(key, state);
+            entry.overlay.insert(key, state);
         }
         Ok(Outcome::Applied { versions, existed })
     }
 }
 
-fn state_of(
-    engine: &Engine,
-    overlay: &BTreeMap<Vec<u8>, KeyState>,
-    key: &[u8],
+/// The engine batch an entry is building, and what its earlier requests did.
+struct EntryWrite<'a> {
+    engine: &'a Engine,
+    /// `index × VERSIONS_PER_INDEX`: the batch's first sequence number.
+    base: u64,
+    /// The entry's cluster time.
     now_ms: u64,
-) -> Result<KeyState, ApplyError> {
-    if let Some(state) = overlay.get(key) {
-        return Ok(match state {
-            KeyState::Present { expiry_ms, .. } if *expiry_ms != 0 && *expiry_ms <= now_ms => {
-                KeyState::Absent
-            }
-            other => other.clone(),
-        });
+    batch: Batch,
+    /// State each key was left in by earlier ops of this entry.
+    overlay: BTreeMap<Vec<u8>, KeyState>,
+    /// Clients whose session record this entry changes.
+    touched_sessions: BTreeSet<u64>,
+}
+
+impl EntryWrite<'_> {
+    /// The key's state as earlier ops of this entry left it, else the engine's.
+    fn state_of(&self, key: &[u8]) -> Result<KeyState, ApplyError> {
+        let now_ms = self.now_ms;
+        if let Some(state) = self.overlay.get(key) {
+            return Ok(match state {
+                KeyState::Present { expiry_ms, .. } if *expiry_ms != 0 && *expiry_ms <= now_ms => {
+                    KeyState::Absent
+                }
+                other => other.clone(),
+            });
+        }
+        Ok(match self.engine.get(key, now_ms)? {
+            Some(item) => KeyState::Present {
+                version: item.seq,
+                expiry_ms: item.expiry_ms,
+                value: item.value,
+            },
+            None => KeyState::Absent,
+        })
     }
-    Ok(match engine.get(key, now_ms)? {
-        Some(item) => KeyState::Present {
-            version: item.seq,
-            expiry_ms: item.expiry_ms,
-            value: item.value,
-        },
-        None => KeyState::Absent,
-    })
 }
 
 #[cfg(test)]

@@ -101,6 +101,26 @@ fn get(key: &str, consistency: Consistency, min_index: u64) -> GetRequest {
     }
 }
 
+/// Three data directories, three bound (client, peer) listener pairs, and the
+/// initial cluster naming them as members 1..=3.
+async fn three_node_layout() -> (
+    Vec<tempfile::TempDir>,
+    Vec<(TcpListener, TcpListener)>,
+    BTreeMap<u64, NodeInfo>,
+) {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut pairs = Vec::new();
+    for _ in 0..3 {
+        pairs.push(listeners().await);
+    }
+    let cluster: BTreeMap<u64, NodeInfo> = pairs
+        .iter()
+        .enumerate()
+        .map(|(i, (c, p))| (i as u64 + 1, info(c, p)))
+        .collect();
+    (dirs, pairs, cluster)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_node_put_get_delete_and_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -240,16 +260,7 @@ async fn single_node_put_get_delete_and_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_replicate_and_followers_redirect_writes() {
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut pairs = Vec::new();
-    for _ in 0..3 {
-        pairs.push(listeners().await);
-    }
-    let cluster: BTreeMap<u64, NodeInfo> = pairs
-        .iter()
-        .enumerate()
-        .map(|(i, (c, p))| (i as u64 + 1, info(c, p)))
-        .collect();
+    let (dirs, pairs, cluster) = three_node_layout().await;
     let mut nodes = Vec::new();
     for (i, pair) in pairs.into_iter().enumerate() {
         let id = i as u64 + 1;
@@ -329,16 +340,7 @@ async fn a_late_member_catches_up_through_a_snapshot() {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut pairs = Vec::new();
-    for _ in 0..3 {
-        pairs.push(listeners().await);
-    }
-    let cluster: BTreeMap<u64, NodeInfo> = pairs
-        .iter()
-        .enumerate()
-        .map(|(i, (c, p))| (i as u64 + 1, info(c, p)))
-        .collect();
+    let (dirs, mut pairs, cluster) = three_node_layout().await;
     let third = pairs.pop().unwrap();
     let mut nodes = Vec::new();
     for (i, pair) in pairs.into_iter().enumerate() {
