@@ -43,6 +43,7 @@ pub mod batcher;
 pub mod codec;
 pub mod command;
 pub mod convert;
+pub mod faults;
 pub mod log_store;
 pub mod network;
 pub mod node;
@@ -51,8 +52,9 @@ pub mod snapshot;
 pub mod state_machine;
 pub mod types;
 
+pub use faults::Faults;
 pub use log_store::{LogError, LogReader, LogStore, LogStoreOptions};
-pub use node::{Node, NodeConfig};
+pub use node::{Listeners, Node, NodeConfig};
 pub use snapshot::SnapshotHandle;
 pub use state_machine::{SmError, StateMachine, StateMachineOptions};
 pub use types::{CommitMeta, NodeInfo, TypeConfig};

@@ -99,20 +99,22 @@ async fn main() -> anyhow::Result<()> {
         None => {
             let client_addr: SocketAddr = "127.0.0.1:7001".parse()?;
             let peer_addr: SocketAddr = "127.0.0.1:7101".parse()?;
-            NodeConfig {
-                id: 1,
-                data_dir: PathBuf::from("./kvdata"),
+            let mut config = NodeConfig::new(
+                1,
+                "./kvdata",
                 client_addr,
                 peer_addr,
-                initial_cluster: BTreeMap::from([(
+                BTreeMap::from([(
                     1,
                     NodeInfo {
                         client_addr: client_addr.to_string(),
                         peer_addr: peer_addr.to_string(),
                     },
                 )]),
-                bootstrap: true,
-            }
+            );
+            config.bootstrap = true;
+            config.admin_addr = Some("127.0.0.1:7201".parse()?);
+            config
         }
         Some(Cmd::Run {
             id,
@@ -126,14 +128,9 @@ async fn main() -> anyhow::Result<()> {
             if !initial_cluster.contains_key(&id) {
                 bail!("--initial-cluster does not list member {id}");
             }
-            NodeConfig {
-                id,
-                data_dir,
-                client_addr,
-                peer_addr,
-                initial_cluster,
-                bootstrap,
-            }
+            let mut config = NodeConfig::new(id, data_dir, client_addr, peer_addr, initial_cluster);
+            config.bootstrap = bootstrap;
+            config
         }
     };
     let node = Node::start(config).await.context("starting the node")?;

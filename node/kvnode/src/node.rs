@@ -17,6 +17,7 @@ use tonic::transport::server::TcpIncoming;
 
 use crate::batcher::{Batcher, ProposeError, ProposeFn};
 use crate::command::{Command, Outcome, Proposal, Request};
+pub use crate::faults::Faults;
 use crate::log_store::LogStore;
 use crate::network::Network;
 use crate::service::kv::KvService;
@@ -48,6 +49,57 @@ pub struct NodeConfig {
     pub initial_cluster: BTreeMap<u64, NodeInfo>,
     /// Initialize the cluster if the log is empty (one member only).
     pub bootstrap: bool,
+    /// Admin HTTP address (`/metrics`, `/health`, `/ready`); `None` = no
+    /// admin port.
+    pub admin_addr: Option<SocketAddr>,
+    /// Log entries kept behind a snapshot when the log is purged
+    /// (`--snapshot-log-keep`).
+    pub snapshot_log_keep: u64,
+    /// How the state machine opens its engine (segment size and such).
+    pub state_machine: StateMachineOptions,
+    /// Test hooks: lost replies and cut peer links. Off by default.
+    pub faults: Faults,
+}
+
+/// Default of [`NodeConfig::snapshot_log_keep`]: entries kept behind a
+/// snapshot, so a briefly lagging follower catches up from the log.
+pub const SNAPSHOT_LOG_KEEP_DEFAULT: u64 = 1000;
+
+impl NodeConfig {
+    /// A member with the defaults for everything but its identity and
+    /// addresses: no admin port, not bootstrapping.
+    pub fn new(
+        id: u64,
+        data_dir: impl Into<PathBuf>,
+        client_addr: SocketAddr,
+        peer_addr: SocketAddr,
+        initial_cluster: BTreeMap<u64, NodeInfo>,
+    ) -> NodeConfig {
+        NodeConfig {
+            id,
+            data_dir: data_dir.into(),
+            client_addr,
+            peer_addr,
+            initial_cluster,
+            bootstrap: false,
+            admin_addr: None,
+            snapshot_log_keep: SNAPSHOT_LOG_KEEP_DEFAULT,
+            state_machine: StateMachineOptions::default(),
+            faults: Faults::default(),
+        }
+    }
+}
+
+/// Listeners bound before start (tests bind ephemeral ports first so they
+/// can name every member's addresses up front).
+#[derive(Debug)]
+pub struct Listeners {
+    /// The client port (kv and cluster services).
+    pub client: TcpListener,
+    /// The peer port (Raft service).
+    pub peer: TcpListener,
+    /// The admin HTTP port, if any.
+    pub admin: Option<TcpListener>,
 }
 
 /// Why a member could not start.
@@ -180,16 +232,31 @@ impl Node {
     pub async fn start(config: NodeConfig) -> Result<Node, StartError> {
         let client = bind(config.client_addr).await?;
         let peer = bind(config.peer_addr).await?;
-        Node::start_with_listeners(config, client, peer).await
+        let admin = match config.admin_addr {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
+        Node::start_with_listeners(
+            config,
+            Listeners {
+                client,
+                peer,
+                admin,
+            },
+        )
+        .await
     }
 
-    /// Starts a member on listeners already bound (tests bind ephemeral
-    /// ports first so they can name every member's addresses up front).
+    /// Starts a member on listeners already bound.
     pub async fn start_with_listeners(
         config: NodeConfig,
-        client: TcpListener,
-        peer: TcpListener,
+        listeners: Listeners,
     ) -> Result<Node, StartError> {
+        let Listeners {
+            client,
+            peer,
+            admin: _admin,
+        } = listeners;
         let client_addr = client.local_addr().map_err(|source| StartError::Bind {
             addr: config.client_addr,
             source,
@@ -200,9 +267,10 @@ impl Node {
         })?;
         let log_dir = config.data_dir.join("raft-log");
         let state_dir = config.data_dir.join("state");
+        let state_machine_options = config.state_machine.clone();
         let (log_store, state_machine) = tokio::task::spawn_blocking(move || {
             let log = LogStore::<TypeConfig>::open(Arc::new(RealFs), log_dir)?;
-            let sm = StateMachine::open(state_dir, StateMachineOptions::default())?;
+            let sm = StateMachine::open(state_dir, state_machine_options)?;
             Ok::<_, StartError>((log, sm))
         })
         .await
@@ -214,6 +282,7 @@ impl Node {
             election_timeout_min: ELECTION_TIMEOUT_MIN_MS,
             election_timeout_max: ELECTION_TIMEOUT_MAX_MS,
             install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
+            max_in_snapshot_log_to_keep: config.snapshot_log_keep,
             ..Default::default()
         }
         .validate()

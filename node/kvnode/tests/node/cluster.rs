@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kvnode::convert::detail_of;
-use kvnode::{Node, NodeConfig, NodeInfo};
+use kvnode::{Listeners, Node, NodeConfig, NodeInfo};
 use kvproto::kv::v1::kv_client::KvClient;
 use kvproto::kv::v1::{
     Consistency, DeleteRequest, GetRequest, PutRequest, ScanRequest, Session, delete_response,
@@ -45,15 +45,20 @@ async fn start(
     bootstrap: bool,
     (client, peer): (TcpListener, TcpListener),
 ) -> Node {
-    let config = NodeConfig {
+    let mut config = NodeConfig::new(
         id,
-        data_dir: dir.to_path_buf(),
-        client_addr: client.local_addr().unwrap(),
-        peer_addr: peer.local_addr().unwrap(),
-        initial_cluster: cluster.clone(),
-        bootstrap,
+        dir,
+        client.local_addr().unwrap(),
+        peer.local_addr().unwrap(),
+        cluster.clone(),
+    );
+    config.bootstrap = bootstrap;
+    let listeners = Listeners {
+        client,
+        peer,
+        admin: None,
     };
-    Node::start_with_listeners(config, client, peer)
+    Node::start_with_listeners(config, listeners)
         .await
         .expect("start node")
 }

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use kvnode::{Node, NodeConfig, NodeInfo};
+use kvnode::{Listeners, Node, NodeConfig, NodeInfo};
 use kvproto::kv::v1::kv_client::KvClient;
 use kvproto::kv::v1::{
     BatchCondition, BatchOp, BatchRequest, BatchResponse, ConditionFailed, Consistency, ExpireOp,
@@ -38,15 +38,20 @@ async fn single_node(dir: &Path) -> (Node, KvClient<Channel>) {
         client_addr: client.local_addr().unwrap().to_string(),
         peer_addr: peer.local_addr().unwrap().to_string(),
     };
-    let config = NodeConfig {
-        id: 1,
-        data_dir: dir.to_path_buf(),
-        client_addr: client.local_addr().unwrap(),
-        peer_addr: peer.local_addr().unwrap(),
-        initial_cluster: BTreeMap::from([(1, info)]),
-        bootstrap: true,
+    let mut config = NodeConfig::new(
+        1,
+        dir,
+        client.local_addr().unwrap(),
+        peer.local_addr().unwrap(),
+        BTreeMap::from([(1, info)]),
+    );
+    config.bootstrap = true;
+    let listeners = Listeners {
+        client,
+        peer,
+        admin: None,
     };
-    let node = Node::start_with_listeners(config, client, peer)
+    let node = Node::start_with_listeners(config, listeners)
         .await
         .expect("start node");
     let start = Instant::now();

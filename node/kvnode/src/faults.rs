@@ -1,0 +1,54 @@
+//! Test hooks for the cluster tests: a write whose reply is lost after it
+//! committed, and peer links cut in both directions. Every hook is off by
+//! default and costs one atomic load (or an uncontended lock) when off;
+//! nothing outside the tests turns them on.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Shared switches; clones see the same state.
+#[derive(Clone, Debug, Default)]
+pub struct Faults {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    drop_write_replies: AtomicBool,
+    cut_peers: Mutex<BTreeSet<u64>>,
+}
+
+impl Faults {
+    /// While on, a write that committed and applied answers the client with
+    /// an error instead of its outcome (the reply is "lost").
+    pub fn set_drop_write_replies(&self, on: bool) {
+        self.inner.drop_write_replies.store(on, Ordering::SeqCst);
+    }
+
+    /// Whether write replies are being dropped.
+    pub fn drop_write_replies(&self) -> bool {
+        self.inner.drop_write_replies.load(Ordering::SeqCst)
+    }
+
+    /// Cuts (or restores) the links to and from these peers: outgoing RPCs
+    /// fail as unreachable and incoming ones are refused.
+    pub fn set_cut_peers(&self, peers: impl IntoIterator<Item = u64>) {
+        let mut cut = self
+            .inner
+            .cut_peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        *cut = peers.into_iter().collect();
+    }
+
+    /// Whether the link with `peer` is cut.
+    pub fn is_cut(&self, peer: u64) -> bool {
+        let cut = self
+            .inner
+            .cut_peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        !cut.is_empty() && cut.contains(&peer)
+    }
+}
