@@ -221,6 +221,55 @@ fn propose_fn(raft: openraft::Raft<TypeConfig>, clock: Arc<ClusterClock>) -> Pro
     })
 }
 
+/// How often the leader checks whether cluster time must advance without
+/// client writes (DESIGN §3): at most one tick entry per interval, and only
+/// while some key may still expire and no other entry was applied in the
+/// last interval.
+pub const TICK_INTERVAL: Duration = Duration::from_millis(250);
+
+/// The leader's tick loop: proposes `Command::Tick` entries so TTL keys
+/// expire on time when no client writes arrive.
+async fn tick_loop(
+    id: u64,
+    raft: openraft::Raft<TypeConfig>,
+    state_machine: StateMachine,
+    clock: Arc<ClusterClock>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut interval = tokio::time::interval(TICK_INTERVAL);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_seen_applied = None;
+    loop {
+        tokio::select! {
+            _ = interval.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let (leader, applied) = {
+            let m = raft.metrics().borrow().clone();
+            (m.current_leader, m.last_applied.map(|l| l.index))
+        };
+        let idle = applied == last_seen_applied;
+        last_seen_applied = applied;
+        if leader != Some(id) || !idle {
+            continue;
+        }
+        let pending = state_machine.engine().expiry_high_water_ms();
+        if pending == 0 || pending <= state_machine.cluster_time_ms() {
+            continue;
+        }
+        if leader_caught_up(&raft).await.is_err() {
+            continue;
+        }
+        let tick = Proposal {
+            time_ms: clock.stamp(),
+            command: Command::Tick,
+        };
+        if let Err(err) = raft.client_write(tick).await {
+            tracing::debug!(error = %err, "tick not proposed");
+        }
+    }
+}
+
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
     TcpListener::bind(addr)
         .await
@@ -318,7 +367,7 @@ impl Node {
             inner: Mutex::new((state_machine.cluster_time_ms(), Instant::now(), 0)),
             state_machine: state_machine.clone(),
         });
-        let batcher = Batcher::spawn(propose_fn(raft.clone(), clock));
+        let batcher = Batcher::spawn(propose_fn(raft.clone(), clock.clone()));
         let (shutdown, _) = watch::channel(false);
 
         let peer_service = PeerService::new(config.id, raft.clone(), state_machine.clone());
@@ -348,6 +397,13 @@ impl Node {
                 tracing::error!(error = %err, "client server failed");
             }
         }));
+        servers.push(tokio::spawn(tick_loop(
+            config.id,
+            raft.clone(),
+            state_machine.clone(),
+            clock,
+            shutdown.subscribe(),
+        )));
         let mut stop = shutdown.subscribe();
         let mut metrics = raft.metrics();
         let id = config.id;
