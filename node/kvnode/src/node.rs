@@ -18,8 +18,10 @@ use tonic::transport::server::TcpIncoming;
 use crate::batcher::{Batcher, ProposeError, ProposeFn};
 use crate::command::{Command, Outcome, Proposal, Request};
 pub use crate::faults::Faults;
+use crate::identity::Identity;
 use crate::log_store::LogStore;
 use crate::network::Network;
+use crate::read_index::ReadRounds;
 use crate::service::kv::KvService;
 use crate::service::raft::PeerService;
 use crate::state_machine::{StateMachine, StateMachineOptions};
@@ -114,6 +116,24 @@ pub enum StartError {
     /// openraft refused the configuration or failed.
     #[error("raft: {0}")]
     Raft(String),
+    /// The data directory's identity could not be loaded or belongs to
+    /// another member.
+    #[error("identity: {0}")]
+    Identity(#[from] crate::identity::IdentityError),
+    /// The data directory belongs to another cluster than its peers'.
+    #[error(
+        "this data directory belongs to cluster {mine:016x}, but member {peer} (a member of \
+         --initial-cluster) is in cluster {theirs:016x}: refusing to start; give this member a \
+         fresh data directory or point it at its own cluster"
+    )]
+    ForeignCluster {
+        /// The peer that answered.
+        peer: u64,
+        /// The peer's cluster id.
+        theirs: u64,
+        /// This directory's cluster id.
+        mine: u64,
+    },
     /// A port could not be bound.
     #[error("bind {addr}: {source}")]
     Bind {
@@ -270,6 +290,113 @@ async fn tick_loop(
     }
 }
 
+/// How long a peer may take to answer `Identify` at startup.
+pub const IDENTIFY_TIMEOUT: Duration = Duration::from_secs(1);
+/// How often a member that does not know its cluster id yet asks the
+/// members of its initial cluster.
+pub const LEARN_CLUSTER_ID_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Asks every other initial member who it is (concurrently, each within
+/// [`IDENTIFY_TIMEOUT`]; silent members are skipped). A peer in another
+/// cluster than this directory's refuses the start; a directory that does
+/// not know its cluster yet adopts the one its initial members report.
+async fn check_peers_cluster(
+    network: &Network,
+    identity: &Identity,
+    initial: &BTreeMap<u64, NodeInfo>,
+) -> Result<(), StartError> {
+    let me = identity.member_id();
+    let asks = initial
+        .iter()
+        .filter(|(peer, _)| **peer != me)
+        .map(|(peer, info)| {
+            let (network, peer, info) = (network.clone(), *peer, info.clone());
+            async move { (peer, network.identify(peer, &info, IDENTIFY_TIMEOUT).await) }
+        });
+    for (peer, answer) in futures_join_all(asks).await {
+        let Ok((theirs, member, _incarnation)) = answer else {
+            continue;
+        };
+        if member != peer || theirs == 0 {
+            continue;
+        }
+        let mine = identity.cluster_id();
+        if mine != 0 && mine != theirs {
+            return Err(StartError::ForeignCluster { peer, theirs, mine });
+        }
+        if mine == 0 {
+            adopt_cluster_id(identity, peer, theirs).await;
+        }
+    }
+    Ok(())
+}
+
+async fn adopt_cluster_id(identity: &Identity, peer: u64, cluster_id: u64) {
+    let identity = identity.clone();
+    let me = identity.member_id();
+    let adopted = tokio::task::spawn_blocking(move || {
+        identity.check(
+            cluster_id,
+            peer,
+            0,
+            me,
+            0,
+            crate::identity::Adopt::FromLeader,
+        )
+    })
+    .await;
+    if let Ok(Err(err)) = adopted {
+        tracing::warn!(error = %err, peer, "could not adopt the cluster id");
+    }
+}
+
+/// Runs `futures` concurrently and collects their outputs in order.
+async fn futures_join_all<F>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let mut set = tokio::task::JoinSet::new();
+    for (i, fut) in futures.enumerate() {
+        set.spawn(async move { (i, fut.await) });
+    }
+    let mut out: Vec<(usize, F::Output)> = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        if let Ok(item) = joined {
+            out.push(item);
+        }
+    }
+    out.sort_by_key(|(i, _)| *i);
+    out.into_iter().map(|(_, o)| o).collect()
+}
+
+/// Until this member knows its cluster id, asks its initial members for it
+/// every [`LEARN_CLUSTER_ID_INTERVAL`] (a leader's AppendEntries also
+/// teaches it; whichever comes first).
+async fn learn_cluster_id(
+    network: Network,
+    identity: Identity,
+    initial: BTreeMap<u64, NodeInfo>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let me = identity.member_id();
+    while identity.cluster_id() == 0 {
+        for (peer, info) in initial.iter().filter(|(peer, _)| **peer != me) {
+            if let Ok((theirs, member, _)) = network.identify(*peer, info, IDENTIFY_TIMEOUT).await
+                && member == *peer
+                && theirs != 0
+            {
+                adopt_cluster_id(&identity, *peer, theirs).await;
+                break;
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(LEARN_CLUSTER_ID_INTERVAL) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
     TcpListener::bind(addr)
         .await
@@ -317,13 +444,18 @@ impl Node {
         let log_dir = config.data_dir.join("raft-log");
         let state_dir = config.data_dir.join("state");
         let state_machine_options = config.state_machine.clone();
-        let (log_store, state_machine) = tokio::task::spawn_blocking(move || {
+        let data_dir = config.data_dir.clone();
+        let id = config.id;
+        let (identity, log_store, state_machine) = tokio::task::spawn_blocking(move || {
+            let identity = Identity::load_or_create(&data_dir, id)?;
             let log = LogStore::<TypeConfig>::open(Arc::new(RealFs), log_dir)?;
             let sm = StateMachine::open(state_dir, state_machine_options)?;
-            Ok::<_, StartError>((log, sm))
+            Ok::<_, StartError>((identity, log, sm))
         })
         .await
         .map_err(|err| StartError::Raft(format!("open task: {err}")))??;
+        let network = Network::new(identity.clone(), peer_addr.ip(), config.faults.clone());
+        check_peers_cluster(&network, &identity, &config.initial_cluster).await?;
 
         let raft_config = openraft::Config {
             cluster_name: "raftcask".to_string(),
@@ -339,7 +471,7 @@ impl Node {
         let raft = openraft::Raft::new(
             config.id,
             Arc::new(raft_config),
-            Network::new(config.id),
+            network.clone(),
             log_store,
             state_machine.clone(),
         )
@@ -352,6 +484,10 @@ impl Node {
                 .await
                 .map_err(|err| StartError::Raft(err.to_string()))?;
             if !initialized {
+                let ensure = identity.clone();
+                tokio::task::spawn_blocking(move || ensure.ensure_cluster_id())
+                    .await
+                    .map_err(|err| StartError::Raft(format!("identity task: {err}")))??;
                 tracing::info!(id = config.id, members = ?config.initial_cluster.keys(), "bootstrapping the cluster");
                 match raft.initialize(config.initial_cluster.clone()).await {
                     Ok(()) => {}
@@ -370,8 +506,22 @@ impl Node {
         let batcher = Batcher::spawn(propose_fn(raft.clone(), clock.clone()));
         let (shutdown, _) = watch::channel(false);
 
-        let peer_service = PeerService::new(config.id, raft.clone(), state_machine.clone());
-        let kv_service = KvService::new(config.id, raft.clone(), state_machine.clone(), batcher);
+        let reads = ReadRounds::new(config.id, raft.clone(), network.clone());
+        let peer_service = PeerService::new(
+            raft.clone(),
+            state_machine.clone(),
+            identity.clone(),
+            reads.clone(),
+            config.faults.clone(),
+        );
+        let kv_service = KvService::new(
+            raft.clone(),
+            state_machine.clone(),
+            batcher,
+            reads,
+            identity.clone(),
+            config.faults.clone(),
+        );
         let mut servers = Vec::new();
         let mut stop = shutdown.subscribe();
         servers.push(tokio::spawn(async move {
@@ -397,6 +547,14 @@ impl Node {
                 tracing::error!(error = %err, "client server failed");
             }
         }));
+        if identity.cluster_id() == 0 {
+            servers.push(tokio::spawn(learn_cluster_id(
+                network.clone(),
+                identity.clone(),
+                config.initial_cluster.clone(),
+                shutdown.subscribe(),
+            )));
+        }
         servers.push(tokio::spawn(tick_loop(
             config.id,
             raft.clone(),
