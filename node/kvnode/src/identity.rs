@@ -333,6 +333,30 @@ impl Identity {
         Ok(record.cluster_id)
     }
 
+    /// Records what a peer said of itself in answer to `Identify` (a member
+    /// of this member's initial cluster): its incarnation, if none is known
+    /// yet, and its cluster id, if this member does not know one yet. A
+    /// changed incarnation is refused, as in [`Identity::check`].
+    pub fn learn_from_peer(
+        &self,
+        peer: u64,
+        incarnation: u64,
+        cluster_id: u64,
+    ) -> Result<(), CheckError> {
+        let me = self.member_id();
+        self.check(cluster_id, peer, incarnation, me, 0, Adopt::FromLeader)
+    }
+
+    /// Whether the cluster id and every one of `peers`' incarnations are
+    /// known.
+    pub fn knows_all(&self, peers: impl IntoIterator<Item = u64>) -> bool {
+        let record = self.lock();
+        record.cluster_id != 0
+            && peers
+                .into_iter()
+                .all(|p| p == record.member_id || record.peers.contains_key(&p))
+    }
+
     /// Checks a peer request's identity fields against this member, learning
     /// (and persisting) what it may: the sender's incarnation on first
     /// contact and, per `adopt`, the cluster id. An error from persisting is

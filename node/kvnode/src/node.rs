@@ -292,14 +292,14 @@ async fn tick_loop(
 
 /// How long a peer may take to answer `Identify` at startup.
 pub const IDENTIFY_TIMEOUT: Duration = Duration::from_secs(1);
-/// How often a member that does not know its cluster id yet asks the
-/// members of its initial cluster.
-pub const LEARN_CLUSTER_ID_INTERVAL: Duration = Duration::from_secs(1);
+/// How often a member that does not know its cluster id or an initial
+/// member's incarnation yet asks again.
+pub const LEARN_IDENTITY_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Asks every other initial member who it is (concurrently, each within
-/// [`IDENTIFY_TIMEOUT`]; silent members are skipped). A peer in another
-/// cluster than this directory's refuses the start; a directory that does
-/// not know its cluster yet adopts the one its initial members report.
+/// [`IDENTIFY_TIMEOUT`]; silent members are skipped) and learns what it
+/// can (see [`learn_from`]). A peer in another cluster than this
+/// directory's refuses the start.
 async fn check_peers_cluster(
     network: &Network,
     identity: &Identity,
@@ -314,39 +314,35 @@ async fn check_peers_cluster(
             async move { (peer, network.identify(peer, &info, IDENTIFY_TIMEOUT).await) }
         });
     for (peer, answer) in futures_join_all(asks).await {
-        let Ok((theirs, member, _incarnation)) = answer else {
+        let Ok((theirs, member, incarnation)) = answer else {
             continue;
         };
-        if member != peer || theirs == 0 {
-            continue;
-        }
         let mine = identity.cluster_id();
-        if mine != 0 && mine != theirs {
+        if member == peer && theirs != 0 && mine != 0 && mine != theirs {
             return Err(StartError::ForeignCluster { peer, theirs, mine });
         }
-        if mine == 0 {
-            adopt_cluster_id(identity, peer, theirs).await;
-        }
+        learn_from(identity, peer, (theirs, member, incarnation)).await;
     }
     Ok(())
 }
 
-async fn adopt_cluster_id(identity: &Identity, peer: u64, cluster_id: u64) {
+/// Records an initial member's answer to `Identify`: its incarnation on
+/// first contact and, while this member does not know one, its cluster id.
+async fn learn_from(
+    identity: &Identity,
+    peer: u64,
+    (cluster_id, member, incarnation): (u64, u64, u64),
+) {
+    if member != peer || incarnation == 0 {
+        return;
+    }
     let identity = identity.clone();
-    let me = identity.member_id();
-    let adopted = tokio::task::spawn_blocking(move || {
-        identity.check(
-            cluster_id,
-            peer,
-            0,
-            me,
-            0,
-            crate::identity::Adopt::FromLeader,
-        )
+    let learned = tokio::task::spawn_blocking(move || {
+        identity.learn_from_peer(peer, incarnation, cluster_id)
     })
     .await;
-    if let Ok(Err(err)) = adopted {
-        tracing::warn!(error = %err, peer, "could not adopt the cluster id");
+    if let Ok(Err(err)) = learned {
+        tracing::warn!(error = %err, peer, "identify");
     }
 }
 
@@ -370,28 +366,28 @@ where
     out.into_iter().map(|(_, o)| o).collect()
 }
 
-/// Until this member knows its cluster id, asks its initial members for it
-/// every [`LEARN_CLUSTER_ID_INTERVAL`] (a leader's AppendEntries also
-/// teaches it; whichever comes first).
-async fn learn_cluster_id(
+/// Until this member knows its cluster id and every initial member's
+/// incarnation, asks the ones it does not know every
+/// [`LEARN_IDENTITY_INTERVAL`] (a leader's AppendEntries also teaches the
+/// cluster id, and any peer request its sender's incarnation).
+async fn learn_identities(
     network: Network,
     identity: Identity,
     initial: BTreeMap<u64, NodeInfo>,
     mut stop: watch::Receiver<bool>,
 ) {
     let me = identity.member_id();
-    while identity.cluster_id() == 0 {
+    while !identity.knows_all(initial.keys().copied()) {
         for (peer, info) in initial.iter().filter(|(peer, _)| **peer != me) {
-            if let Ok((theirs, member, _)) = network.identify(*peer, info, IDENTIFY_TIMEOUT).await
-                && member == *peer
-                && theirs != 0
-            {
-                adopt_cluster_id(&identity, *peer, theirs).await;
-                break;
+            if identity.cluster_id() != 0 && identity.peer_incarnation(*peer) != 0 {
+                continue;
+            }
+            if let Ok(answer) = network.identify(*peer, info, IDENTIFY_TIMEOUT).await {
+                learn_from(&identity, *peer, answer).await;
             }
         }
         tokio::select! {
-            _ = tokio::time::sleep(LEARN_CLUSTER_ID_INTERVAL) => {}
+            _ = tokio::time::sleep(LEARN_IDENTITY_INTERVAL) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
     }
@@ -547,14 +543,12 @@ impl Node {
                 tracing::error!(error = %err, "client server failed");
             }
         }));
-        if identity.cluster_id() == 0 {
-            servers.push(tokio::spawn(learn_cluster_id(
-                network.clone(),
-                identity.clone(),
-                config.initial_cluster.clone(),
-                shutdown.subscribe(),
-            )));
-        }
+        servers.push(tokio::spawn(learn_identities(
+            network.clone(),
+            identity.clone(),
+            config.initial_cluster.clone(),
+            shutdown.subscribe(),
+        )));
         servers.push(tokio::spawn(tick_loop(
             config.id,
             raft.clone(),

@@ -3,7 +3,9 @@
 mod cluster;
 mod common;
 mod corruption;
+mod faults;
 mod fsync_failure;
+mod identity;
 mod kv_ops;
 mod log_store;
 mod power_loss;
