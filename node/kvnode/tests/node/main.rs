@@ -1,6 +1,7 @@
 //! The kvnode integration tests: one binary, one module per scenario.
 
 mod cluster;
+mod cluster_service;
 mod common;
 mod corruption;
 mod faults;
