@@ -135,6 +135,9 @@ pub enum StartError {
         /// This directory's cluster id.
         mine: u64,
     },
+    /// The configuration is invalid.
+    #[error("configuration: {0}")]
+    Config(String),
     /// A port could not be bound.
     #[error("bind {addr}: {source}")]
     Bind {
@@ -374,6 +377,7 @@ where
 async fn learn_identities(
     network: Network,
     identity: Identity,
+    state_machine: StateMachine,
     initial: BTreeMap<u64, NodeInfo>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -387,11 +391,28 @@ async fn learn_identities(
                 learn_from(&identity, *peer, answer).await;
             }
         }
+        state_machine.set_cluster_id(identity.cluster_id());
         tokio::select! {
             _ = tokio::time::sleep(LEARN_IDENTITY_INTERVAL) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
     }
+}
+
+fn validate(config: &NodeConfig) -> Result<(), StartError> {
+    if config.id == 0 {
+        return Err(StartError::Config("member ids start at 1".to_string()));
+    }
+    if !config.initial_cluster.contains_key(&config.id) {
+        return Err(StartError::Config(format!(
+            "the initial cluster does not list member {}",
+            config.id
+        )));
+    }
+    for (id, info) in &config.initial_cluster {
+        info.validate(*id).map_err(StartError::Config)?;
+    }
+    Ok(())
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
@@ -403,6 +424,7 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
 impl Node {
     /// Starts a member, binding its two ports.
     pub async fn start(config: NodeConfig) -> Result<Node, StartError> {
+        validate(&config)?;
         let client = bind(config.client_addr).await?;
         let peer = bind(config.peer_addr).await?;
         let admin = match config.admin_addr {
@@ -425,6 +447,7 @@ impl Node {
         config: NodeConfig,
         listeners: Listeners,
     ) -> Result<Node, StartError> {
+        validate(&config)?;
         let Listeners {
             client,
             peer,
@@ -453,6 +476,7 @@ impl Node {
         .map_err(|err| StartError::Raft(format!("open task: {err}")))??;
         let network = Network::new(identity.clone(), peer_addr.ip(), config.faults.clone());
         check_peers_cluster(&network, &identity, &config.initial_cluster).await?;
+        state_machine.set_cluster_id(identity.cluster_id());
 
         let raft_config = openraft::Config {
             cluster_name: "raftcask".to_string(),
@@ -482,9 +506,10 @@ impl Node {
                 .map_err(|err| StartError::Raft(err.to_string()))?;
             if !initialized {
                 let ensure = identity.clone();
-                tokio::task::spawn_blocking(move || ensure.ensure_cluster_id())
+                let cluster_id = tokio::task::spawn_blocking(move || ensure.ensure_cluster_id())
                     .await
                     .map_err(|err| StartError::Raft(format!("identity task: {err}")))??;
+                state_machine.set_cluster_id(cluster_id);
                 tracing::info!(id = config.id, members = ?config.initial_cluster.keys(), "bootstrapping the cluster");
                 match raft.initialize(config.initial_cluster.clone()).await {
                     Ok(()) => {}
@@ -550,6 +575,7 @@ impl Node {
         servers.push(tokio::spawn(learn_identities(
             network.clone(),
             identity.clone(),
+            state_machine.clone(),
             config.initial_cluster.clone(),
             shutdown.subscribe(),
         )));

@@ -110,7 +110,12 @@ impl PeerService {
             adopt,
         );
         match checked {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                // The cluster id may just have been learned from a leader.
+                self.state_machine
+                    .set_cluster_id(self.identity.cluster_id());
+                Ok(())
+            }
             Err(CheckError::Mismatch(mismatch)) => {
                 let now = Instant::now();
                 let mut logged = self.last_logged.lock().unwrap_or_else(|p| p.into_inner());
