@@ -34,10 +34,14 @@
 //!   request limits.
 //! - [`node`]: one member: storage, openraft, batcher, both ports, bootstrap
 //!   and graceful shutdown.
+//! - [`metrics`]: the Prometheus metrics of one member (DESIGN §6 names;
+//!   `METRICS.md`), per node, gauges filled at scrape time.
+//! - [`admin`]: the admin HTTP port: `/metrics`, `/health`, `/ready`.
 //!
-//! Still to build: the Cluster service, the admin HTTP port, follower
-//! linearizable reads (ReadIndex), node identity.
+//! Still to build: the Cluster service, follower linearizable reads
+//! (ReadIndex), node identity.
 
+pub mod admin;
 pub mod apply;
 pub mod batcher;
 pub mod codec;
@@ -45,6 +49,7 @@ pub mod command;
 pub mod convert;
 pub mod faults;
 pub mod log_store;
+pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod service;

@@ -37,6 +37,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::codec;
+use crate::metrics::Metrics;
 use crate::snapshot::SnapshotHandle;
 use crate::types::{NodeInfo, TypeConfig};
 
@@ -55,6 +56,7 @@ type RpcErr<E = openraft::error::Infallible> = RPCError<u64, NodeInfo, E>;
 pub struct Network {
     id: u64,
     channels: Arc<Mutex<HashMap<u64, (String, Channel)>>>,
+    metrics: Option<Metrics>,
 }
 
 impl Network {
@@ -63,7 +65,14 @@ impl Network {
         Network {
             id,
             channels: Arc::default(),
+            metrics: None,
         }
+    }
+
+    /// Counts snapshot bytes sent into `metrics`.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Network {
+        self.metrics = Some(metrics);
+        self
     }
 
     fn channel(&self, target: u64, addr: &str) -> Result<Channel, String> {
@@ -90,6 +99,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         PeerClient {
             from: self.id,
             target,
+            metrics: self.metrics.clone(),
             client: self.channel(target, &node.peer_addr).map(|channel| {
                 RaftClient::new(channel)
                     .max_decoding_message_size(PEER_MESSAGE_BYTES_MAX)
@@ -104,6 +114,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct PeerClient {
     from: u64,
     target: u64,
+    metrics: Option<Metrics>,
     client: Result<RaftClient<Channel>, String>,
 }
 
@@ -360,6 +371,9 @@ impl PeerClient {
                     Ok(Ok(())) => {}
                 }
                 offset += want as u64;
+                if let Some(metrics) = &self.metrics {
+                    metrics.add_snapshot_bytes_sent(want as u64);
+                }
                 sent_any = true;
             }
         }

@@ -127,6 +127,7 @@ pub enum StartError {
 /// A running member.
 pub struct Node {
     id: u64,
+    metrics: crate::metrics::Metrics,
     raft: openraft::Raft<TypeConfig>,
     state_machine: StateMachine,
     client_addr: SocketAddr,
@@ -255,7 +256,7 @@ impl Node {
         let Listeners {
             client,
             peer,
-            admin: _admin,
+            admin,
         } = listeners;
         let client_addr = client.local_addr().map_err(|source| StartError::Bind {
             addr: config.client_addr,
@@ -268,8 +269,15 @@ impl Node {
         let log_dir = config.data_dir.join("raft-log");
         let state_dir = config.data_dir.join("state");
         let state_machine_options = config.state_machine.clone();
+        let member_metrics = crate::metrics::Metrics::new(config.id);
+        let fsync_observer = Some(member_metrics.log_fsync_observer());
         let (log_store, state_machine) = tokio::task::spawn_blocking(move || {
-            let log = LogStore::<TypeConfig>::open(Arc::new(RealFs), log_dir)?;
+            let log = LogStore::<TypeConfig>::open_observed(
+                Arc::new(RealFs),
+                log_dir,
+                Default::default(),
+                fsync_observer,
+            )?;
             let sm = StateMachine::open(state_dir, state_machine_options)?;
             Ok::<_, StartError>((log, sm))
         })
@@ -290,7 +298,7 @@ impl Node {
         let raft = openraft::Raft::new(
             config.id,
             Arc::new(raft_config),
-            Network::new(config.id),
+            Network::new(config.id).with_metrics(member_metrics.clone()),
             log_store,
             state_machine.clone(),
         )
@@ -318,11 +326,16 @@ impl Node {
             inner: Mutex::new((state_machine.cluster_time_ms(), Instant::now(), 0)),
             state_machine: state_machine.clone(),
         });
-        let batcher = Batcher::spawn(propose_fn(raft.clone(), clock));
+        let batcher = Batcher::spawn_observed(
+            propose_fn(raft.clone(), clock),
+            Some(member_metrics.proposal_observer()),
+        );
         let (shutdown, _) = watch::channel(false);
 
-        let peer_service = PeerService::new(config.id, raft.clone(), state_machine.clone());
-        let kv_service = KvService::new(config.id, raft.clone(), state_machine.clone(), batcher);
+        let peer_service = PeerService::new(config.id, raft.clone(), state_machine.clone())
+            .with_metrics(member_metrics.clone());
+        let kv_service = KvService::new(config.id, raft.clone(), state_machine.clone(), batcher)
+            .with_metrics(member_metrics.clone());
         let mut servers = Vec::new();
         let mut stop = shutdown.subscribe();
         servers.push(tokio::spawn(async move {
@@ -348,6 +361,16 @@ impl Node {
                 tracing::error!(error = %err, "client server failed");
             }
         }));
+        if let Some(listener) = admin {
+            let state = crate::admin::AdminState::new(
+                config.id,
+                raft.clone(),
+                state_machine.clone(),
+                member_metrics.clone(),
+            );
+            let stop = shutdown.subscribe();
+            servers.push(tokio::spawn(crate::admin::serve(listener, state, stop)));
+        }
         let mut stop = shutdown.subscribe();
         let mut metrics = raft.metrics();
         let id = config.id;
@@ -385,6 +408,7 @@ impl Node {
         tracing::info!(id = config.id, %client_addr, %peer_addr, "node started");
         Ok(Node {
             id: config.id,
+            metrics: member_metrics,
             raft,
             state_machine,
             client_addr,
@@ -417,6 +441,11 @@ impl Node {
     /// The state machine.
     pub fn state_machine(&self) -> &StateMachine {
         &self.state_machine
+    }
+
+    /// This member's metrics (served on the admin port).
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.metrics
     }
 
     /// Stops serving (in-flight requests finish, bounded by `grace`), then

@@ -24,6 +24,7 @@ use tonic::{Code, Request, Response, Status};
 use crate::batcher::{Batcher, ProposeError};
 use crate::command::{self, Condition, Op, Outcome, RESERVED_KEY_PREFIX, SessionRef};
 use crate::convert::{self, check_key, check_value};
+use crate::metrics::{Metrics, RequestOp, RequestTimer};
 use crate::state_machine::StateMachine;
 use crate::types::TypeConfig;
 
@@ -50,6 +51,7 @@ pub struct KvService {
     raft: openraft::Raft<TypeConfig>,
     state_machine: StateMachine,
     batcher: Batcher,
+    metrics: Option<Metrics>,
 }
 
 impl std::fmt::Debug for KvService {
@@ -73,7 +75,21 @@ impl KvService {
             raft,
             state_machine,
             batcher,
+            metrics: None,
         }
+    }
+
+    /// Times every request into `metrics` (`raftcask_request_seconds`).
+    pub fn with_metrics(mut self, metrics: Metrics) -> KvService {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Times one request until the guard drops (nothing without metrics).
+    fn request_timer(&self, op: RequestOp) -> Option<RequestTimer> {
+        self.metrics
+            .as_ref()
+            .map(|metrics| metrics.request_timer(op))
     }
 
     /// The tonic server with raised message limits.
@@ -301,6 +317,7 @@ fn unexpected(outcome: Outcome) -> Status {
 impl Kv for KvService {
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
         let request = request.into_inner();
+        let _timer = self.request_timer(RequestOp::Get);
         check_key(&request.key)?;
         self.prepare_read(consistency_of(request.consistency)?, request.min_index)
             .await?;
@@ -328,6 +345,7 @@ impl Kv for KvService {
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
         let request = request.into_inner();
+        let _timer = self.request_timer(RequestOp::Put);
         check_key(&request.key)?;
         check_value(&request.value)?;
         let key = request.key.to_vec();
@@ -377,6 +395,7 @@ impl Kv for KvService {
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteResponse>, Status> {
         let request = request.into_inner();
+        let _timer = self.request_timer(RequestOp::Delete);
         check_key(&request.key)?;
         let key = request.key.to_vec();
         let conditions = request
@@ -419,6 +438,7 @@ impl Kv for KvService {
         request: Request<ExpireRequest>,
     ) -> Result<Response<ExpireResponse>, Status> {
         let request = request.into_inner();
+        let _timer = self.request_timer(RequestOp::Expire);
         check_key(&request.key)?;
         check_expire_ttl(request.ttl_ms)?;
         let outcome = self
@@ -444,6 +464,7 @@ impl Kv for KvService {
         request: Request<PersistRequest>,
     ) -> Result<Response<PersistResponse>, Status> {
         let request = request.into_inner();
+        let _timer = self.request_timer(RequestOp::Persist);
         check_key(&request.key)?;
         let outcome = self
             .write(command::Request {
@@ -464,6 +485,7 @@ impl Kv for KvService {
 
     async fn scan(&self, request: Request<ScanRequest>) -> Result<Response<ScanResponse>, Status> {
         let request = request.into_inner();
+        let _timer = self.request_timer(RequestOp::Scan);
         let range = match request.range {
             None => KeyRange::All,
             Some(scan_request::Range::Prefix(prefix)) => KeyRange::Prefix(prefix.to_vec()),
@@ -550,6 +572,7 @@ impl Kv for KvService {
         request: Request<BatchRequest>,
     ) -> Result<Response<BatchResponse>, Status> {
         let request = request.into_inner();
+        let _timer = self.request_timer(RequestOp::Batch);
         let mut conditions = Vec::with_capacity(request.conditions.len());
         for condition in request.conditions {
             check_key(&condition.key)?;

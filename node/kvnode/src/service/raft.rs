@@ -24,6 +24,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::codec;
+use crate::metrics::Metrics;
 use crate::network::PEER_MESSAGE_BYTES_MAX;
 use crate::snapshot::{Manifest, SnapshotHandle};
 use crate::state_machine::StateMachine;
@@ -35,6 +36,7 @@ pub struct PeerService {
     id: u64,
     raft: openraft::Raft<TypeConfig>,
     state_machine: StateMachine,
+    metrics: Option<Metrics>,
 }
 
 impl std::fmt::Debug for PeerService {
@@ -56,7 +58,14 @@ impl PeerService {
             id,
             raft,
             state_machine,
+            metrics: None,
         }
+    }
+
+    /// Counts snapshot bytes received into `metrics`.
+    pub fn with_metrics(mut self, metrics: Metrics) -> PeerService {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// The tonic server, with message limits above the largest entry batch.
@@ -175,8 +184,9 @@ impl RaftRpc for PeerService {
         };
         let _ = tx.send(Ok(need)).await;
         let raft = self.raft.clone();
+        let metrics = self.metrics.clone();
         tokio::spawn(async move {
-            let result = receive(&mut incoming, &handle, &manifest).await;
+            let result = receive(&mut incoming, &handle, &manifest, metrics.as_ref()).await;
             let answer: Result<SnapshotResponse<u64>, String> = match result {
                 Err(status) => {
                     let _ = tokio::fs::remove_dir_all(handle.dir()).await;
@@ -217,6 +227,7 @@ async fn receive(
     incoming: &mut Streaming<TransferSnapshotRequest>,
     handle: &SnapshotHandle,
     manifest: &Manifest,
+    metrics: Option<&Metrics>,
 ) -> Result<(), Status> {
     let expected: BTreeMap<&str, u64> = manifest
         .files
@@ -261,6 +272,9 @@ async fn receive(
                     .await
                     .map_err(|err| Status::internal(format!("write snapshot file: {err}")))?;
                 *written += chunk.data.len() as u64;
+                if let Some(metrics) = metrics {
+                    metrics.add_snapshot_bytes_received(chunk.data.len() as u64);
+                }
             }
             Some(transfer_snapshot_request::Step::Done(_)) => {
                 for (name, (written, file)) in received.iter_mut() {
