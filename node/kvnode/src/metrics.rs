@@ -351,6 +351,16 @@ impl Metrics {
         self.inner.snapshot_files_skipped.inc_by(files);
     }
 
+    /// Snapshot bytes sent so far.
+    pub fn snapshot_bytes_sent(&self) -> u64 {
+        self.inner.snapshot_bytes_sent.get()
+    }
+
+    /// Snapshot bytes received so far.
+    pub fn snapshot_bytes_received(&self) -> u64 {
+        self.inner.snapshot_bytes_received.get()
+    }
+
     /// The log-fsync hook for the log store.
     pub fn log_fsync_observer(&self) -> crate::log_store::FsyncObserver {
         let metrics = self.clone();

@@ -8,7 +8,10 @@
 //! every DESIGN §6 name with values that follow from what was done: term
 //! ≥ 1, is_leader 1, applied ≥ the last put's applied index, a request
 //! count per op at least the requests made, one proposal op per put, at
-//! least one log fsync, and exactly the keys written in the engine.
+//! least one log fsync, and exactly the keys written in the engine. In a
+//! three-member cluster, a member that joins after the leader snapshotted
+//! and purged its log is caught up by a snapshot transfer whose bytes the
+//! leader counts as sent and the new member as received.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -112,34 +115,63 @@ fn dechunk(mut rest: &str) -> String {
     panic!("chunked body does not end");
 }
 
-/// Starts member 1 (bootstrapping if `bootstrap`) with an admin listener.
-async fn start(dir: &Path, bootstrap: bool) -> (Node, SocketAddr) {
-    let client = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let peer = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin_addr = admin.local_addr().unwrap();
-    let info = NodeInfo {
-        client_addr: client.local_addr().unwrap().to_string(),
-        peer_addr: peer.local_addr().unwrap().to_string(),
-    };
+/// The three listeners of one member, bound to ephemeral ports.
+struct Ports {
+    client: TcpListener,
+    peer: TcpListener,
+    admin: TcpListener,
+}
+
+async fn ports() -> Ports {
+    Ports {
+        client: TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        peer: TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        admin: TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    }
+}
+
+fn info(ports: &Ports) -> NodeInfo {
+    NodeInfo {
+        client_addr: ports.client.local_addr().unwrap().to_string(),
+        peer_addr: ports.peer.local_addr().unwrap().to_string(),
+    }
+}
+
+/// Starts member `id` with an admin listener; returns it and the admin
+/// address.
+async fn start_member(
+    id: u64,
+    dir: &Path,
+    cluster: &BTreeMap<u64, NodeInfo>,
+    bootstrap: bool,
+    ports: Ports,
+) -> (Node, SocketAddr) {
+    let admin_addr = ports.admin.local_addr().unwrap();
     let mut config = NodeConfig::new(
-        1,
+        id,
         dir,
-        client.local_addr().unwrap(),
-        peer.local_addr().unwrap(),
-        BTreeMap::from([(1, info)]),
+        ports.client.local_addr().unwrap(),
+        ports.peer.local_addr().unwrap(),
+        cluster.clone(),
     );
     config.bootstrap = bootstrap;
     config.admin_addr = Some(admin_addr);
     let listeners = Listeners {
-        client,
-        peer,
-        admin: Some(admin),
+        client: ports.client,
+        peer: ports.peer,
+        admin: Some(ports.admin),
     };
     let node = Node::start_with_listeners(config, listeners)
         .await
         .expect("start node");
     (node, admin_addr)
+}
+
+/// Starts member 1 of a one-member cluster (bootstrapping if `bootstrap`).
+async fn start(dir: &Path, bootstrap: bool) -> (Node, SocketAddr) {
+    let ports = ports().await;
+    let cluster = BTreeMap::from([(1, info(&ports))]);
+    start_member(1, dir, &cluster, bootstrap, ports).await
 }
 
 /// Splits a sample line `name{labels} value` into (series, value); `None`
@@ -331,4 +363,140 @@ async fn a_member_without_a_leader_is_healthy_but_not_ready() {
         scrape.body
     );
     node.shutdown(Duration::from_secs(5)).await;
+}
+
+/// Polls `check` on a node's Raft metrics until it holds.
+async fn wait_raft(
+    node: &Node,
+    what: &str,
+    check: impl Fn(&openraft::RaftMetrics<u64, NodeInfo>) -> bool,
+) {
+    let start = Instant::now();
+    while !check(&node.raft().metrics().borrow()) {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "member {}: {what} not reached within {DEADLINE:?}",
+            node.id()
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The value of an unlabelled series in a scrape.
+fn scraped(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no series {series} in\n{text}"))
+}
+
+/// A member that joins after the leader snapshotted and purged its log is
+/// caught up by a snapshot transfer: the leader counts the bytes it sent,
+/// the new member the bytes it received (also on its `/metrics`), and no
+/// member counts the other direction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_transfer_bytes_are_counted_on_both_sides() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut all_ports = Vec::new();
+    for _ in 0..3 {
+        all_ports.push(ports().await);
+    }
+    let cluster: BTreeMap<u64, NodeInfo> = all_ports
+        .iter()
+        .enumerate()
+        .map(|(i, ports)| (i as u64 + 1, info(ports)))
+        .collect();
+    let third = all_ports.pop().unwrap();
+    let mut nodes = Vec::new();
+    for (i, ports) in all_ports.into_iter().enumerate() {
+        let id = i as u64 + 1;
+        nodes.push(start_member(id, dirs[i].path(), &cluster, id == 1, ports).await);
+    }
+    // Both members agree on a leader.
+    let start = Instant::now();
+    let leader_id = loop {
+        let leaders: Vec<_> = nodes
+            .iter()
+            .map(|(n, _)| n.raft().metrics().borrow().current_leader)
+            .collect();
+        if let Some(Some(leader)) = leaders.first()
+            && leaders.iter().all(|l| *l == Some(*leader))
+        {
+            break *leader;
+        }
+        assert!(start.elapsed() < DEADLINE, "no agreed leader: {leaders:?}");
+        tokio::time::sleep(POLL).await;
+    };
+    let (leader, _) = nodes.iter().find(|(n, _)| n.id() == leader_id).unwrap();
+    let mut kv = KvClient::connect(format!("http://{}", leader.client_addr()))
+        .await
+        .expect("connect");
+    // Two rounds of writes, each followed by a snapshot and a purge, so the
+    // late member cannot catch up from the log.
+    let mut applied = 0;
+    for round in 0..2 {
+        for i in round * 10..(round + 1) * 10 {
+            let reply = kv
+                .put(PutRequest {
+                    key: format!("key{i:02}").into_bytes().into(),
+                    value: vec![b'v'; 1000].into(),
+                    ..Default::default()
+                })
+                .await
+                .expect("put")
+                .into_inner();
+            applied = reply.header.expect("header").applied_index;
+        }
+        leader.raft().trigger().snapshot().await.unwrap();
+        wait_raft(leader, "snapshot", |m| {
+            m.snapshot.map_or(0, |s| s.index) >= applied
+        })
+        .await;
+        let snapshot_index = leader.raft().metrics().borrow().snapshot.unwrap().index;
+        leader
+            .raft()
+            .trigger()
+            .purge_log(snapshot_index)
+            .await
+            .unwrap();
+        wait_raft(leader, "purge", |m| {
+            m.purged.map_or(0, |p| p.index) >= snapshot_index
+        })
+        .await;
+    }
+    assert_eq!(
+        leader.metrics().snapshot_bytes_sent(),
+        0,
+        "nothing sent yet"
+    );
+
+    nodes.push(start_member(3, dirs[2].path(), &cluster, false, third).await);
+    let (late, late_admin) = nodes.last().unwrap();
+    wait_raft(late, "snapshot installed and applied", |m| {
+        m.snapshot.is_some() && m.last_applied.map_or(0, |l| l.index) >= applied
+    })
+    .await;
+    let (leader, _) = nodes.iter().find(|(n, _)| n.id() == leader_id).unwrap();
+    let sent = leader.metrics().snapshot_bytes_sent();
+    let received = late.metrics().snapshot_bytes_received();
+    // 20 values of 1000 bytes live in the snapshot's files.
+    assert!(received >= 20 * 1000, "received {received} bytes");
+    assert!(sent >= received, "sent {sent} < received {received}");
+    assert_eq!(leader.metrics().snapshot_bytes_received(), 0);
+    assert_eq!(late.metrics().snapshot_bytes_sent(), 0);
+    let scrape = http_get(*late_admin, "/metrics").await;
+    assert_eq!(
+        scraped(&scrape.body, "raftcask_snapshot_bytes_received_total"),
+        received as f64
+    );
+    assert_eq!(
+        scraped(&scrape.body, "raftcask_engine_keys"),
+        20.0,
+        "the late member holds every key"
+    );
+
+    drop(kv);
+    for (node, _) in nodes {
+        node.shutdown(Duration::from_secs(5)).await;
+    }
 }
