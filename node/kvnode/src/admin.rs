@@ -10,7 +10,8 @@
 //! - `/metrics`: the counters and histograms of [`Metrics`], with the Raft
 //!   and engine gauges filled at scrape time.
 //!
-//! Connections are capped ([`ADMIN_CONNECTIONS_MAX`]); the server stops
+//! Connections are capped ([`ADMIN_CONNECTIONS_MAX`]) and closed when idle
+//! ([`ADMIN_IDLE_TIMEOUT`]); the server stops
 //! accepting when the node's shutdown signal fires and finishes the
 //! requests in flight.
 
@@ -39,6 +40,9 @@ pub const ADMIN_CONNECTIONS_MAX: usize = 64;
 /// How long `/ready` and `/metrics` wait for the Raft core to report its
 /// commit index (it answers between its own steps).
 pub const RAFT_QUERY_TIMEOUT: Duration = Duration::from_secs(2);
+/// An admin connection with no read or write progress for this long is
+/// closed, so idle keep-alive or stalled clients give their slot back.
+pub const ADMIN_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Pause after a failed `accept` (for example out of file descriptors)
 /// before trying again.
 pub const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
@@ -241,6 +245,7 @@ impl axum::serve::Listener for CappedListener {
                     return (
                         CappedStream {
                             stream,
+                            idle: Box::pin(tokio::time::sleep(ADMIN_IDLE_TIMEOUT)),
                             _permit: permit,
                         },
                         addr,
@@ -259,10 +264,38 @@ impl axum::serve::Listener for CappedListener {
     }
 }
 
-/// An admin connection; its permit returns when it closes.
+/// An admin connection; its permit returns when it closes. Reads and
+/// writes fail with `TimedOut` once nothing moved for
+/// [`ADMIN_IDLE_TIMEOUT`], which makes the server drop the connection.
 struct CappedStream {
     stream: TcpStream,
+    idle: Pin<Box<tokio::time::Sleep>>,
     _permit: OwnedSemaphorePermit,
+}
+
+impl CappedStream {
+    /// Passes a ready result through (restarting the idle clock), or, while
+    /// pending, fails once the connection has been idle too long.
+    fn track<T>(&mut self, cx: &mut Context<'_>, poll: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        match poll {
+            Poll::Ready(result) => {
+                self.idle
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + ADMIN_IDLE_TIMEOUT);
+                Poll::Ready(result)
+            }
+            Poll::Pending => match self.idle.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "admin connection idle for ADMIN_IDLE_TIMEOUT ({} s)",
+                        ADMIN_IDLE_TIMEOUT.as_secs()
+                    ),
+                ))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
 }
 
 impl AsyncRead for CappedStream {
@@ -271,7 +304,8 @@ impl AsyncRead for CappedStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let poll = Pin::new(&mut self.stream).poll_read(cx, buf);
+        self.track(cx, poll)
     }
 }
 
@@ -281,7 +315,8 @@ impl AsyncWrite for CappedStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let poll = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.track(cx, poll)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -297,7 +332,8 @@ impl AsyncWrite for CappedStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let poll = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.track(cx, poll)
     }
 
     fn is_write_vectored(&self) -> bool {
