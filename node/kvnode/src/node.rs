@@ -22,6 +22,7 @@ use crate::identity::Identity;
 use crate::log_store::LogStore;
 use crate::network::Network;
 use crate::read_index::ReadRounds;
+use crate::service::cluster::ClusterService;
 use crate::service::kv::KvService;
 use crate::service::raft::PeerService;
 use crate::state_machine::{StateMachine, StateMachineOptions};
@@ -523,6 +524,8 @@ impl Node {
             config.faults.clone(),
         )
         .with_metrics(member_metrics.clone());
+        let cluster_service =
+            ClusterService::new(raft.clone(), state_machine.clone(), identity.clone());
         let kv_service = KvService::new(
             raft.clone(),
             state_machine.clone(),
@@ -549,6 +552,7 @@ impl Node {
         servers.push(tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
                 .add_service(kv_service.into_server())
+                .add_service(cluster_service.into_server())
                 .serve_with_incoming_shutdown(TcpIncoming::from(client), async move {
                     let _ = stop.wait_for(|s| *s).await;
                 })

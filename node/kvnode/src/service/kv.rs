@@ -29,6 +29,7 @@ use crate::faults::Faults;
 use crate::identity::Identity;
 use crate::metrics::{Metrics, RequestOp, RequestTimer};
 use crate::read_index::{ReadIndexError, ReadRounds};
+use crate::service::cluster;
 use crate::state_machine::StateMachine;
 use crate::types::TypeConfig;
 
@@ -121,13 +122,7 @@ impl KvService {
 
     fn header(&self) -> Header {
         let metrics = self.raft.metrics().borrow().clone();
-        Header {
-            cluster_id: self.identity.cluster_id(),
-            member_id: self.id,
-            raft_term: metrics.current_term,
-            applied_index: self.applied_index(),
-            leader_id: metrics.current_leader.unwrap_or(0),
-        }
+        cluster::header(&self.identity, &self.state_machine, &metrics)
     }
 
     /// The known leader and its client address.

@@ -2,6 +2,7 @@
 
 mod admin;
 mod cluster;
+mod cluster_service;
 mod common;
 mod corruption;
 mod faults;
