@@ -45,10 +45,14 @@
 //! - [`node`]: one member: configuration checks, identity, storage,
 //!   openraft, batcher, tick loop, the ports, bootstrap and graceful
 //!   shutdown.
+//! - [`metrics`]: the Prometheus metrics of one member (DESIGN §6 names;
+//!   `METRICS.md`), per node, gauges filled at scrape time.
+//! - [`admin`]: the admin HTTP port: `/metrics`, `/health`, `/ready`.
 //!
 //! Still to build: membership changes, snapshot saving / restore and the
 //! incremental snapshot transfer (the snapshot issue).
 
+pub mod admin;
 pub mod apply;
 pub mod batcher;
 pub mod codec;
@@ -57,6 +61,7 @@ pub mod convert;
 pub mod faults;
 pub mod identity;
 pub mod log_store;
+pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod read_index;

@@ -41,6 +41,7 @@ use tonic::transport::{Channel, Endpoint};
 use crate::codec;
 use crate::faults::Faults;
 use crate::identity::Identity;
+use crate::metrics::Metrics;
 use crate::read_index::ReadIndexError;
 use crate::snapshot::SnapshotHandle;
 use crate::types::{NodeInfo, TypeConfig};
@@ -84,6 +85,7 @@ pub struct Network {
     local_ip: Option<IpAddr>,
     faults: Faults,
     channels: Arc<Mutex<HashMap<u64, (String, Channel)>>>,
+    metrics: Option<Metrics>,
 }
 
 impl Network {
@@ -96,7 +98,14 @@ impl Network {
             local_ip: (!local_ip.is_unspecified()).then_some(local_ip),
             faults,
             channels: Arc::default(),
+            metrics: None,
         }
+    }
+
+    /// Counts snapshot bytes sent into `metrics`.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Network {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// The one place outgoing peer connections are configured (TLS will
@@ -124,6 +133,7 @@ impl Network {
             target,
             identity: self.identity.clone(),
             faults: self.faults.clone(),
+            metrics: self.metrics.clone(),
             client: self.channel(target, &node.peer_addr).map(|channel| {
                 RaftClient::new(channel)
                     .max_decoding_message_size(PEER_MESSAGE_BYTES_MAX)
@@ -208,6 +218,7 @@ pub struct PeerClient {
     target: u64,
     identity: Identity,
     faults: Faults,
+    metrics: Option<Metrics>,
     client: Result<RaftClient<Channel>, String>,
 }
 
@@ -478,6 +489,9 @@ impl PeerClient {
                     Ok(Ok(())) => {}
                 }
                 offset += want as u64;
+                if let Some(metrics) = &self.metrics {
+                    metrics.add_snapshot_bytes_sent(want as u64);
+                }
                 sent_any = true;
             }
         }

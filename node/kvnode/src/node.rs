@@ -151,6 +151,7 @@ pub enum StartError {
 /// A running member.
 pub struct Node {
     id: u64,
+    metrics: crate::metrics::Metrics,
     raft: openraft::Raft<TypeConfig>,
     state_machine: StateMachine,
     client_addr: SocketAddr,
@@ -451,7 +452,7 @@ impl Node {
         let Listeners {
             client,
             peer,
-            admin: _admin,
+            admin,
         } = listeners;
         let client_addr = client.local_addr().map_err(|source| StartError::Bind {
             addr: config.client_addr,
@@ -464,17 +465,25 @@ impl Node {
         let log_dir = config.data_dir.join("raft-log");
         let state_dir = config.data_dir.join("state");
         let state_machine_options = config.state_machine.clone();
+        let member_metrics = crate::metrics::Metrics::new(config.id);
+        let fsync_observer = Some(member_metrics.log_fsync_observer());
         let data_dir = config.data_dir.clone();
         let id = config.id;
         let (identity, log_store, state_machine) = tokio::task::spawn_blocking(move || {
             let identity = Identity::load_or_create(&data_dir, id)?;
-            let log = LogStore::<TypeConfig>::open(Arc::new(RealFs), log_dir)?;
+            let log = LogStore::<TypeConfig>::open_observed(
+                Arc::new(RealFs),
+                log_dir,
+                Default::default(),
+                fsync_observer,
+            )?;
             let sm = StateMachine::open(state_dir, state_machine_options)?;
             Ok::<_, StartError>((identity, log, sm))
         })
         .await
         .map_err(|err| StartError::Raft(format!("open task: {err}")))??;
-        let network = Network::new(identity.clone(), peer_addr.ip(), config.faults.clone());
+        let network = Network::new(identity.clone(), peer_addr.ip(), config.faults.clone())
+            .with_metrics(member_metrics.clone());
         check_peers_cluster(&network, &identity, &config.initial_cluster).await?;
         state_machine.set_cluster_id(identity.cluster_id());
 
@@ -525,7 +534,10 @@ impl Node {
             inner: Mutex::new((state_machine.cluster_time_ms(), Instant::now(), 0)),
             state_machine: state_machine.clone(),
         });
-        let batcher = Batcher::spawn(propose_fn(raft.clone(), clock.clone()));
+        let batcher = Batcher::spawn_observed(
+            propose_fn(raft.clone(), clock.clone()),
+            Some(member_metrics.proposal_observer()),
+        );
         let (shutdown, _) = watch::channel(false);
 
         let reads = ReadRounds::new(config.id, raft.clone(), network.clone());
@@ -535,7 +547,8 @@ impl Node {
             identity.clone(),
             reads.clone(),
             config.faults.clone(),
-        );
+        )
+        .with_metrics(member_metrics.clone());
         let cluster_service =
             ClusterService::new(raft.clone(), state_machine.clone(), identity.clone());
         let kv_service = KvService::new(
@@ -545,7 +558,8 @@ impl Node {
             reads,
             identity.clone(),
             config.faults.clone(),
-        );
+        )
+        .with_metrics(member_metrics.clone());
         let mut servers = Vec::new();
         let mut stop = shutdown.subscribe();
         servers.push(tokio::spawn(async move {
@@ -586,6 +600,16 @@ impl Node {
             clock,
             shutdown.subscribe(),
         )));
+        if let Some(listener) = admin {
+            let state = crate::admin::AdminState::new(
+                config.id,
+                raft.clone(),
+                state_machine.clone(),
+                member_metrics.clone(),
+            );
+            let stop = shutdown.subscribe();
+            servers.push(tokio::spawn(crate::admin::serve(listener, state, stop)));
+        }
         let mut stop = shutdown.subscribe();
         let mut metrics = raft.metrics();
         let id = config.id;
@@ -623,6 +647,7 @@ impl Node {
         tracing::info!(id = config.id, %client_addr, %peer_addr, "node started");
         Ok(Node {
             id: config.id,
+            metrics: member_metrics,
             raft,
             state_machine,
             client_addr,
@@ -655,6 +680,11 @@ impl Node {
     /// The state machine.
     pub fn state_machine(&self) -> &StateMachine {
         &self.state_machine
+    }
+
+    /// This member's metrics (served on the admin port).
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.metrics
     }
 
     /// Stops serving (in-flight requests finish, bounded by `grace`), then

@@ -1,5 +1,6 @@
 //! The kvnode integration tests: one binary, one module per scenario.
 
+mod admin;
 mod cluster;
 mod cluster_service;
 mod common;
