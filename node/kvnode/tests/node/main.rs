@@ -2,6 +2,7 @@
 
 mod cluster;
 mod common;
+mod conditions;
 mod corruption;
 mod fsync_failure;
 mod harness;
