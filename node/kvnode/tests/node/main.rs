@@ -12,3 +12,4 @@ mod power_loss;
 mod replica_files;
 mod state_machine;
 mod suite;
+mod ttl;
