@@ -18,9 +18,9 @@ use std::collections::BTreeMap;
 
 use kvnode::StateMachineOptions;
 use kvproto::kv::v1::{
-    BatchCondition, BatchOp, BatchRequest, BatchResponse, ConditionFailed, DeleteOp,
-    DeleteRequest, ExpireOp, KeyNotFound, OpResult, PutOp, PutRequest, batch_op, batch_response,
-    delete_response, put_request, put_response,
+    BatchCondition, BatchOp, BatchRequest, BatchResponse, ConditionFailed, DeleteOp, DeleteRequest,
+    ExpireOp, KeyNotFound, OpResult, PutOp, PutRequest, batch_op, batch_response, delete_response,
+    put_request, put_response,
 };
 
 use crate::harness::Cluster;

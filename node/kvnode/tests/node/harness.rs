@@ -96,7 +96,9 @@ impl Cluster {
     }
 
     fn member(&self, id: u64) -> &Member {
-        self.members.get(&id).unwrap_or_else(|| panic!("no member {id}"))
+        self.members
+            .get(&id)
+            .unwrap_or_else(|| panic!("no member {id}"))
     }
 
     fn member_mut(&mut self, id: u64) -> &mut Member {

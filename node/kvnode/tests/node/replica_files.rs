@@ -231,7 +231,9 @@ async fn quiet_files(cluster: &Cluster) -> (u64, BTreeMap<u64, BTreeMap<String, 
         }
         tokio::time::sleep(POLL).await;
     }
-    panic!("no quiet moment to read the files in {QUIET_READ_ATTEMPTS_MAX} attempts: {last_reason}");
+    panic!(
+        "no quiet moment to read the files in {QUIET_READ_ATTEMPTS_MAX} attempts: {last_reason}"
+    );
 }
 
 /// The full workload of the test (ends with every member caught up).
@@ -247,7 +249,11 @@ async fn workload(cluster: &mut Cluster) {
 
     // TTL puts: some run out during the test, some do not.
     for i in 0..6 {
-        let ttl_ms = if i % 2 == 0 { TTL_SHORT_MS } else { TTL_LONG_MS };
+        let ttl_ms = if i % 2 == 0 {
+            TTL_SHORT_MS
+        } else {
+            TTL_LONG_MS
+        };
         let request = put_request(format!("ttl{i}").into_bytes(), value(1000 + i), ttl_ms);
         put_version(cluster, request).await;
     }
@@ -274,12 +280,16 @@ async fn workload(cluster: &mut Cluster) {
                     value: value(2001).into(),
                     ttl_ms: 0,
                 })),
-                op(batch_op::Op::Delete(DeleteOp { key: key(21).into() })),
+                op(batch_op::Op::Delete(DeleteOp {
+                    key: key(21).into(),
+                })),
                 op(batch_op::Op::Expire(ExpireOp {
                     key: key(20).into(),
                     ttl_ms: TTL_LONG_MS,
                 })),
-                op(batch_op::Op::Persist(PersistOp { key: key(22).into() })),
+                op(batch_op::Op::Persist(PersistOp {
+                    key: key(22).into(),
+                })),
             ],
         },
     )
