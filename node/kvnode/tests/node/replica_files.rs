@@ -1,8 +1,9 @@
 //! Replicas hold identical files. A three-node in-process cluster with small
 //! engine segments runs a workload that seals at least five segments and
 //! includes overwrites, deletes, TTL puts, an atomic batch, failed
-//! conditions (a Put and a Batch), a leader change (a follower campaigns)
-//! and a follower restart (stopped while writes go on, restarted on the same
+//! conditions (a Put and a Batch), a leader change (the leader is stopped,
+//! the others elect a new one, the old one restarts and rejoins as a
+//! follower) and a follower restart (stopped while writes go on, restarted on the same
 //! directory and addresses, caught up from the log). Once every member has
 //! applied the leader's last log index, every member's sealed segments and
 //! hints (in `DATA/state/engine-<gen>/`) have the same names, lengths and
