@@ -331,13 +331,15 @@ impl Kv for KvService {
         check_key(&request.key)?;
         self.prepare_read(consistency_of(request.consistency)?, request.min_index)
             .await?;
-        let header = self.header();
         let now = self.state_machine.cluster_time_ms();
         let item = self
             .state_machine
             .engine()
             .get(&request.key, now)
             .map_err(engine_error)?;
+        // After the read: the applied index it reports is at least the
+        // state read, so passing it on as `min_index` keeps reads monotonic.
+        let header = self.header();
         Ok(Response::new(match item {
             Some(item) => GetResponse {
                 header: Some(header),
@@ -513,7 +515,6 @@ impl Kv for KvService {
         };
         self.prepare_read(consistency_of(request.consistency)?, request.min_index)
             .await?;
-        let header = self.header();
         let now = self.state_machine.cluster_time_ms();
         let engine = self.state_machine.engine();
         // Reserved keys are skipped, so a page may take several engine
@@ -569,6 +570,8 @@ impl Kv for KvService {
         } else {
             Default::default()
         };
+        // After the reads (see `get`).
+        let header = self.header();
         Ok(Response::new(ScanResponse {
             header: Some(header),
             entries,
