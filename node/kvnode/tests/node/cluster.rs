@@ -9,6 +9,7 @@
 //! transfer (files streamed over the peer port) and then serves the data.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -74,6 +75,27 @@ pub(crate) async fn try_start(
         admin: None,
     };
     Node::start_with_listeners(config, listeners).await
+}
+
+/// Binds a stopped member's (client, peer) addresses again, retrying while
+/// the old sockets are still being released.
+pub(crate) async fn rebind((client, peer): (SocketAddr, SocketAddr)) -> (TcpListener, TcpListener) {
+    let start = Instant::now();
+    loop {
+        match (
+            TcpListener::bind(client).await,
+            TcpListener::bind(peer).await,
+        ) {
+            (Ok(client), Ok(peer)) => return (client, peer),
+            (client, peer) => {
+                assert!(
+                    start.elapsed() < DEADLINE,
+                    "could not rebind {client:?} / {peer:?} in time"
+                );
+                tokio::time::sleep(POLL).await;
+            }
+        }
+    }
 }
 
 /// Polls until every node names the same leader; returns it.

@@ -19,7 +19,7 @@ use kvproto::cluster::v1::{
 use kvproto::kv::v1::{Consistency, put_response};
 use tonic::transport::Channel;
 
-use crate::cluster::{connect, get, put, start, three_node_layout, wait_for_leader};
+use crate::cluster::{connect, get, put, rebind, start, three_node_layout, wait_for_leader};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(50);
@@ -148,20 +148,7 @@ async fn status_members_and_a_triggered_snapshot() {
     }
 
     // It comes back on its addresses and catches up by snapshot.
-    let (c, p) = addrs[follower_id as usize - 1];
-    let start_bind = Instant::now();
-    let pair = loop {
-        match (
-            tokio::net::TcpListener::bind(c).await,
-            tokio::net::TcpListener::bind(p).await,
-        ) {
-            (Ok(c), Ok(p)) => break (c, p),
-            _ => {
-                assert!(start_bind.elapsed() < DEADLINE, "could not rebind");
-                tokio::time::sleep(POLL).await;
-            }
-        }
-    };
+    let pair = rebind(addrs[follower_id as usize - 1]).await;
     let back = start(
         follower_id,
         dirs[follower_id as usize - 1].path(),

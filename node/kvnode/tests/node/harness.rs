@@ -244,25 +244,7 @@ impl Cluster {
             assert!(member.node.is_none(), "member {id} is still running");
             (member.client_addr, member.peer_addr)
         };
-        let start = Instant::now();
-        let (client, peer) = loop {
-            let bound = (
-                TcpListener::bind(client_addr).await,
-                TcpListener::bind(peer_addr).await,
-            );
-            match bound {
-                (Ok(client), Ok(peer)) => break (client, peer),
-                (client, peer) => {
-                    assert!(
-                        start.elapsed() < DEADLINE,
-                        "member {id}: could not rebind its ports in time: {:?} {:?}",
-                        client.err(),
-                        peer.err()
-                    );
-                    tokio::time::sleep(POLL).await;
-                }
-            }
-        };
+        let (client, peer) = crate::cluster::rebind((client_addr, peer_addr)).await;
         let node = self.start_member(id, client, peer).await;
         self.member_mut(id).node = Some(node);
     }

@@ -21,7 +21,8 @@ use kvproto::raft::v1::raft_client::RaftClient;
 use kvproto::raft::v1::{AppendEntriesRequest, IdentifyRequest, Identity};
 
 use crate::cluster::{
-    connect, get, info, listeners, put, start, three_node_layout, try_start, wait_for_leader,
+    connect, get, info, listeners, put, rebind, start, three_node_layout, try_start,
+    wait_for_leader,
 };
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -146,24 +147,16 @@ async fn foreign_and_misnamed_data_directories_refuse_to_start() {
     other.shutdown(Duration::from_secs(5)).await;
 
     // That directory, started as member 3 of the first cluster, refuses.
-    let rebind = async || {
-        let start = Instant::now();
-        loop {
-            match (
-                tokio::net::TcpListener::bind(third_addrs.0).await,
-                tokio::net::TcpListener::bind(third_addrs.1).await,
-            ) {
-                (Ok(c), Ok(p)) => return (c, p),
-                _ => {
-                    assert!(start.elapsed() < DEADLINE, "could not rebind member 3");
-                    tokio::time::sleep(POLL).await;
-                }
-            }
-        }
-    };
-    let refused = try_start(3, foreign.path(), &cluster, false, rebind().await, |_| {})
-        .await
-        .unwrap_err();
+    let refused = try_start(
+        3,
+        foreign.path(),
+        &cluster,
+        false,
+        rebind(third_addrs).await,
+        |_| {},
+    )
+    .await
+    .unwrap_err();
     assert!(
         matches!(refused, StartError::ForeignCluster { .. }),
         "{refused}"
@@ -173,9 +166,16 @@ async fn foreign_and_misnamed_data_directories_refuse_to_start() {
         "{refused}"
     );
     // Member 2's directory started as member 3: refused before anything.
-    let misnamed = try_start(3, dirs[1].path(), &cluster, false, rebind().await, |_| {})
-        .await
-        .unwrap_err();
+    let misnamed = try_start(
+        3,
+        dirs[1].path(),
+        &cluster,
+        false,
+        rebind(third_addrs).await,
+        |_| {},
+    )
+    .await
+    .unwrap_err();
     assert!(
         misnamed.to_string().contains("belongs to member 2"),
         "{misnamed}"
@@ -229,20 +229,7 @@ async fn a_wiped_member_cannot_rejoin_under_its_old_id() {
     let at = nodes.iter().position(|n| n.id() == victim_id).unwrap();
     nodes.remove(at).shutdown(Duration::from_secs(5)).await;
     let wiped = tempfile::tempdir().unwrap();
-    let start_bind = Instant::now();
-    let pair = loop {
-        let (c, p) = addrs[victim_id as usize - 1];
-        match (
-            tokio::net::TcpListener::bind(c).await,
-            tokio::net::TcpListener::bind(p).await,
-        ) {
-            (Ok(c), Ok(p)) => break (c, p),
-            _ => {
-                assert!(start_bind.elapsed() < DEADLINE, "could not rebind");
-                tokio::time::sleep(POLL).await;
-            }
-        }
-    };
+    let pair = rebind(addrs[victim_id as usize - 1]).await;
     let comeback = start(victim_id, wiped.path(), &cluster, false, pair).await;
     // The cluster goes on writing; the wiped member gets none of it.
     for i in 0..5 {
