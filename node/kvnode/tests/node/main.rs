@@ -7,5 +7,6 @@ mod fsync_failure;
 mod kv_ops;
 mod log_store;
 mod power_loss;
+mod process;
 mod state_machine;
 mod suite;
