@@ -47,9 +47,9 @@ pub const DURATION_MAX: Duration = Duration::from_secs(3600);
 pub const KEY_SIZE_BYTES_MAX: usize = 4 * 1024;
 /// Largest value (the cluster's default value limit, DESIGN §4).
 pub const VALUE_SIZE_BYTES_MAX: usize = 1024 * 1024;
-/// Attempts of one write before it counts as failed (redirects and
-/// retries after errors together).
-pub const WRITE_ATTEMPTS_MAX: u32 = 8;
+/// Attempts of one write (or leader read) before it counts as failed
+/// (redirects and retries after errors together).
+pub const ATTEMPTS_MAX: u32 = 8;
 /// Pause before retrying a write after an error other than a redirect.
 pub const RETRY_PAUSE: Duration = Duration::from_millis(50);
 /// Deadline of one RPC and of one connection attempt.
@@ -434,6 +434,38 @@ fn key(config: &LoadConfig, id: u64) -> Bytes {
     Bytes::from(format!("{id:0>width$}", width = config.key_size_bytes))
 }
 
+/// After a failed attempt at `addr`: follows a NotLeader detail, or moves
+/// the leader guess on after a failure another member may not have (no
+/// leader known, unreachable, unavailable) and pauses; `false` when a retry
+/// would not help (outcome unknown, limits, ...: counted, not retried).
+async fn retry_elsewhere(
+    shared: &Shared,
+    addr: &str,
+    status: &tonic::Status,
+    tally: &mut Tally,
+) -> bool {
+    match detail(status) {
+        Some(error_detail::Detail::NotLeader(not_leader))
+            if !not_leader.leader_client_addr.is_empty() =>
+        {
+            tally.redirects += 1;
+            shared.set_leader(not_leader.leader_client_addr);
+            true
+        }
+        Some(error_detail::Detail::NotLeader(_)) | None
+            if matches!(
+                status.code(),
+                tonic::Code::FailedPrecondition | tonic::Code::Unavailable | tonic::Code::Unknown
+            ) =>
+        {
+            shared.next_leader(addr);
+            tokio::time::sleep(RETRY_PAUSE).await;
+            true
+        }
+        _ => false,
+    }
+}
+
 async fn put_once(
     shared: &Shared,
     client: usize,
@@ -442,7 +474,7 @@ async fn put_once(
     tally: &mut Tally,
 ) -> Result<u64, tonic::Status> {
     let mut last = None;
-    for _ in 0..WRITE_ATTEMPTS_MAX {
+    for _ in 0..ATTEMPTS_MAX {
         let addr = shared.leader();
         let channel = shared.pool.channel(&addr, client)?;
         let request = PutRequest {
@@ -461,28 +493,8 @@ async fn put_once(
                 };
             }
             Err(status) => {
-                match detail(&status) {
-                    Some(error_detail::Detail::NotLeader(not_leader))
-                        if !not_leader.leader_client_addr.is_empty() =>
-                    {
-                        tally.redirects += 1;
-                        shared.set_leader(not_leader.leader_client_addr);
-                    }
-                    // A definite failure that a retry elsewhere may cure
-                    // (no leader known, unreachable, unavailable).
-                    Some(error_detail::Detail::NotLeader(_)) | None
-                        if matches!(
-                            status.code(),
-                            tonic::Code::FailedPrecondition
-                                | tonic::Code::Unavailable
-                                | tonic::Code::Unknown
-                        ) =>
-                    {
-                        shared.next_leader(&addr);
-                        tokio::time::sleep(RETRY_PAUSE).await;
-                    }
-                    // Outcome unknown, limits, ...: counted, not retried.
-                    _ => return Err(status),
+                if !retry_elsewhere(shared, &addr, &status, tally).await {
+                    return Err(status);
                 }
                 last = Some(status);
             }
@@ -491,19 +503,40 @@ async fn put_once(
     Err(last.unwrap_or_else(|| tonic::Status::unavailable("no attempt made")))
 }
 
-async fn get_once(shared: &Shared, client: usize, key: Bytes) -> Result<(), tonic::Status> {
+async fn get_once(
+    shared: &Shared,
+    client: usize,
+    key: Bytes,
+    tally: &mut Tally,
+) -> Result<(), tonic::Status> {
     let config = &shared.config;
-    let addr = match config.read_target {
-        ReadTarget::Spread => config.endpoints[client % config.endpoints.len()].clone(),
-        ReadTarget::Leader => shared.leader(),
-    };
-    let channel = shared.pool.channel(&addr, client)?;
     let request = GetRequest {
         key,
         consistency: config.consistency as i32,
         min_index: 0,
     };
-    KvClient::new(channel).get(request).await.map(|_| ())
+    if config.read_target == ReadTarget::Spread {
+        let addr = &config.endpoints[client % config.endpoints.len()];
+        let channel = shared.pool.channel(addr, client)?;
+        return KvClient::new(channel).get(request).await.map(|_| ());
+    }
+    // To the leader: a member that is not (a follower refuses linearizable
+    // reads with UNAVAILABLE) moves the shared guess on, like a write.
+    let mut last = None;
+    for _ in 0..ATTEMPTS_MAX {
+        let addr = shared.leader();
+        let channel = shared.pool.channel(&addr, client)?;
+        match KvClient::new(channel).get(request.clone()).await {
+            Ok(_) => return Ok(()),
+            Err(status) => {
+                if !retry_elsewhere(shared, &addr, &status, tally).await {
+                    return Err(status);
+                }
+                last = Some(status);
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| tonic::Status::unavailable("no attempt made")))
 }
 
 async fn client_loop(shared: Arc<Shared>, client: usize) -> Tally {
@@ -533,7 +566,9 @@ async fn client_loop(shared: Arc<Shared>, client: usize) -> Tally {
         };
         let began = Instant::now();
         let result = if is_read {
-            get_once(&shared, client, key).await.map(|()| None)
+            get_once(&shared, client, key, &mut tally)
+                .await
+                .map(|()| None)
         } else {
             let offset = rng.random_range(0..=value_span);
             let value = shared
