@@ -328,7 +328,7 @@ impl Node {
         servers.push(tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
                 .add_service(peer_service.into_server())
-                .serve_with_incoming_shutdown(TcpIncoming::from(peer), async move {
+                .serve_with_incoming_shutdown(TcpIncoming::from(peer).with_nodelay(Some(true)), async move {
                     let _ = stop.wait_for(|s| *s).await;
                 })
                 .await;
@@ -340,7 +340,7 @@ impl Node {
         servers.push(tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
                 .add_service(kv_service.into_server())
-                .serve_with_incoming_shutdown(TcpIncoming::from(client), async move {
+                .serve_with_incoming_shutdown(TcpIncoming::from(client).with_nodelay(Some(true)), async move {
                     let _ = stop.wait_for(|s| *s).await;
                 })
                 .await;
