@@ -323,12 +323,17 @@ impl Node {
 
         let peer_service = PeerService::new(config.id, raft.clone(), state_machine.clone());
         let kv_service = KvService::new(config.id, raft.clone(), state_machine.clone(), batcher);
+        // No Nagle: a small reply held back for a delayed ACK costs 40 ms.
+        let (peer, client) = (
+            TcpIncoming::from(peer).with_nodelay(Some(true)),
+            TcpIncoming::from(client).with_nodelay(Some(true)),
+        );
         let mut servers = Vec::new();
         let mut stop = shutdown.subscribe();
         servers.push(tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
                 .add_service(peer_service.into_server())
-                .serve_with_incoming_shutdown(TcpIncoming::from(peer).with_nodelay(Some(true)), async move {
+                .serve_with_incoming_shutdown(peer, async move {
                     let _ = stop.wait_for(|s| *s).await;
                 })
                 .await;
@@ -340,7 +345,7 @@ impl Node {
         servers.push(tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
                 .add_service(kv_service.into_server())
-                .serve_with_incoming_shutdown(TcpIncoming::from(client).with_nodelay(Some(true)), async move {
+                .serve_with_incoming_shutdown(client, async move {
                     let _ = stop.wait_for(|s| *s).await;
                 })
                 .await;

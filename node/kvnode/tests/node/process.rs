@@ -570,6 +570,15 @@ async fn kvnode_local_survives_the_leader_s_death_and_stops_on_sigterm() {
     assert!(status.success(), "`local` exited with {status}");
     for (id, pid) in &pids {
         assert!(!alive(*pid), "member {id} (pid {pid}) outlived `local`");
+        if *id != old_leader {
+            // Stopped by SIGTERM (a graceful shutdown), not killed.
+            let log =
+                std::fs::read_to_string(root.path().join(format!("node{id}/kvnode.log"))).unwrap();
+            assert!(
+                log.contains("shutting down"),
+                "member {id} did not shut down gracefully"
+            );
+        }
         assert!(
             !root.path().join(format!("node{id}/kvnode.pid")).exists(),
             "member {id}'s pid file was left behind"
