@@ -8,6 +8,7 @@
 //!   (pid from its pid file) is reported by `local`, which keeps the others
 //!   running, and they elect a leader and take writes; SIGTERM to `local`
 //!   makes it exit 0 with no child left;
+//! - SIGKILL of `kvnode local` stops its members too (parent-death signal);
 //! - a follower whose wall clock is two days ahead (libfaketime) judges TTLs
 //!   exactly like the others: it serves a fresh TTL key and, once cluster
 //!   time passed the expiry, agrees the key is gone.
@@ -83,12 +84,18 @@ fn signal_pid(pid: u32, signal: Signal) -> rustix::io::Result<()> {
     rustix::process::kill_process(pid, signal)
 }
 
+/// Whether `pid` is a live process (a zombie — exited, not yet reaped by
+/// whoever inherited it — counts as gone).
 fn alive(pid: u32) -> bool {
-    let pid = i32::try_from(pid)
-        .ok()
-        .and_then(Pid::from_raw)
-        .expect("a valid pid");
-    rustix::process::test_kill_process(pid).is_ok()
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().chars().next()),
+            Some(Some('Z' | 'X'))
+        ),
+        Err(_) => false,
+    }
 }
 
 /// Prints the last lines of a log file (for a failing test).
@@ -584,6 +591,56 @@ async fn kvnode_local_survives_the_leader_s_death_and_stops_on_sigterm() {
             "member {id}'s pid file was left behind"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_of_kvnode_local_stop_when_it_is_killed() {
+    // SIGKILL gives `local` no chance to stop its members: the kernel's
+    // parent-death signal must.
+    let root = tempfile::tempdir().unwrap();
+    let base = free_port_base(1);
+    let mut guard = Guard::default();
+    let log = root.path().join("node1/kvnode.log");
+    guard.logs.push(("member 1".into(), log.clone()));
+    let local = Command::new(kvnode_exe())
+        .args(["local", "--nodes", "1", "--dir"])
+        .arg(root.path())
+        .args(["--port-base", &base.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start kvnode local");
+    guard.children.push(("kvnode local".into(), local));
+    let pid_file = root.path().join("node1/kvnode.pid");
+    let started = Instant::now();
+    let pid = loop {
+        if let Some(pid) = read_pid(&pid_file) {
+            break pid;
+        }
+        assert!(started.elapsed() < DEADLINE, "pid file not written");
+        tokio::time::sleep(POLL).await;
+    };
+    guard.grandchildren.push(pid);
+    let member = [(1, SocketAddr::from(([127, 0, 0, 1], base)))];
+    assert_eq!(wait_for_leader(&member, None).await, 1);
+
+    let (_, mut local) = guard.children.pop().unwrap();
+    local.kill().unwrap();
+    local.wait().unwrap();
+    let started = Instant::now();
+    while alive(pid) {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "member (pid {pid}) outlived the killed `local`"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log.contains("shutting down"),
+        "the member was not stopped by SIGTERM"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

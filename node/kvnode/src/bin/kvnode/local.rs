@@ -10,7 +10,8 @@
 //! others keep running (killing the leader's process leaves a working
 //! cluster); SIGINT or SIGTERM stops every child (SIGTERM, a bounded wait,
 //! then SIGKILL) and exits 0. Only when every child has exited does `local`
-//! exit on its own, with an error.
+//! exit on its own, with an error. If `local` itself dies (even by SIGKILL),
+//! the kernel sends every member SIGTERM ([`follow_parent`]).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write as _;
@@ -40,6 +41,28 @@ const STOP_DEADLINE: Duration = Duration::from_secs(10);
 pub const LOG_FILE: &str = "kvnode.log";
 /// A child's pid file inside its data directory (removed once it exited).
 pub const PID_FILE: &str = "kvnode.pid";
+/// Environment variable that tells a member the pid of the `kvnode local`
+/// that started it (see [`follow_parent`]).
+pub const PARENT_PID_ENV: &str = "KVNODE_LOCAL_PARENT_PID";
+
+/// In a member started by `kvnode local` (it sets [`PARENT_PID_ENV`]): asks
+/// the kernel for SIGTERM when `local` dies, even by SIGKILL, so no member
+/// outlives it. Elsewhere does nothing.
+pub fn follow_parent() -> anyhow::Result<()> {
+    let Ok(parent) = std::env::var(PARENT_PID_ENV) else {
+        return Ok(());
+    };
+    let parent: i32 = parent
+        .parse()
+        .with_context(|| format!("{PARENT_PID_ENV}={parent:?}: expected a pid"))?;
+    rustix::process::set_parent_process_death_signal(Some(Signal::TERM))
+        .context("asking for a signal when `kvnode local` exits")?;
+    // `local` may have died before the request: then no signal would come.
+    if rustix::process::getppid().map(Pid::as_raw_pid) != Some(parent) {
+        bail!("the `kvnode local` (pid {parent}) that started this member is gone");
+    }
+    Ok(())
+}
 
 /// Flags of `kvnode local`.
 #[derive(Debug, clap::Args)]
@@ -161,6 +184,7 @@ impl Children {
                 .arg(member.admin.to_string())
                 .arg("--initial-cluster")
                 .arg(&initial_cluster)
+                .env(PARENT_PID_ENV, std::process::id().to_string())
                 .stdin(Stdio::null())
                 .stdout(log)
                 .stderr(log_err);

@@ -178,6 +178,7 @@ async fn wait_for_signal() -> anyhow::Result<()> {
 }
 
 async fn run_member(config: NodeConfig) -> anyhow::Result<()> {
+    local::follow_parent()?;
     let node = Node::start(config).await.context("starting the node")?;
     wait_for_signal().await?;
     tracing::info!("shutting down");
