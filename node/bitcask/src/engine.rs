@@ -629,6 +629,13 @@ impl Engine {
         })
     }
 
+    /// The latest expiry (ms) any put since open carried, 0 = none: while
+    /// the caller's clock is below it, some key may still be due to expire
+    /// (a high-water mark; deletes and overwrites do not lower it).
+    pub fn expiry_high_water_ms(&self) -> u64 {
+        read(&self.shared.keydir).expiry_high_ms()
+    }
+
     /// Makes every write so far durable.
     pub fn sync(&self) -> Result<()> {
         let target = lock(&self.shared.writer).written_total;

@@ -107,6 +107,9 @@ pub struct KeyDir {
     key_bytes: u64,
     /// Highest sequence number applied to this directory.
     applied_seq: u64,
+    /// Latest expiry of any record put into this directory (0 = none): a
+    /// high-water mark, not lowered by deletes or overwrites.
+    expiry_high_ms: u64,
 }
 
 impl KeyDir {
@@ -118,12 +121,19 @@ impl KeyDir {
     /// Records that `key` now lives at `location`.
     pub fn put(&mut self, key: &[u8], location: Location) {
         self.applied_seq = self.applied_seq.max(location.seq);
+        self.expiry_high_ms = self.expiry_high_ms.max(location.expiry_ms);
         *self.live_bytes.entry(location.file).or_default() +=
             record_size(key.len(), location.value_len as usize) as u64;
         match self.set.replace(Slot::new(key, &location)) {
             Some(old) => self.forget_bytes(key.len(), &old.location()),
             None => self.key_bytes += key.len() as u64,
         }
+    }
+
+    /// The latest expiry any put since open carried (0 = none): until time
+    /// passes it, some key may still be waiting to expire.
+    pub fn expiry_high_ms(&self) -> u64 {
+        self.expiry_high_ms
     }
 
     /// Records that `key` was deleted by the record with `seq`.

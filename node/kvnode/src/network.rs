@@ -13,14 +13,16 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kvproto::raft::v1::raft_client::RaftClient;
 use kvproto::raft::v1::{
-    AppendEntriesRequest as PbAppendEntries, Identity, SnapshotChunk, SnapshotDone, SnapshotFile,
-    SnapshotManifest, SnapshotOffer, TransferSnapshotRequest, VoteRequest as PbVote,
-    transfer_snapshot_request, transfer_snapshot_response,
+    AppendEntriesRequest as PbAppendEntries, IdentifyRequest, Identity as PbIdentity,
+    ReadIndexRequest, SnapshotChunk, SnapshotDone, SnapshotFile, SnapshotManifest, SnapshotOffer,
+    TransferSnapshotRequest, VoteRequest as PbVote, transfer_snapshot_request,
+    transfer_snapshot_response,
 };
 use openraft::error::{
     Fatal, NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError,
@@ -37,6 +39,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::codec;
+use crate::faults::Faults;
+use crate::identity::Identity;
+use crate::read_index::ReadIndexError;
 use crate::snapshot::SnapshotHandle;
 use crate::types::{NodeInfo, TypeConfig};
 
@@ -54,18 +59,29 @@ type RpcErr<E = openraft::error::Infallible> = RPCError<u64, NodeInfo, E>;
 #[derive(Clone, Debug)]
 pub struct Network {
     id: u64,
+    identity: Identity,
+    /// Outgoing connections bind to this address (the node's own peer
+    /// address, so per-address firewall rules see the real source).
+    local_ip: Option<IpAddr>,
+    faults: Faults,
     channels: Arc<Mutex<HashMap<u64, (String, Channel)>>>,
 }
 
 impl Network {
-    /// A network for member `id`.
-    pub fn new(id: u64) -> Network {
+    /// The network of the member with `identity`; outgoing connections
+    /// bind to `local_ip` (unspecified = let the kernel choose).
+    pub fn new(identity: Identity, local_ip: IpAddr, faults: Faults) -> Network {
         Network {
-            id,
+            id: identity.member_id(),
+            identity,
+            local_ip: (!local_ip.is_unspecified()).then_some(local_ip),
+            faults,
             channels: Arc::default(),
         }
     }
 
+    /// The one place outgoing peer connections are configured (TLS will
+    /// plug in here).
     fn channel(&self, target: u64, addr: &str) -> Result<Channel, String> {
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((cached, channel)) = channels.get(&target)
@@ -76,10 +92,85 @@ impl Network {
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|err| format!("bad peer address {addr:?}: {err}"))?
             .connect_timeout(CONNECT_TIMEOUT)
+            .local_address(self.local_ip)
             .tcp_nodelay(true);
         let channel = endpoint.connect_lazy();
         channels.insert(target, (addr.to_string(), channel.clone()));
         Ok(channel)
+    }
+
+    fn client(&self, target: u64, node: &NodeInfo) -> PeerClient {
+        PeerClient {
+            from: self.id,
+            target,
+            identity: self.identity.clone(),
+            faults: self.faults.clone(),
+            client: self.channel(target, &node.peer_addr).map(|channel| {
+                RaftClient::new(channel)
+                    .max_decoding_message_size(PEER_MESSAGE_BYTES_MAX)
+                    .max_encoding_message_size(PEER_MESSAGE_BYTES_MAX)
+            }),
+        }
+    }
+
+    /// Asks the leader for a read index (one `ReadIndex` RPC within
+    /// `timeout`); any failure to get one is reported, never guessed.
+    pub async fn read_index(
+        &self,
+        leader: u64,
+        node: &NodeInfo,
+        timeout: Duration,
+    ) -> Result<u64, ReadIndexError> {
+        let peer = self.client(leader, node);
+        let mut client = peer
+            .client::<Msg>()
+            .map_err(|err| ReadIndexError::Unavailable(err.to_string()))?;
+        let mut request = tonic::Request::new(ReadIndexRequest {
+            identity: Some(peer.identity()),
+        });
+        request.set_timeout(timeout);
+        match tokio::time::timeout(timeout, client.read_index(request)).await {
+            Err(_) => Err(ReadIndexError::Unavailable(format!(
+                "the leader {leader} did not answer a read index request within {timeout:?}"
+            ))),
+            Ok(Err(status)) if status.code() == tonic::Code::FailedPrecondition => {
+                Err(ReadIndexError::NotLeader {
+                    me: leader,
+                    leader: None,
+                })
+            }
+            Ok(Err(status)) => Err(ReadIndexError::Unavailable(format!(
+                "read index from the leader {leader}: {}",
+                status.message()
+            ))),
+            Ok(Ok(response)) => Ok(response.into_inner().read_index),
+        }
+    }
+}
+
+impl Network {
+    /// Asks a peer who it is (`Identify`): its (cluster id, member id,
+    /// incarnation), or why it did not answer within `timeout`.
+    pub async fn identify(
+        &self,
+        target: u64,
+        node: &NodeInfo,
+        timeout: Duration,
+    ) -> Result<(u64, u64, u64), String> {
+        let peer = self.client(target, node);
+        let mut client = peer.client::<Msg>().map_err(|err| err.to_string())?;
+        let mut request = tonic::Request::new(IdentifyRequest {
+            identity: Some(peer.identity()),
+        });
+        request.set_timeout(timeout);
+        match tokio::time::timeout(timeout, client.identify(request)).await {
+            Err(_) => Err(format!("no answer within {timeout:?}")),
+            Ok(Err(status)) => Err(status.message().to_string()),
+            Ok(Ok(response)) => {
+                let who = response.into_inner();
+                Ok((who.cluster_id, who.member_id, who.incarnation))
+            }
+        }
     }
 }
 
@@ -87,15 +178,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: u64, node: &NodeInfo) -> PeerClient {
-        PeerClient {
-            from: self.id,
-            target,
-            client: self.channel(target, &node.peer_addr).map(|channel| {
-                RaftClient::new(channel)
-                    .max_decoding_message_size(PEER_MESSAGE_BYTES_MAX)
-                    .max_encoding_message_size(PEER_MESSAGE_BYTES_MAX)
-            }),
-        }
+        self.client(target, node)
     }
 }
 
@@ -104,6 +187,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct PeerClient {
     from: u64,
     target: u64,
+    identity: Identity,
+    faults: Faults,
     client: Result<RaftClient<Channel>, String>,
 }
 
@@ -121,19 +206,26 @@ fn status_error<E: std::error::Error>(status: &tonic::Status) -> RpcErr<E> {
 }
 
 impl PeerClient {
-    fn identity(&self) -> Identity {
-        // Cluster ids and incarnations do not exist yet (see DESIGN §3
-        // "Identity"): 0 = unknown; the receiver checks `to_id`.
-        Identity {
-            cluster_id: 0,
+    /// What every request says about sender and target: the cluster id (0
+    /// while this member has not learned it), this incarnation, and the
+    /// target's incarnation as far as this member knows it (0 = unknown).
+    fn identity(&self) -> PbIdentity {
+        PbIdentity {
+            cluster_id: self.identity.cluster_id(),
             from_id: self.from,
-            from_incarnation: 0,
+            from_incarnation: self.identity.incarnation(),
             to_id: self.target,
-            to_incarnation: 0,
+            to_incarnation: self.identity.peer_incarnation(self.target),
         }
     }
 
     fn client<E: std::error::Error>(&self) -> Result<RaftClient<Channel>, RpcErr<E>> {
+        if self.faults.is_cut(self.target) {
+            return Err(RPCError::Unreachable(Unreachable::new(&Msg(format!(
+                "the link to member {} is cut (test fault)",
+                self.target
+            )))));
+        }
         self.client
             .clone()
             .map_err(|err| RPCError::Unreachable(Unreachable::new(&Msg(err))))

@@ -18,8 +18,11 @@ use tonic::transport::server::TcpIncoming;
 use crate::batcher::{Batcher, ProposeError, ProposeFn};
 use crate::command::{Command, Outcome, Proposal, Request};
 pub use crate::faults::Faults;
+use crate::identity::Identity;
 use crate::log_store::LogStore;
 use crate::network::Network;
+use crate::read_index::ReadRounds;
+use crate::service::cluster::ClusterService;
 use crate::service::kv::KvService;
 use crate::service::raft::PeerService;
 use crate::state_machine::{StateMachine, StateMachineOptions};
@@ -114,6 +117,24 @@ pub enum StartError {
     /// openraft refused the configuration or failed.
     #[error("raft: {0}")]
     Raft(String),
+    /// The data directory's identity could not be loaded or belongs to
+    /// another member.
+    #[error("identity: {0}")]
+    Identity(#[from] crate::identity::IdentityError),
+    /// The data directory belongs to another cluster than its peers'.
+    #[error(
+        "this data directory belongs to cluster {mine:016x}, but member {peer} (a member of \
+         --initial-cluster) is in cluster {theirs:016x}: refusing to start; give this member a \
+         fresh data directory or point it at its own cluster"
+    )]
+    ForeignCluster {
+        /// The peer that answered.
+        peer: u64,
+        /// The peer's cluster id.
+        theirs: u64,
+        /// This directory's cluster id.
+        mine: u64,
+    },
     /// A port could not be bound.
     #[error("bind {addr}: {source}")]
     Bind {
@@ -221,6 +242,158 @@ fn propose_fn(raft: openraft::Raft<TypeConfig>, clock: Arc<ClusterClock>) -> Pro
     })
 }
 
+/// How often the leader checks whether cluster time must advance without
+/// client writes (DESIGN §3): at most one tick entry per interval, and only
+/// while some key may still expire and no other entry was applied in the
+/// last interval.
+pub const TICK_INTERVAL: Duration = Duration::from_millis(250);
+
+/// The leader's tick loop: proposes `Command::Tick` entries so TTL keys
+/// expire on time when no client writes arrive.
+async fn tick_loop(
+    id: u64,
+    raft: openraft::Raft<TypeConfig>,
+    state_machine: StateMachine,
+    clock: Arc<ClusterClock>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut interval = tokio::time::interval(TICK_INTERVAL);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_seen_applied = None;
+    loop {
+        tokio::select! {
+            _ = interval.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let (leader, applied) = {
+            let m = raft.metrics().borrow().clone();
+            (m.current_leader, m.last_applied.map(|l| l.index))
+        };
+        let idle = applied == last_seen_applied;
+        last_seen_applied = applied;
+        if leader != Some(id) || !idle {
+            continue;
+        }
+        let pending = state_machine.engine().expiry_high_water_ms();
+        if pending == 0 || pending <= state_machine.cluster_time_ms() {
+            continue;
+        }
+        if leader_caught_up(&raft).await.is_err() {
+            continue;
+        }
+        let tick = Proposal {
+            time_ms: clock.stamp(),
+            command: Command::Tick,
+        };
+        if let Err(err) = raft.client_write(tick).await {
+            tracing::debug!(error = %err, "tick not proposed");
+        }
+    }
+}
+
+/// How long a peer may take to answer `Identify` at startup.
+pub const IDENTIFY_TIMEOUT: Duration = Duration::from_secs(1);
+/// How often a member that does not know its cluster id or an initial
+/// member's incarnation yet asks again.
+pub const LEARN_IDENTITY_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Asks every other initial member who it is (concurrently, each within
+/// [`IDENTIFY_TIMEOUT`]; silent members are skipped) and learns what it
+/// can (see [`learn_from`]). A peer in another cluster than this
+/// directory's refuses the start.
+async fn check_peers_cluster(
+    network: &Network,
+    identity: &Identity,
+    initial: &BTreeMap<u64, NodeInfo>,
+) -> Result<(), StartError> {
+    let me = identity.member_id();
+    let asks = initial
+        .iter()
+        .filter(|(peer, _)| **peer != me)
+        .map(|(peer, info)| {
+            let (network, peer, info) = (network.clone(), *peer, info.clone());
+            async move { (peer, network.identify(peer, &info, IDENTIFY_TIMEOUT).await) }
+        });
+    for (peer, answer) in futures_join_all(asks).await {
+        let Ok((theirs, member, incarnation)) = answer else {
+            continue;
+        };
+        let mine = identity.cluster_id();
+        if member == peer && theirs != 0 && mine != 0 && mine != theirs {
+            return Err(StartError::ForeignCluster { peer, theirs, mine });
+        }
+        learn_from(identity, peer, (theirs, member, incarnation)).await;
+    }
+    Ok(())
+}
+
+/// Records an initial member's answer to `Identify`: its incarnation on
+/// first contact and, while this member does not know one, its cluster id.
+async fn learn_from(
+    identity: &Identity,
+    peer: u64,
+    (cluster_id, member, incarnation): (u64, u64, u64),
+) {
+    if member != peer || incarnation == 0 {
+        return;
+    }
+    let identity = identity.clone();
+    let learned = tokio::task::spawn_blocking(move || {
+        identity.learn_from_peer(peer, incarnation, cluster_id)
+    })
+    .await;
+    if let Ok(Err(err)) = learned {
+        tracing::warn!(error = %err, peer, "identify");
+    }
+}
+
+/// Runs `futures` concurrently and collects their outputs in order.
+async fn futures_join_all<F>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let mut set = tokio::task::JoinSet::new();
+    for (i, fut) in futures.enumerate() {
+        set.spawn(async move { (i, fut.await) });
+    }
+    let mut out: Vec<(usize, F::Output)> = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        if let Ok(item) = joined {
+            out.push(item);
+        }
+    }
+    out.sort_by_key(|(i, _)| *i);
+    out.into_iter().map(|(_, o)| o).collect()
+}
+
+/// Until this member knows its cluster id and every initial member's
+/// incarnation, asks the ones it does not know every
+/// [`LEARN_IDENTITY_INTERVAL`] (a leader's AppendEntries also teaches the
+/// cluster id, and any peer request its sender's incarnation).
+async fn learn_identities(
+    network: Network,
+    identity: Identity,
+    initial: BTreeMap<u64, NodeInfo>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let me = identity.member_id();
+    while !identity.knows_all(initial.keys().copied()) {
+        for (peer, info) in initial.iter().filter(|(peer, _)| **peer != me) {
+            if identity.cluster_id() != 0 && identity.peer_incarnation(*peer) != 0 {
+                continue;
+            }
+            if let Ok(answer) = network.identify(*peer, info, IDENTIFY_TIMEOUT).await {
+                learn_from(&identity, *peer, answer).await;
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(LEARN_IDENTITY_INTERVAL) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
     TcpListener::bind(addr)
         .await
@@ -268,13 +441,18 @@ impl Node {
         let log_dir = config.data_dir.join("raft-log");
         let state_dir = config.data_dir.join("state");
         let state_machine_options = config.state_machine.clone();
-        let (log_store, state_machine) = tokio::task::spawn_blocking(move || {
+        let data_dir = config.data_dir.clone();
+        let id = config.id;
+        let (identity, log_store, state_machine) = tokio::task::spawn_blocking(move || {
+            let identity = Identity::load_or_create(&data_dir, id)?;
             let log = LogStore::<TypeConfig>::open(Arc::new(RealFs), log_dir)?;
             let sm = StateMachine::open(state_dir, state_machine_options)?;
-            Ok::<_, StartError>((log, sm))
+            Ok::<_, StartError>((identity, log, sm))
         })
         .await
         .map_err(|err| StartError::Raft(format!("open task: {err}")))??;
+        let network = Network::new(identity.clone(), peer_addr.ip(), config.faults.clone());
+        check_peers_cluster(&network, &identity, &config.initial_cluster).await?;
 
         let raft_config = openraft::Config {
             cluster_name: "raftcask".to_string(),
@@ -290,7 +468,7 @@ impl Node {
         let raft = openraft::Raft::new(
             config.id,
             Arc::new(raft_config),
-            Network::new(config.id),
+            network.clone(),
             log_store,
             state_machine.clone(),
         )
@@ -303,6 +481,10 @@ impl Node {
                 .await
                 .map_err(|err| StartError::Raft(err.to_string()))?;
             if !initialized {
+                let ensure = identity.clone();
+                tokio::task::spawn_blocking(move || ensure.ensure_cluster_id())
+                    .await
+                    .map_err(|err| StartError::Raft(format!("identity task: {err}")))??;
                 tracing::info!(id = config.id, members = ?config.initial_cluster.keys(), "bootstrapping the cluster");
                 match raft.initialize(config.initial_cluster.clone()).await {
                     Ok(()) => {}
@@ -318,11 +500,27 @@ impl Node {
             inner: Mutex::new((state_machine.cluster_time_ms(), Instant::now(), 0)),
             state_machine: state_machine.clone(),
         });
-        let batcher = Batcher::spawn(propose_fn(raft.clone(), clock));
+        let batcher = Batcher::spawn(propose_fn(raft.clone(), clock.clone()));
         let (shutdown, _) = watch::channel(false);
 
-        let peer_service = PeerService::new(config.id, raft.clone(), state_machine.clone());
-        let kv_service = KvService::new(config.id, raft.clone(), state_machine.clone(), batcher);
+        let reads = ReadRounds::new(config.id, raft.clone(), network.clone());
+        let peer_service = PeerService::new(
+            raft.clone(),
+            state_machine.clone(),
+            identity.clone(),
+            reads.clone(),
+            config.faults.clone(),
+        );
+        let cluster_service =
+            ClusterService::new(raft.clone(), state_machine.clone(), identity.clone());
+        let kv_service = KvService::new(
+            raft.clone(),
+            state_machine.clone(),
+            batcher,
+            reads,
+            identity.clone(),
+            config.faults.clone(),
+        );
         // No Nagle: a small reply held back for a delayed ACK costs 40 ms.
         let (peer, client) = (
             TcpIncoming::from(peer).with_nodelay(Some(true)),
@@ -345,6 +543,7 @@ impl Node {
         servers.push(tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
                 .add_service(kv_service.into_server())
+                .add_service(cluster_service.into_server())
                 .serve_with_incoming_shutdown(client, async move {
                     let _ = stop.wait_for(|s| *s).await;
                 })
@@ -353,6 +552,19 @@ impl Node {
                 tracing::error!(error = %err, "client server failed");
             }
         }));
+        servers.push(tokio::spawn(learn_identities(
+            network.clone(),
+            identity.clone(),
+            config.initial_cluster.clone(),
+            shutdown.subscribe(),
+        )));
+        servers.push(tokio::spawn(tick_loop(
+            config.id,
+            raft.clone(),
+            state_machine.clone(),
+            clock,
+            shutdown.subscribe(),
+        )));
         let mut stop = shutdown.subscribe();
         let mut metrics = raft.metrics();
         let id = config.id;

@@ -2,10 +2,11 @@
 //! and Batch.
 //!
 //! Writes go through the proposal batcher on the leader; a follower fails
-//! them fast with FAILED_PRECONDITION + `NotLeader`. Linearizable reads on
-//! the leader confirm leadership (`ensure_linearizable`) and read locally;
-//! on a follower they answer UNAVAILABLE (the follower read index is later
-//! work). Stale reads answer locally, honouring `min_index`.
+//! them fast with FAILED_PRECONDITION + `NotLeader`. Linearizable reads get
+//! a read index from a shared round ([`ReadRounds`]: on the leader a quorum
+//! round, on a follower the leader's answer), wait until applied that far,
+//! and read locally; when no round succeeds they answer UNAVAILABLE, never a
+//! possibly stale value. Stale reads answer locally, honouring `min_index`.
 
 use std::ops::Bound;
 use std::time::Duration;
@@ -24,6 +25,10 @@ use tonic::{Code, Request, Response, Status};
 use crate::batcher::{Batcher, ProposeError};
 use crate::command::{self, Condition, Op, Outcome, RESERVED_KEY_PREFIX, SessionRef};
 use crate::convert::{self, check_key, check_value};
+use crate::faults::Faults;
+use crate::identity::Identity;
+use crate::read_index::{ReadIndexError, ReadRounds};
+use crate::service::cluster;
 use crate::state_machine::StateMachine;
 use crate::types::TypeConfig;
 
@@ -50,6 +55,9 @@ pub struct KvService {
     raft: openraft::Raft<TypeConfig>,
     state_machine: StateMachine,
     batcher: Batcher,
+    reads: ReadRounds,
+    identity: Identity,
+    faults: Faults,
 }
 
 impl std::fmt::Debug for KvService {
@@ -63,16 +71,21 @@ impl std::fmt::Debug for KvService {
 impl KvService {
     /// The service for member `id`.
     pub fn new(
-        id: u64,
         raft: openraft::Raft<TypeConfig>,
         state_machine: StateMachine,
         batcher: Batcher,
+        reads: ReadRounds,
+        identity: Identity,
+        faults: Faults,
     ) -> KvService {
         KvService {
-            id,
+            id: identity.member_id(),
             raft,
             state_machine,
             batcher,
+            reads,
+            identity,
+            faults,
         }
     }
 
@@ -93,13 +106,7 @@ impl KvService {
 
     fn header(&self) -> Header {
         let metrics = self.raft.metrics().borrow().clone();
-        Header {
-            cluster_id: 0,
-            member_id: self.id,
-            raft_term: metrics.current_term,
-            applied_index: self.applied_index(),
-            leader_id: metrics.current_leader.unwrap_or(0),
-        }
+        cluster::header(&self.identity, &self.state_machine, &metrics)
     }
 
     /// The known leader and its client address.
@@ -150,6 +157,9 @@ impl KvService {
                 ))
             }
             Ok(Ok(Outcome::Rejected { reason })) => Err(Status::invalid_argument(reason)),
+            Ok(Ok(_)) if self.faults.drop_write_replies() => Err(Status::unavailable(
+                "the write was applied but its reply was dropped (test fault)",
+            )),
             Ok(Ok(outcome)) => Ok(outcome),
             Ok(Err(ProposeError::NotApplied(_))) => {
                 let (leader, addr) = self.leader();
@@ -180,15 +190,15 @@ impl KvService {
     async fn prepare_read(&self, consistency: Consistency, min_index: u64) -> Result<(), Status> {
         match consistency {
             Consistency::Linearizable => {
-                let (leader, _) = self.leader();
-                if leader != Some(self.id) {
-                    return Err(Status::unavailable(
-                        "linearizable reads on a follower are not implemented yet; read from the leader or use stale consistency",
-                    ));
-                }
-                self.raft.ensure_linearizable().await.map_err(|err| {
-                    Status::unavailable(format!("could not confirm leadership: {err}"))
-                })?;
+                let unavailable = |err: ReadIndexError| {
+                    Status::unavailable(format!(
+                        "member {} cannot serve a linearizable read now: {err}; retry, or read \
+                         with stale consistency",
+                        self.id
+                    ))
+                };
+                let index = self.reads.read_index().await.map_err(unavailable)?;
+                self.reads.wait_applied(index).await.map_err(unavailable)?;
                 Ok(())
             }
             Consistency::Stale => {

@@ -2,16 +2,24 @@
 //! and hands them to [`openraft::Raft`]; receives full snapshots over the
 //! `TransferSnapshot` stream (whole files) and installs them.
 //!
-//! Not implemented yet (answer UNIMPLEMENTED): `ReadIndex` (follower reads)
-//! and `Identify` (cluster ids and incarnations do not exist yet).
+//! `ReadIndex` serves followers' linearizable reads from the leader's shared
+//! read-index rounds; `Identify` tells any caller who this member is.
+//!
+//! Every other request's `Identity` is checked (see [`crate::identity`]):
+//! a wrong member id, an earlier incarnation of this member, a peer's
+//! changed incarnation or another cluster's id is refused with
+//! FAILED_PRECONDITION naming the mismatch (and logged at warn, at most once
+//! per peer per [`MISMATCH_LOG_INTERVAL`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use kvproto::raft::v1::raft_server::{Raft as RaftRpc, RaftServer};
 use kvproto::raft::v1::{
     AppendEntriesRequest, AppendEntriesResponse, FileRange, IdentifyRequest, IdentifyResponse,
-    Identity, ReadIndexRequest, ReadIndexResponse, SnapshotInstalled, SnapshotNeed,
+    Identity as PbIdentity, ReadIndexRequest, ReadIndexResponse, SnapshotInstalled, SnapshotNeed,
     TransferSnapshotRequest, TransferSnapshotResponse, VoteRequest, VoteResponse,
     transfer_snapshot_request, transfer_snapshot_response,
 };
@@ -24,10 +32,16 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::codec;
+use crate::faults::Faults;
+use crate::identity::{Adopt, CheckError, Identity};
 use crate::network::PEER_MESSAGE_BYTES_MAX;
+use crate::read_index::{ReadIndexError, ReadRounds};
 use crate::snapshot::{Manifest, SnapshotHandle};
 use crate::state_machine::StateMachine;
 use crate::types::TypeConfig;
+
+/// How often a refused peer is logged at most (it retries every heartbeat).
+pub const MISMATCH_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The peer service of one member.
 #[derive(Clone)]
@@ -35,6 +49,10 @@ pub struct PeerService {
     id: u64,
     raft: openraft::Raft<TypeConfig>,
     state_machine: StateMachine,
+    identity: Identity,
+    reads: ReadRounds,
+    faults: Faults,
+    last_logged: Arc<Mutex<HashMap<u64, Instant>>>,
 }
 
 impl std::fmt::Debug for PeerService {
@@ -48,14 +66,20 @@ impl std::fmt::Debug for PeerService {
 impl PeerService {
     /// The service for member `id`.
     pub fn new(
-        id: u64,
         raft: openraft::Raft<TypeConfig>,
         state_machine: StateMachine,
+        identity: Identity,
+        reads: ReadRounds,
+        faults: Faults,
     ) -> PeerService {
         PeerService {
-            id,
+            id: identity.member_id(),
             raft,
             state_machine,
+            identity,
+            reads,
+            faults,
+            last_logged: Arc::default(),
         }
     }
 
@@ -67,17 +91,40 @@ impl PeerService {
     }
 
     #[allow(clippy::result_large_err)]
-    fn check_identity(&self, identity: Option<&Identity>) -> Result<(), Status> {
+    fn check_identity(&self, identity: Option<&PbIdentity>, adopt: Adopt) -> Result<(), Status> {
         let Some(identity) = identity else {
             return Err(Status::invalid_argument("the request carries no identity"));
         };
-        if identity.to_id != self.id {
-            return Err(Status::failed_precondition(format!(
-                "member id mismatch: the request is for member {}, this is member {}",
-                identity.to_id, self.id
+        if self.faults.is_cut(identity.from_id) {
+            return Err(Status::unavailable(format!(
+                "the link from member {} is cut (test fault)",
+                identity.from_id
             )));
         }
-        Ok(())
+        let checked = self.identity.check(
+            identity.cluster_id,
+            identity.from_id,
+            identity.from_incarnation,
+            identity.to_id,
+            identity.to_incarnation,
+            adopt,
+        );
+        match checked {
+            Ok(()) => Ok(()),
+            Err(CheckError::Mismatch(mismatch)) => {
+                let now = Instant::now();
+                let mut logged = self.last_logged.lock().unwrap_or_else(|p| p.into_inner());
+                let due = logged
+                    .get(&identity.from_id)
+                    .is_none_or(|at| now.duration_since(*at) >= MISMATCH_LOG_INTERVAL);
+                if due {
+                    logged.insert(identity.from_id, now);
+                    tracing::warn!(from = identity.from_id, %mismatch, "refused a peer request");
+                }
+                Err(Status::failed_precondition(mismatch.to_string()))
+            }
+            Err(CheckError::Io(err)) => Err(Status::unavailable(err)),
+        }
     }
 }
 
@@ -95,7 +142,7 @@ impl RaftRpc for PeerService {
         request: Request<AppendEntriesRequest>,
     ) -> Result<Response<AppendEntriesResponse>, Status> {
         let request = request.into_inner();
-        self.check_identity(request.identity.as_ref())?;
+        self.check_identity(request.identity.as_ref(), Adopt::FromLeader)?;
         let rpc: openraft::raft::AppendEntriesRequest<TypeConfig> =
             decode(&request.payload, "AppendEntries")?;
         let result = self.raft.append_entries(rpc).await;
@@ -106,7 +153,7 @@ impl RaftRpc for PeerService {
 
     async fn vote(&self, request: Request<VoteRequest>) -> Result<Response<VoteResponse>, Status> {
         let request = request.into_inner();
-        self.check_identity(request.identity.as_ref())?;
+        self.check_identity(request.identity.as_ref(), Adopt::Never)?;
         let rpc: openraft::raft::VoteRequest<u64> = decode(&request.payload, "Vote")?;
         let result = self.raft.vote(rpc).await;
         Ok(Response::new(VoteResponse {
@@ -116,20 +163,28 @@ impl RaftRpc for PeerService {
 
     async fn read_index(
         &self,
-        _request: Request<ReadIndexRequest>,
+        request: Request<ReadIndexRequest>,
     ) -> Result<Response<ReadIndexResponse>, Status> {
-        Err(Status::unimplemented(
-            "ReadIndex is not implemented yet (follower linearizable reads are later work)",
-        ))
+        let request = request.into_inner();
+        self.check_identity(request.identity.as_ref(), Adopt::Never)?;
+        match self.reads.serve_follower().await {
+            Ok((read_index, term)) => Ok(Response::new(ReadIndexResponse { read_index, term })),
+            Err(err @ ReadIndexError::NotLeader { .. }) => {
+                Err(Status::failed_precondition(err.to_string()))
+            }
+            Err(err) => Err(Status::unavailable(err.to_string())),
+        }
     }
 
     async fn identify(
         &self,
         _request: Request<IdentifyRequest>,
     ) -> Result<Response<IdentifyResponse>, Status> {
-        Err(Status::unimplemented(
-            "Identify is not implemented yet (cluster ids and incarnations do not exist yet)",
-        ))
+        Ok(Response::new(IdentifyResponse {
+            cluster_id: self.identity.cluster_id(),
+            member_id: self.identity.member_id(),
+            incarnation: self.identity.incarnation(),
+        }))
     }
 
     type TransferSnapshotStream = SnapshotStream;
@@ -148,7 +203,7 @@ impl RaftRpc for PeerService {
                 "the first message must be an offer",
             ));
         };
-        self.check_identity(offer.identity.as_ref())?;
+        self.check_identity(offer.identity.as_ref(), Adopt::FromLeader)?;
         let vote: Vote<u64> = decode(&offer.vote, "snapshot vote")?;
         let manifest_pb = offer
             .manifest

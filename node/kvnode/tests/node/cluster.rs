@@ -25,26 +25,40 @@ use tonic::transport::Channel;
 const DEADLINE: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(50);
 
-async fn listeners() -> (TcpListener, TcpListener) {
+pub(crate) async fn listeners() -> (TcpListener, TcpListener) {
     let client = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let peer = TcpListener::bind("127.0.0.1:0").await.unwrap();
     (client, peer)
 }
 
-fn info(client: &TcpListener, peer: &TcpListener) -> NodeInfo {
+pub(crate) fn info(client: &TcpListener, peer: &TcpListener) -> NodeInfo {
     NodeInfo {
         client_addr: client.local_addr().unwrap().to_string(),
         peer_addr: peer.local_addr().unwrap().to_string(),
     }
 }
 
-async fn start(
+pub(crate) async fn start(
+    id: u64,
+    dir: &Path,
+    cluster: &BTreeMap<u64, NodeInfo>,
+    bootstrap: bool,
+    pair: (TcpListener, TcpListener),
+) -> Node {
+    try_start(id, dir, cluster, bootstrap, pair, |_| {})
+        .await
+        .expect("start node")
+}
+
+/// Starts a member after `adjust` had its say on the configuration.
+pub(crate) async fn try_start(
     id: u64,
     dir: &Path,
     cluster: &BTreeMap<u64, NodeInfo>,
     bootstrap: bool,
     (client, peer): (TcpListener, TcpListener),
-) -> Node {
+    adjust: impl FnOnce(&mut NodeConfig),
+) -> Result<Node, kvnode::node::StartError> {
     let mut config = NodeConfig::new(
         id,
         dir,
@@ -53,18 +67,17 @@ async fn start(
         cluster.clone(),
     );
     config.bootstrap = bootstrap;
+    adjust(&mut config);
     let listeners = Listeners {
         client,
         peer,
         admin: None,
     };
-    Node::start_with_listeners(config, listeners)
-        .await
-        .expect("start node")
+    Node::start_with_listeners(config, listeners).await
 }
 
 /// Polls until every node names the same leader; returns it.
-async fn wait_for_leader(nodes: &[&Node]) -> u64 {
+pub(crate) async fn wait_for_leader(nodes: &[&Node]) -> u64 {
     let start = Instant::now();
     loop {
         let leaders: Vec<Option<u64>> = nodes
@@ -84,13 +97,13 @@ async fn wait_for_leader(nodes: &[&Node]) -> u64 {
     }
 }
 
-async fn connect(node: &Node) -> KvClient<Channel> {
+pub(crate) async fn connect(node: &Node) -> KvClient<Channel> {
     KvClient::connect(format!("http://{}", node.client_addr()))
         .await
         .expect("connect")
 }
 
-fn put(key: &str, value: &str) -> PutRequest {
+pub(crate) fn put(key: &str, value: &str) -> PutRequest {
     PutRequest {
         key: key.as_bytes().to_vec().into(),
         value: value.as_bytes().to_vec().into(),
@@ -98,7 +111,7 @@ fn put(key: &str, value: &str) -> PutRequest {
     }
 }
 
-fn get(key: &str, consistency: Consistency, min_index: u64) -> GetRequest {
+pub(crate) fn get(key: &str, consistency: Consistency, min_index: u64) -> GetRequest {
     GetRequest {
         key: key.as_bytes().to_vec().into(),
         consistency: consistency as i32,
@@ -108,7 +121,7 @@ fn get(key: &str, consistency: Consistency, min_index: u64) -> GetRequest {
 
 /// Three data directories, three bound (client, peer) listener pairs, and the
 /// initial cluster naming them as members 1..=3.
-async fn three_node_layout() -> (
+pub(crate) async fn three_node_layout() -> (
     Vec<tempfile::TempDir>,
     Vec<(TcpListener, TcpListener)>,
     BTreeMap<u64, NodeInfo>,
@@ -297,6 +310,15 @@ async fn three_nodes_replicate_and_followers_redirect_writes() {
         );
         assert_eq!(&got.value[..], b"v");
         assert!(got.header.unwrap().applied_index >= applied);
+        // A linearizable read on the follower (read index from the leader,
+        // then wait until applied) sees the write without a min_index.
+        let got = client
+            .get(get("k", Consistency::Linearizable, 0))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(got.found, "member {} linearizable read", follower.id());
+        assert_eq!(&got.value[..], b"v");
 
         let refused = client.put(put("k", "w")).await.unwrap_err();
         assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
@@ -312,6 +334,23 @@ async fn three_nodes_replicate_and_followers_redirect_writes() {
         );
     }
 
+    // A second write straight after, read linearizably on each follower at
+    // once: the read index must cover it.
+    let second = client.put(put("k", "v2")).await.unwrap().into_inner();
+    assert!(matches!(
+        second.outcome,
+        Some(put_response::Outcome::Version(_))
+    ));
+    for follower in nodes.iter().filter(|n| n.id() != leader_id) {
+        let got = connect(follower)
+            .await
+            .get(get("k", Consistency::Linearizable, 0))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(&got.value[..], b"v2", "member {}", follower.id());
+    }
+
     drop(client);
     for node in nodes {
         node.shutdown(Duration::from_secs(5)).await;
@@ -319,7 +358,7 @@ async fn three_nodes_replicate_and_followers_redirect_writes() {
 }
 
 /// Polls `check` on a node's metrics until it holds.
-async fn wait_metrics(
+pub(crate) async fn wait_metrics(
     node: &Node,
     what: &str,
     check: impl Fn(&openraft::RaftMetrics<u64, NodeInfo>) -> bool,

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use kvnode::{Listeners, Node, NodeConfig, NodeInfo};
+use kvnode::{Listeners, Node, NodeConfig, NodeInfo, node};
 use kvproto::kv::v1::kv_client::KvClient;
 use kvproto::kv::v1::{
     BatchCondition, BatchOp, BatchRequest, BatchResponse, ConditionFailed, Consistency, ExpireOp,
@@ -308,5 +308,58 @@ async fn batch_applies_all_or_nothing() {
     assert_eq!(get(&mut kv, "a").await.version, va);
     assert_eq!(get(&mut kv, "b").await.version, vb);
 
+    node.shutdown(Duration::from_secs(5)).await;
+}
+
+/// Ticks: with no client writes after a short-TTL put, the leader's tick
+/// entries advance cluster time, so the key expires on its own (the applied
+/// index moves past the put's without any other write); a key without TTL
+/// stays. Without ticks, cluster time would stop at the put's entry and the
+/// key would never expire.
+#[tokio::test]
+async fn ticks_expire_keys_without_client_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, mut kv) = single_node(dir.path()).await;
+    put(&mut kv, "stays", "v").await;
+    let reply = kv
+        .put(PutRequest {
+            key: b"short".to_vec().into(),
+            value: b"v".to_vec().into(),
+            ttl_ms: 300,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(put_response::Outcome::Version(version)) = reply.outcome else {
+        panic!("ttl put: {reply:?}");
+    };
+    let put_index = version >> 16;
+    let start = Instant::now();
+    loop {
+        let got = get(&mut kv, "short").await;
+        if !got.found {
+            break;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "a 300 ms TTL key is still there after {DEADLINE:?}: {got:?}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    let applied = node.raft().metrics().borrow().last_applied.unwrap().index;
+    assert!(
+        applied > put_index,
+        "expiry came from entries after the put"
+    );
+    assert!(get(&mut kv, "stays").await.found);
+    // Ticks stop once nothing is left to expire: the log stays put.
+    let settled = node.raft().metrics().borrow().last_log_index;
+    tokio::time::sleep(node::TICK_INTERVAL * 4).await;
+    assert_eq!(
+        node.raft().metrics().borrow().last_log_index,
+        settled,
+        "ticks went on with nothing left to expire"
+    );
     node.shutdown(Duration::from_secs(5)).await;
 }

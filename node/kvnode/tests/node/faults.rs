@@ -1,0 +1,211 @@
+//! Faults injected through the nodes' test hooks (`kvnode::Faults`), on an
+//! in-process three-node cluster over real gRPC:
+//!
+//! - a write whose reply is lost after it committed and applied (the leader
+//!   drops the reply), then the leader stops: the client's retry with the
+//!   same session sequence to the new leader returns the ORIGINAL version
+//!   (the entry written before the leader stopped) and the write is applied
+//!   once;
+//! - a follower cut off from both other members answers linearizable reads
+//!   with UNAVAILABLE — at once, and still after its election timeouts
+//!   passed — never with its stale value, while stale reads still answer;
+//!   once the links are back it serves the writes made meanwhile.
+
+use std::time::{Duration, Instant};
+
+use kvnode::{Faults, Node};
+use kvproto::kv::v1::{Consistency, PutRequest, Session, put_response};
+
+use crate::cluster::{connect, get, put, three_node_layout, try_start, wait_for_leader};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(50);
+
+/// Starts members 1..=3 (member 1 bootstraps), each with its own faults.
+async fn three_nodes() -> (Vec<tempfile::TempDir>, Vec<Node>, Vec<Faults>) {
+    let (dirs, pairs, cluster) = three_node_layout().await;
+    let mut nodes = Vec::new();
+    let mut faults = Vec::new();
+    for (i, pair) in pairs.into_iter().enumerate() {
+        let id = i as u64 + 1;
+        let hooks = Faults::default();
+        let set = hooks.clone();
+        let node = try_start(id, dirs[i].path(), &cluster, id == 1, pair, |config| {
+            config.faults = set;
+        })
+        .await
+        .expect("start node");
+        nodes.push(node);
+        faults.push(hooks);
+    }
+    (dirs, nodes, faults)
+}
+
+fn version_of(reply: &kvproto::kv::v1::PutResponse) -> u64 {
+    match reply.outcome {
+        Some(put_response::Outcome::Version(version)) => version,
+        ref other => panic!("put outcome: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_retried_to_the_new_leader_applies_once() {
+    let (_dirs, mut nodes, faults) = three_nodes().await;
+    let leader_id = wait_for_leader(&nodes.iter().collect::<Vec<_>>()).await;
+    let leader_at = nodes.iter().position(|n| n.id() == leader_id).unwrap();
+    let mut client = connect(&nodes[leader_at]).await;
+    client.put(put("other", "x")).await.unwrap();
+
+    let write = PutRequest {
+        session: Some(Session {
+            client_id: 4242,
+            sequence: 1,
+            lowest_unacked_sequence: 1,
+        }),
+        ..put("once", "v1")
+    };
+    faults[leader_at].set_drop_write_replies(true);
+    let lost = client.put(write.clone()).await.unwrap_err();
+    assert_eq!(lost.code(), tonic::Code::Unavailable, "{lost:?}");
+    // The entry committed and applied before the reply was dropped.
+    let applied_at_stop = nodes[leader_at]
+        .raft()
+        .metrics()
+        .borrow()
+        .last_applied
+        .unwrap()
+        .index;
+    let old_leader = nodes.remove(leader_at);
+    old_leader.shutdown(Duration::from_secs(5)).await;
+
+    // The survivors still name the old leader until their election timeout.
+    let start = Instant::now();
+    let new_leader = loop {
+        let leader = wait_for_leader(&nodes.iter().collect::<Vec<_>>()).await;
+        if leader != leader_id {
+            break leader;
+        }
+        assert!(start.elapsed() < DEADLINE, "no new leader");
+        tokio::time::sleep(POLL).await;
+    };
+    let mut client = connect(nodes.iter().find(|n| n.id() == new_leader).unwrap()).await;
+    // The retry may meet the new leader before it has applied its first
+    // entry; retry on errors until a deadline.
+    let start = Instant::now();
+    let retried = loop {
+        match client.put(write.clone()).await {
+            Ok(reply) => break reply.into_inner(),
+            Err(status) => {
+                assert!(start.elapsed() < DEADLINE, "retry kept failing: {status:?}");
+                tokio::time::sleep(POLL).await;
+            }
+        }
+    };
+    let version = version_of(&retried);
+    assert!(
+        version >> 16 <= applied_at_stop,
+        "the retry was applied again (entry {} > {applied_at_stop}, the last the old leader applied)",
+        version >> 16
+    );
+    let got = client
+        .get(get("once", Consistency::Linearizable, 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(got.found);
+    assert_eq!(got.version, version, "the stored version is the original");
+    // A new write of the same client goes on normally.
+    let next = client
+        .put(PutRequest {
+            session: Some(Session {
+                client_id: 4242,
+                sequence: 2,
+                lowest_unacked_sequence: 2,
+            }),
+            ..put("once", "v2")
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(version_of(&next) > version);
+    drop(client);
+    for node in nodes {
+        node.shutdown(Duration::from_secs(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_follower_answers_linearizable_reads_with_unavailable() {
+    let (_dirs, nodes, faults) = three_nodes().await;
+    let leader_id = wait_for_leader(&nodes.iter().collect::<Vec<_>>()).await;
+    let leader = nodes.iter().find(|n| n.id() == leader_id).unwrap();
+    let follower_at = nodes.iter().position(|n| n.id() != leader_id).unwrap();
+    let follower_id = nodes[follower_at].id();
+    let mut writer = connect(leader).await;
+    let first = version_of(&writer.put(put("k", "before")).await.unwrap().into_inner());
+    let mut reader = connect(&nodes[follower_at]).await;
+    let got = reader
+        .get(get("k", Consistency::Stale, first >> 16))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(&got.value[..], b"before");
+
+    // Cut the follower off from everyone, in both directions.
+    for (i, hooks) in faults.iter().enumerate() {
+        if i == follower_at {
+            hooks.set_cut_peers(nodes.iter().map(|n| n.id()).filter(|id| *id != follower_id));
+        } else {
+            hooks.set_cut_peers([follower_id]);
+        }
+    }
+    let second = version_of(&writer.put(put("k", "during")).await.unwrap().into_inner());
+    let refused = reader
+        .get(get("k", Consistency::Linearizable, 0))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    // Stale reads still answer, from the follower's own (old) state.
+    let stale = reader
+        .get(get("k", Consistency::Stale, 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(&stale.value[..], b"before");
+    // After its election timeouts (max 3 s) it has no leader: still
+    // UNAVAILABLE, never the stale value.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let refused = reader
+        .get(get("k", Consistency::Linearizable, 0))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+
+    // Heal: the follower rejoins and its linearizable reads see the write
+    // made while it was cut off.
+    for hooks in &faults {
+        hooks.set_cut_peers([]);
+    }
+    let start = Instant::now();
+    loop {
+        match reader.get(get("k", Consistency::Linearizable, 0)).await {
+            Ok(reply) => {
+                let reply = reply.into_inner();
+                assert_eq!(&reply.value[..], b"during");
+                assert!(reply.version >= second);
+                break;
+            }
+            Err(status) => {
+                assert!(
+                    start.elapsed() < DEADLINE,
+                    "the healed follower kept refusing: {status:?}"
+                );
+                tokio::time::sleep(POLL).await;
+            }
+        }
+    }
+    drop((writer, reader));
+    for node in nodes {
+        node.shutdown(Duration::from_secs(5)).await;
+    }
+}
