@@ -75,8 +75,7 @@ struct Args {
     /// Read consistency.
     #[arg(long, value_enum, default_value = "linearizable")]
     consistency: ConsistencyArg,
-    /// Where reads go (linearizable reads on followers need the follower
-    /// read index; until it lands use `leader` or `--consistency stale`).
+    /// Where reads go.
     #[arg(long, value_enum, default_value = "any")]
     reads_from: ReadsFrom,
     /// Seed of keys and values.

@@ -692,8 +692,8 @@ async fn a_follower_with_a_wrong_wall_clock_judges_ttl_by_cluster_time() {
     );
 
     /// Long enough that the reads right after the put land before expiry
-    /// even on a slow machine (once tick entries advance cluster time
-    /// without client writes).
+    /// even on a slow machine (tick entries advance cluster time without
+    /// client writes).
     const TTL_MS: u64 = 8_000;
     let written = put_acked(&all, &mut leader, "ttl", "soon gone", TTL_MS).await;
     for (id, addr) in &all {
@@ -709,8 +709,9 @@ async fn a_follower_with_a_wrong_wall_clock_judges_ttl_by_cluster_time() {
     }
 
     // Let the TTL pass, then write once more: the new entry's cluster time
-    // is past the expiry. (Until tick entries land, nothing else advances
-    // cluster time, so the test does not rely on them.)
+    // is past the expiry. (Tick entries would advance cluster time too; the
+    // write keeps this test about wall clocks, not about ticks, which have
+    // their own test.)
     tokio::time::sleep(Duration::from_millis(TTL_MS + 500)).await;
     let later = put_acked(&all, &mut leader, "later", "x", 0).await;
     for (id, addr) in &all {
