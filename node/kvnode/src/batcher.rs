@@ -69,6 +69,10 @@ pub type ProposeFn = Arc<
         + Sync,
 >;
 
+/// Called once per proposed entry with its number of user ops (the node
+/// feeds it to its metrics).
+pub type ProposalObserver = Arc<dyn Fn(usize) + Send + Sync>;
+
 struct Pending {
     request: Request,
     size_bytes: usize,
@@ -92,8 +96,13 @@ impl std::fmt::Debug for Pending {
 impl Batcher {
     /// Starts the batching task on the current tokio runtime.
     pub fn spawn(propose: ProposeFn) -> Batcher {
+        Batcher::spawn_observed(propose, None)
+    }
+
+    /// [`Batcher::spawn`], calling `observer` once per proposed entry.
+    pub fn spawn_observed(propose: ProposeFn, observer: Option<ProposalObserver>) -> Batcher {
         let (queue, incoming) = mpsc::channel(QUEUE_REQUESTS_MAX);
-        tokio::spawn(run(incoming, propose));
+        tokio::spawn(run(incoming, propose, observer));
         Batcher { queue }
     }
 
@@ -125,7 +134,11 @@ impl Batcher {
     }
 }
 
-async fn run(mut incoming: mpsc::Receiver<Pending>, propose: ProposeFn) {
+async fn run(
+    mut incoming: mpsc::Receiver<Pending>,
+    propose: ProposeFn,
+    observer: Option<ProposalObserver>,
+) {
     let in_flight = Arc::new(Semaphore::new(PROPOSALS_IN_FLIGHT_MAX));
     let mut carried: Option<Pending> = None;
     loop {
@@ -155,6 +168,9 @@ async fn run(mut incoming: mpsc::Receiver<Pending>, propose: ProposeFn) {
             bytes += next.size_bytes;
             ops += next.request.ops.len();
             batch.push(next);
+        }
+        if let Some(observe) = &observer {
+            observe(ops);
         }
         let propose = propose.clone();
         tokio::spawn(async move {

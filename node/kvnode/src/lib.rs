@@ -27,17 +27,32 @@
 //! - [`snapshot`]: the snapshot manifest, the `CURRENT` engine pointer and
 //!   the snapshot handle (byte layout in `SNAPSHOT_FORMAT.md`).
 //!
+//! - [`identity`]: who a member is — incarnation per data directory, the
+//!   cluster id, peers' incarnations (`DATA/IDENTITY`) — and the checks
+//!   every peer request passes.
+//! - [`read_index`]: linearizable reads — shared read-index rounds (leader:
+//!   quorum round; follower: `ReadIndex` RPC to the leader), then a wait
+//!   until applied.
+//! - [`faults`]: test hooks (lost write replies, cut peer links), off by
+//!   default.
 //! - [`network`]: openraft's network over tonic (cached channel per peer,
-//!   codec payloads, snapshots streamed file by file).
-//! - [`service`]: the peer `Raft` gRPC service and the client `Kv` service.
+//!   bound to the node's own address, identity on every request, codec
+//!   payloads, snapshots streamed file by file, ReadIndex and Identify).
+//! - [`service`]: the peer `Raft` gRPC service, the client `Kv` and
+//!   `Cluster` services.
 //! - [`convert`]: protocol conversions, error statuses with `ErrorDetail`,
 //!   request limits.
-//! - [`node`]: one member: storage, openraft, batcher, both ports, bootstrap
-//!   and graceful shutdown.
+//! - [`node`]: one member: configuration checks, identity, storage,
+//!   openraft, batcher, tick loop, the ports, bootstrap and graceful
+//!   shutdown.
+//! - [`metrics`]: the Prometheus metrics of one member (DESIGN §6 names;
+//!   `METRICS.md`), per node, gauges filled at scrape time.
+//! - [`admin`]: the admin HTTP port: `/metrics`, `/health`, `/ready`.
 //!
-//! Still to build: the Cluster service, the admin HTTP port, follower
-//! linearizable reads (ReadIndex), node identity.
+//! Still to build: membership changes, snapshot saving / restore and the
+//! incremental snapshot transfer (the snapshot issue).
 
+pub mod admin;
 pub mod apply;
 pub mod batcher;
 pub mod codec;
@@ -46,6 +61,7 @@ pub mod convert;
 pub mod faults;
 pub mod identity;
 pub mod log_store;
+pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod read_index;

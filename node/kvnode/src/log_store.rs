@@ -59,6 +59,7 @@ use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use bitcask::io::{Vfs, VfsFile};
 use openraft::storage::{LogFlushed, RaftLogStorage};
@@ -466,6 +467,11 @@ pub struct LogStoreOptions {
     pub persist_committed: bool,
 }
 
+/// Called with the duration of every fsync that covers appended entries
+/// (success or failure), on the writer thread: it must be quick. The node
+/// feeds it to its metrics; the store itself knows nothing of them.
+pub type FsyncObserver = Arc<dyn Fn(Duration) + Send + Sync>;
+
 impl Default for LogStoreOptions {
     fn default() -> Self {
         LogStoreOptions {
@@ -560,6 +566,7 @@ struct Writer {
     vfs: Arc<dyn Vfs>,
     dir: PathBuf,
     poison: Arc<Poison>,
+    fsync_observer: Option<FsyncObserver>,
 }
 
 impl Writer {
@@ -588,7 +595,7 @@ impl Writer {
                             Err(_) => break,
                         }
                     }
-                    let result = self.guarded(|| Self::write_group(&group));
+                    let result = self.guarded(|| self.write_group(&group));
                     for job in group {
                         let outcome = match &result {
                             Ok(()) => Ok(()),
@@ -653,7 +660,7 @@ impl Writer {
         op().inspect_err(|err| self.poison.set(err))
     }
 
-    fn write_group(group: &[AppendJob]) -> Result<(), LogError> {
+    fn write_group(&self, group: &[AppendJob]) -> Result<(), LogError> {
         let mut wrote = false;
         for job in group {
             if job.bytes.is_empty() {
@@ -666,10 +673,12 @@ impl Writer {
         }
         if wrote {
             // One fsync for the whole group; never retried on failure.
-            group[0]
-                .file
-                .sync()
-                .map_err(|e| LogError::io("fsync", &group[0].path, e))?;
+            let started = Instant::now();
+            let synced = group[0].file.sync();
+            if let Some(observe) = &self.fsync_observer {
+                observe(started.elapsed());
+            }
+            synced.map_err(|e| LogError::io("fsync", &group[0].path, e))?;
         }
         Ok(())
     }
@@ -1049,6 +1058,17 @@ impl<C: RaftTypeConfig> LogStore<C> {
         dir: impl Into<PathBuf>,
         options: LogStoreOptions,
     ) -> Result<Self, LogError> {
+        Self::open_observed(vfs, dir, options, None)
+    }
+
+    /// [`LogStore::open_with`], calling `fsync_observer` with the duration
+    /// of every fsync that covers appended entries.
+    pub fn open_observed(
+        vfs: Arc<dyn Vfs>,
+        dir: impl Into<PathBuf>,
+        options: LogStoreOptions,
+        fsync_observer: Option<FsyncObserver>,
+    ) -> Result<Self, LogError> {
         let dir = dir.into();
         let state = Self::recover(&*vfs, &dir)?;
         tracing::info!(
@@ -1069,6 +1089,7 @@ impl<C: RaftTypeConfig> LogStore<C> {
             vfs,
             dir,
             poison: poison.clone(),
+            fsync_observer,
         };
         let writer = std::thread::Builder::new()
             .name("raft-log-writer".into())

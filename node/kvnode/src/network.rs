@@ -25,8 +25,8 @@ use kvproto::raft::v1::{
     transfer_snapshot_response,
 };
 use openraft::error::{
-    Fatal, NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError,
-    Timeout, Unreachable,
+    Fatal, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, ReplicationClosed,
+    StreamingError, Timeout, Unreachable,
 };
 use openraft::network::{RPCOption, RPCTypes, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -41,6 +41,7 @@ use tonic::transport::{Channel, Endpoint};
 use crate::codec;
 use crate::faults::Faults;
 use crate::identity::Identity;
+use crate::metrics::Metrics;
 use crate::read_index::ReadIndexError;
 use crate::snapshot::SnapshotHandle;
 use crate::types::{NodeInfo, TypeConfig};
@@ -48,6 +49,25 @@ use crate::types::{NodeInfo, TypeConfig};
 /// Largest gRPC message a peer sends or accepts, in bytes: above one Raft
 /// entry (4 MiB) times the entries openraft packs into one AppendEntries.
 pub const PEER_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Largest encoded AppendEntries payload sent in one message: larger ones
+/// are split (openraft resends fewer entries on `PayloadTooLarge`). One
+/// entry is at most 4 MiB, so a single entry always fits.
+pub const APPEND_PAYLOAD_BYTES_MAX: usize = PEER_MESSAGE_BYTES_MAX - 1024 * 1024;
+
+/// How many leading entries fit in [`APPEND_PAYLOAD_BYTES_MAX`] (at least 1).
+fn entries_that_fit(entries: &[openraft::Entry<TypeConfig>]) -> u64 {
+    let mut total = 0usize;
+    let mut fit = 0u64;
+    for entry in entries {
+        total += codec::encode(entry).len();
+        if total > APPEND_PAYLOAD_BYTES_MAX {
+            break;
+        }
+        fit += 1;
+    }
+    fit.max(1)
+}
+
 /// Bytes of one snapshot chunk: well below [`PEER_MESSAGE_BYTES_MAX`].
 pub const SNAPSHOT_CHUNK_BYTES: usize = 1024 * 1024;
 /// How long a peer connection attempt may take.
@@ -65,6 +85,7 @@ pub struct Network {
     local_ip: Option<IpAddr>,
     faults: Faults,
     channels: Arc<Mutex<HashMap<u64, (String, Channel)>>>,
+    metrics: Option<Metrics>,
 }
 
 impl Network {
@@ -77,7 +98,14 @@ impl Network {
             local_ip: (!local_ip.is_unspecified()).then_some(local_ip),
             faults,
             channels: Arc::default(),
+            metrics: None,
         }
+    }
+
+    /// Counts snapshot bytes sent into `metrics`.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Network {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// The one place outgoing peer connections are configured (TLS will
@@ -105,6 +133,7 @@ impl Network {
             target,
             identity: self.identity.clone(),
             faults: self.faults.clone(),
+            metrics: self.metrics.clone(),
             client: self.channel(target, &node.peer_addr).map(|channel| {
                 RaftClient::new(channel)
                     .max_decoding_message_size(PEER_MESSAGE_BYTES_MAX)
@@ -189,6 +218,7 @@ pub struct PeerClient {
     target: u64,
     identity: Identity,
     faults: Faults,
+    metrics: Option<Metrics>,
     client: Result<RaftClient<Channel>, String>,
 }
 
@@ -258,9 +288,16 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     ) -> Result<AppendEntriesResponse<u64>, RpcErr<RaftError<u64>>> {
         let mut client = self.client()?;
         let ttl = option.hard_ttl();
+        let payload = codec::encode(&rpc);
+        if payload.len() > APPEND_PAYLOAD_BYTES_MAX && rpc.entries.len() > 1 {
+            // openraft retries with at most this many entries.
+            return Err(RPCError::PayloadTooLarge(
+                PayloadTooLarge::new_entries_hint(entries_that_fit(&rpc.entries)),
+            ));
+        }
         let mut request = tonic::Request::new(PbAppendEntries {
             identity: Some(self.identity()),
-            payload: codec::encode(&rpc).into(),
+            payload: payload.into(),
         });
         request.set_timeout(ttl);
         let response = match tokio::time::timeout(ttl, client.append_entries(request)).await {
@@ -452,6 +489,9 @@ impl PeerClient {
                     Ok(Ok(())) => {}
                 }
                 offset += want as u64;
+                if let Some(metrics) = &self.metrics {
+                    metrics.add_snapshot_bytes_sent(want as u64);
+                }
                 sent_any = true;
             }
         }

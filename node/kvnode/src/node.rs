@@ -135,6 +135,9 @@ pub enum StartError {
         /// This directory's cluster id.
         mine: u64,
     },
+    /// The configuration is invalid.
+    #[error("configuration: {0}")]
+    Config(String),
     /// A port could not be bound.
     #[error("bind {addr}: {source}")]
     Bind {
@@ -148,6 +151,7 @@ pub enum StartError {
 /// A running member.
 pub struct Node {
     id: u64,
+    metrics: crate::metrics::Metrics,
     raft: openraft::Raft<TypeConfig>,
     state_machine: StateMachine,
     client_addr: SocketAddr,
@@ -374,6 +378,7 @@ where
 async fn learn_identities(
     network: Network,
     identity: Identity,
+    state_machine: StateMachine,
     initial: BTreeMap<u64, NodeInfo>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -387,11 +392,28 @@ async fn learn_identities(
                 learn_from(&identity, *peer, answer).await;
             }
         }
+        state_machine.set_cluster_id(identity.cluster_id());
         tokio::select! {
             _ = tokio::time::sleep(LEARN_IDENTITY_INTERVAL) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
     }
+}
+
+fn validate(config: &NodeConfig) -> Result<(), StartError> {
+    if config.id == 0 {
+        return Err(StartError::Config("member ids start at 1".to_string()));
+    }
+    if !config.initial_cluster.contains_key(&config.id) {
+        return Err(StartError::Config(format!(
+            "the initial cluster does not list member {}",
+            config.id
+        )));
+    }
+    for (id, info) in &config.initial_cluster {
+        info.validate(*id).map_err(StartError::Config)?;
+    }
+    Ok(())
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
@@ -403,6 +425,7 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
 impl Node {
     /// Starts a member, binding its two ports.
     pub async fn start(config: NodeConfig) -> Result<Node, StartError> {
+        validate(&config)?;
         let client = bind(config.client_addr).await?;
         let peer = bind(config.peer_addr).await?;
         let admin = match config.admin_addr {
@@ -425,10 +448,11 @@ impl Node {
         config: NodeConfig,
         listeners: Listeners,
     ) -> Result<Node, StartError> {
+        validate(&config)?;
         let Listeners {
             client,
             peer,
-            admin: _admin,
+            admin,
         } = listeners;
         let client_addr = client.local_addr().map_err(|source| StartError::Bind {
             addr: config.client_addr,
@@ -441,18 +465,27 @@ impl Node {
         let log_dir = config.data_dir.join("raft-log");
         let state_dir = config.data_dir.join("state");
         let state_machine_options = config.state_machine.clone();
+        let member_metrics = crate::metrics::Metrics::new(config.id);
+        let fsync_observer = Some(member_metrics.log_fsync_observer());
         let data_dir = config.data_dir.clone();
         let id = config.id;
         let (identity, log_store, state_machine) = tokio::task::spawn_blocking(move || {
             let identity = Identity::load_or_create(&data_dir, id)?;
-            let log = LogStore::<TypeConfig>::open(Arc::new(RealFs), log_dir)?;
+            let log = LogStore::<TypeConfig>::open_observed(
+                Arc::new(RealFs),
+                log_dir,
+                Default::default(),
+                fsync_observer,
+            )?;
             let sm = StateMachine::open(state_dir, state_machine_options)?;
             Ok::<_, StartError>((identity, log, sm))
         })
         .await
         .map_err(|err| StartError::Raft(format!("open task: {err}")))??;
-        let network = Network::new(identity.clone(), peer_addr.ip(), config.faults.clone());
+        let network = Network::new(identity.clone(), peer_addr.ip(), config.faults.clone())
+            .with_metrics(member_metrics.clone());
         check_peers_cluster(&network, &identity, &config.initial_cluster).await?;
+        state_machine.set_cluster_id(identity.cluster_id());
 
         let raft_config = openraft::Config {
             cluster_name: "raftcask".to_string(),
@@ -482,9 +515,10 @@ impl Node {
                 .map_err(|err| StartError::Raft(err.to_string()))?;
             if !initialized {
                 let ensure = identity.clone();
-                tokio::task::spawn_blocking(move || ensure.ensure_cluster_id())
+                let cluster_id = tokio::task::spawn_blocking(move || ensure.ensure_cluster_id())
                     .await
                     .map_err(|err| StartError::Raft(format!("identity task: {err}")))??;
+                state_machine.set_cluster_id(cluster_id);
                 tracing::info!(id = config.id, members = ?config.initial_cluster.keys(), "bootstrapping the cluster");
                 match raft.initialize(config.initial_cluster.clone()).await {
                     Ok(()) => {}
@@ -500,7 +534,10 @@ impl Node {
             inner: Mutex::new((state_machine.cluster_time_ms(), Instant::now(), 0)),
             state_machine: state_machine.clone(),
         });
-        let batcher = Batcher::spawn(propose_fn(raft.clone(), clock.clone()));
+        let batcher = Batcher::spawn_observed(
+            propose_fn(raft.clone(), clock.clone()),
+            Some(member_metrics.proposal_observer()),
+        );
         let (shutdown, _) = watch::channel(false);
 
         let reads = ReadRounds::new(config.id, raft.clone(), network.clone());
@@ -510,7 +547,8 @@ impl Node {
             identity.clone(),
             reads.clone(),
             config.faults.clone(),
-        );
+        )
+        .with_metrics(member_metrics.clone());
         let cluster_service =
             ClusterService::new(raft.clone(), state_machine.clone(), identity.clone());
         let kv_service = KvService::new(
@@ -520,7 +558,8 @@ impl Node {
             reads,
             identity.clone(),
             config.faults.clone(),
-        );
+        )
+        .with_metrics(member_metrics.clone());
         // No Nagle: a small reply held back for a delayed ACK costs 40 ms.
         let (peer, client) = (
             TcpIncoming::from(peer).with_nodelay(Some(true)),
@@ -555,6 +594,7 @@ impl Node {
         servers.push(tokio::spawn(learn_identities(
             network.clone(),
             identity.clone(),
+            state_machine.clone(),
             config.initial_cluster.clone(),
             shutdown.subscribe(),
         )));
@@ -565,6 +605,16 @@ impl Node {
             clock,
             shutdown.subscribe(),
         )));
+        if let Some(listener) = admin {
+            let state = crate::admin::AdminState::new(
+                config.id,
+                raft.clone(),
+                state_machine.clone(),
+                member_metrics.clone(),
+            );
+            let stop = shutdown.subscribe();
+            servers.push(tokio::spawn(crate::admin::serve(listener, state, stop)));
+        }
         let mut stop = shutdown.subscribe();
         let mut metrics = raft.metrics();
         let id = config.id;
@@ -602,6 +652,7 @@ impl Node {
         tracing::info!(id = config.id, %client_addr, %peer_addr, "node started");
         Ok(Node {
             id: config.id,
+            metrics: member_metrics,
             raft,
             state_machine,
             client_addr,
@@ -634,6 +685,11 @@ impl Node {
     /// The state machine.
     pub fn state_machine(&self) -> &StateMachine {
         &self.state_machine
+    }
+
+    /// This member's metrics (served on the admin port).
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.metrics
     }
 
     /// Stops serving (in-flight requests finish, bounded by `grace`), then

@@ -104,7 +104,7 @@ pub struct ManifestFile {
 pub struct Manifest {
     /// openraft's snapshot id (unique per snapshot built).
     pub snapshot_id: String,
-    /// Cluster id; 0 until node identity exists (reserved so the format stays).
+    /// Cluster id of the builder (a u64 widened; 0 = not known yet).
     pub cluster_id: u128,
     /// Last log id applied to the files.
     pub last_log_id: Option<NodeLogId>,

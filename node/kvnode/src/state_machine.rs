@@ -101,6 +101,11 @@ struct Shared {
     inner: Mutex<Inner>,
     engine: RwLock<Arc<Engine>>,
     cluster_time_ms: AtomicU64,
+    /// Held for the whole of a snapshot build or install: an install never
+    /// removes an engine directory a build is still linking from.
+    snapshot_work: Mutex<()>,
+    /// The cluster id written into manifests (0 = not known yet).
+    cluster_id: AtomicU64,
 }
 
 /// The state machine (cheap to clone: clones share one state). It is also
@@ -228,6 +233,8 @@ impl StateMachine {
                 options,
                 engine: RwLock::new(engine.clone()),
                 cluster_time_ms: AtomicU64::new(time_ms),
+                snapshot_work: Mutex::new(()),
+                cluster_id: AtomicU64::new(0),
                 inner: Mutex::new(Inner {
                     engine,
                     applier,
@@ -240,6 +247,7 @@ impl StateMachine {
                 }),
             }),
         };
+        sm.switch_in_newer_snapshot()?;
         sm.prune_snapshots();
         Ok(sm)
     }
@@ -344,8 +352,21 @@ impl StateMachine {
         Ok(responses)
     }
 
+    /// Sets the cluster id that manifests carry and installs check.
+    pub fn set_cluster_id(&self, cluster_id: u64) {
+        self.shared.cluster_id.store(cluster_id, Ordering::SeqCst);
+    }
+
+    fn snapshot_work(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.shared
+            .snapshot_work
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Builds a snapshot of the files as of the last applied entry.
     pub fn build(&self) -> Result<Snapshot<TypeConfig>, SmError> {
+        let _work = self.snapshot_work();
         // Capture under the lock (no apply meanwhile): fsync, file lists, pins.
         let (engine, pin, sealed, active, last_applied, membership, counter) = {
             let mut inner = self.lock();
@@ -422,7 +443,7 @@ impl StateMachine {
         };
         let manifest = Manifest {
             snapshot_id,
-            cluster_id: 0,
+            cluster_id: u128::from(self.shared.cluster_id.load(Ordering::SeqCst)),
             last_log_id: last_applied,
             membership,
             files,
@@ -468,7 +489,15 @@ impl StateMachine {
         meta: &SnapshotMeta<u64, NodeInfo>,
         handle: &SnapshotHandle,
     ) -> Result<(), SmError> {
+        let _work = self.snapshot_work();
         let manifest = handle.read_manifest()?;
+        let ours = self.shared.cluster_id.load(Ordering::SeqCst);
+        if manifest.cluster_id != 0 && ours != 0 && manifest.cluster_id != u128::from(ours) {
+            return Err(SmError::Inconsistent(format!(
+                "the snapshot is of cluster {:016x}, this member is in cluster {ours:016x}",
+                manifest.cluster_id
+            )));
+        }
         if manifest.last_log_id != meta.last_log_id || manifest.membership != meta.last_membership {
             return Err(SmError::Inconsistent(format!(
                 "snapshot manifest (last log id {:?}) does not match the snapshot meta (last log id {:?}) or its membership",
@@ -514,8 +543,27 @@ impl StateMachine {
         snapshot::fsync_dir(&snapshots)?;
         let snap = SnapshotHandle::new(&snap_dir);
 
-        // The new engine directory: links to sealed files, a private copy of
-        // the active prefix (the engine appends to it).
+        let old_dir = self.switch_to(&mut inner, counter, &snap, &manifest)?;
+        drop(inner);
+        remove_dir_logged(&old_dir);
+        tracing::info!(snapshot = %manifest.snapshot_id, last_log_id = ?manifest.last_log_id, "snapshot installed");
+        self.prune_snapshots();
+        Ok(())
+    }
+
+    /// Switches the engine to the files of the complete snapshot `snap`
+    /// (numbered `counter`): a new engine directory (links to the sealed
+    /// files, a private copy of the active prefix, which the engine appends
+    /// to), opened and checked against the manifest, then the `CURRENT`
+    /// pointer written last. Returns the old engine directory, for the
+    /// caller to delete once the lock is released.
+    fn switch_to(
+        &self,
+        inner: &mut Inner,
+        counter: u64,
+        snap: &SnapshotHandle,
+        manifest: &Manifest,
+    ) -> Result<PathBuf, SmError> {
         let pointer = Pointer {
             generation: inner.generation + 1,
             published_prefix: manifest.active().map(|f| (f.name.clone(), f.len)),
@@ -574,10 +622,34 @@ impl StateMachine {
             .write()
             .unwrap_or_else(|p| p.into_inner()) = engine;
         self.shared.cluster_time_ms.store(time_ms, Ordering::SeqCst);
+        Ok(old_dir)
+    }
+
+    /// At open: if the newest complete snapshot is ahead of the engine (a
+    /// crash after the snapshot was made durable but before the engine
+    /// switched to it), switch to it now, before Raft starts.
+    fn switch_in_newer_snapshot(&self) -> Result<(), SmError> {
+        let mut inner = self.lock();
+        let Some(current) = inner.current.clone() else {
+            return Ok(());
+        };
+        if current.manifest.last_log_id <= inner.last_applied {
+            return Ok(());
+        }
+        tracing::warn!(
+            snapshot = %current.manifest.snapshot_id,
+            snapshot_last = ?current.manifest.last_log_id,
+            applied = ?inner.last_applied,
+            "the newest snapshot is ahead of the engine (interrupted install): switching to it"
+        );
+        let snap = SnapshotHandle::new(
+            self.snapshots_dir()
+                .join(counter_name(SNAPSHOT_DIR_PREFIX, current.counter)),
+        );
+        snap.verify(&current.manifest)?;
+        let old_dir = self.switch_to(&mut inner, current.counter, &snap, &current.manifest)?;
         drop(inner);
         remove_dir_logged(&old_dir);
-        tracing::info!(snapshot = %manifest.snapshot_id, last_log_id = ?manifest.last_log_id, "snapshot installed");
-        self.prune_snapshots();
         Ok(())
     }
 
@@ -678,7 +750,13 @@ fn start_merge(engine: &Arc<Engine>, inputs: &[String], time_ms: u64) {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
-        self.build().map_err(snapshot_err)
+        // File work (fsync, links, a copy of the active prefix): off the
+        // async threads.
+        let sm = self.clone();
+        tokio::task::spawn_blocking(move || sm.build())
+            .await
+            .map_err(|err| snapshot_err(SmError::Inconsistent(format!("build task: {err}"))))?
+            .map_err(snapshot_err)
     }
 }
 
@@ -712,7 +790,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMeta<u64, NodeInfo>,
         snapshot: Box<SnapshotHandle>,
     ) -> Result<(), StorageError<u64>> {
-        self.install(meta, &snapshot)
+        let sm = self.clone();
+        let owned_meta = meta.clone();
+        tokio::task::spawn_blocking(move || sm.install(&owned_meta, &snapshot))
+            .await
+            .map_err(|err| SmError::Inconsistent(format!("install task: {err}")))
+            .and_then(|installed| installed)
             .map_err(|err| StorageIOError::write_snapshot(Some(meta.signature()), &err).into())
     }
 

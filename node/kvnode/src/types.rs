@@ -24,6 +24,36 @@ pub struct NodeInfo {
     pub peer_addr: String,
 }
 
+/// Longest member address accepted (`host:port`), in bytes: far above any
+/// real host name (DNS names are at most 253 bytes) and far below what the
+/// snapshot manifest can encode.
+pub const NODE_ADDR_BYTES_MAX: usize = 512;
+
+impl NodeInfo {
+    /// Checks both addresses against [`NODE_ADDR_BYTES_MAX`] and for a
+    /// `host:port` shape; the error names the field and the limit.
+    pub fn validate(&self, id: u64) -> Result<(), String> {
+        for (field, addr) in [
+            ("client_addr", &self.client_addr),
+            ("peer_addr", &self.peer_addr),
+        ] {
+            if addr.len() > NODE_ADDR_BYTES_MAX {
+                return Err(format!(
+                    "member {id}: {field} is {} bytes, above NODE_ADDR_BYTES_MAX ({NODE_ADDR_BYTES_MAX})",
+                    addr.len()
+                ));
+            }
+            let port = addr
+                .rsplit_once(':')
+                .map(|(host, port)| (host, port.parse::<u16>()));
+            if !matches!(port, Some((host, Ok(_))) if !host.is_empty()) {
+                return Err(format!("member {id}: {field} {addr:?} is not host:port"));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl fmt::Display for NodeInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "client {} peer {}", self.client_addr, self.peer_addr)
@@ -102,5 +132,35 @@ mod tests {
         };
         assert_eq!(CommitMeta::decode(&meta.encode()).unwrap(), meta);
         assert!(CommitMeta::decode(&meta.encode()[1..]).is_err());
+    }
+}
+
+#[cfg(test)]
+mod node_info_tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_checked_with_the_limit_named() {
+        let ok = NodeInfo {
+            client_addr: "127.0.0.1:7001".into(),
+            peer_addr: "kv-1.example:7101".into(),
+        };
+        ok.validate(1).unwrap();
+        let long = NodeInfo {
+            peer_addr: format!("{}:1", "h".repeat(NODE_ADDR_BYTES_MAX)),
+            ..ok.clone()
+        };
+        let err = long.validate(2).unwrap_err();
+        assert!(
+            err.contains("peer_addr") && err.contains("NODE_ADDR_BYTES_MAX"),
+            "{err}"
+        );
+        for bad in ["127.0.0.1", ":7001", "host:port", "host:70000"] {
+            let info = NodeInfo {
+                client_addr: bad.into(),
+                ..ok.clone()
+            };
+            assert!(info.validate(3).is_err(), "{bad}");
+        }
     }
 }

@@ -27,6 +27,7 @@ use crate::command::{self, Condition, Op, Outcome, RESERVED_KEY_PREFIX, SessionR
 use crate::convert::{self, check_key, check_value};
 use crate::faults::Faults;
 use crate::identity::Identity;
+use crate::metrics::{Metrics, RequestOp, RequestTimer};
 use crate::read_index::{ReadIndexError, ReadRounds};
 use crate::service::cluster;
 use crate::state_machine::StateMachine;
@@ -58,6 +59,7 @@ pub struct KvService {
     reads: ReadRounds,
     identity: Identity,
     faults: Faults,
+    metrics: Option<Metrics>,
 }
 
 impl std::fmt::Debug for KvService {
@@ -86,7 +88,21 @@ impl KvService {
             reads,
             identity,
             faults,
+            metrics: None,
         }
+    }
+
+    /// Times every request into `metrics` (`raftcask_request_seconds`).
+    pub fn with_metrics(mut self, metrics: Metrics) -> KvService {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Times one request until the guard drops (nothing without metrics).
+    fn request_timer(&self, op: RequestOp) -> Option<RequestTimer> {
+        self.metrics
+            .as_ref()
+            .map(|metrics| metrics.request_timer(op))
     }
 
     /// The tonic server with raised message limits.
@@ -311,6 +327,7 @@ fn unexpected(outcome: Outcome) -> Status {
 impl Kv for KvService {
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
         let request = request.into_inner();
+        let _timer = self.request_timer(RequestOp::Get);
         check_key(&request.key)?;
         self.prepare_read(consistency_of(request.consistency)?, request.min_index)
             .await?;
@@ -338,6 +355,7 @@ impl Kv for KvService {
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
         let request = request.into_inner();
+        let _timer = self.request_timer(RequestOp::Put);
         check_key(&request.key)?;
         check_value(&request.value)?;
         let key = request.key.to_vec();
@@ -387,6 +405,7 @@ impl Kv for KvService {
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteResponse>, Status> {
         let request = request.into_inner();
+        let _timer = self.request_timer(RequestOp::Delete);
         check_key(&request.key)?;
         let key = request.key.to_vec();
         let conditions = request
@@ -429,6 +448,7 @@ impl Kv for KvService {
         request: Request<ExpireRequest>,
     ) -> Result<Response<ExpireResponse>, Status> {
         let request = request.into_inner();
+        let _timer = self.request_timer(RequestOp::Expire);
         check_key(&request.key)?;
         check_expire_ttl(request.ttl_ms)?;
         let outcome = self
@@ -454,6 +474,7 @@ impl Kv for KvService {
         request: Request<PersistRequest>,
     ) -> Result<Response<PersistResponse>, Status> {
         let request = request.into_inner();
+        let _timer = self.request_timer(RequestOp::Persist);
         check_key(&request.key)?;
         let outcome = self
             .write(command::Request {
@@ -474,6 +495,7 @@ impl Kv for KvService {
 
     async fn scan(&self, request: Request<ScanRequest>) -> Result<Response<ScanResponse>, Status> {
         let request = request.into_inner();
+        let _timer = self.request_timer(RequestOp::Scan);
         let range = match request.range {
             None => KeyRange::All,
             Some(scan_request::Range::Prefix(prefix)) => KeyRange::Prefix(prefix.to_vec()),
@@ -560,6 +582,7 @@ impl Kv for KvService {
         request: Request<BatchRequest>,
     ) -> Result<Response<BatchResponse>, Status> {
         let request = request.into_inner();
+        let _timer = self.request_timer(RequestOp::Batch);
         let mut conditions = Vec::with_capacity(request.conditions.len());
         for condition in request.conditions {
             check_key(&condition.key)?;

@@ -34,6 +34,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::codec;
 use crate::faults::Faults;
 use crate::identity::{Adopt, CheckError, Identity};
+use crate::metrics::Metrics;
 use crate::network::PEER_MESSAGE_BYTES_MAX;
 use crate::read_index::{ReadIndexError, ReadRounds};
 use crate::snapshot::{Manifest, SnapshotHandle};
@@ -53,6 +54,7 @@ pub struct PeerService {
     reads: ReadRounds,
     faults: Faults,
     last_logged: Arc<Mutex<HashMap<u64, Instant>>>,
+    metrics: Option<Metrics>,
 }
 
 impl std::fmt::Debug for PeerService {
@@ -80,7 +82,14 @@ impl PeerService {
             reads,
             faults,
             last_logged: Arc::default(),
+            metrics: None,
         }
+    }
+
+    /// Counts snapshot bytes received into `metrics`.
+    pub fn with_metrics(mut self, metrics: Metrics) -> PeerService {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// The tonic server, with message limits above the largest entry batch.
@@ -110,7 +119,12 @@ impl PeerService {
             adopt,
         );
         match checked {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                // The cluster id may just have been learned from a leader.
+                self.state_machine
+                    .set_cluster_id(self.identity.cluster_id());
+                Ok(())
+            }
             Err(CheckError::Mismatch(mismatch)) => {
                 let now = Instant::now();
                 let mut logged = self.last_logged.lock().unwrap_or_else(|p| p.into_inner());
@@ -230,8 +244,9 @@ impl RaftRpc for PeerService {
         };
         let _ = tx.send(Ok(need)).await;
         let raft = self.raft.clone();
+        let metrics = self.metrics.clone();
         tokio::spawn(async move {
-            let result = receive(&mut incoming, &handle, &manifest).await;
+            let result = receive(&mut incoming, &handle, &manifest, metrics.as_ref()).await;
             let answer: Result<SnapshotResponse<u64>, String> = match result {
                 Err(status) => {
                     let _ = tokio::fs::remove_dir_all(handle.dir()).await;
@@ -272,6 +287,7 @@ async fn receive(
     incoming: &mut Streaming<TransferSnapshotRequest>,
     handle: &SnapshotHandle,
     manifest: &Manifest,
+    metrics: Option<&Metrics>,
 ) -> Result<(), Status> {
     let expected: BTreeMap<&str, u64> = manifest
         .files
@@ -316,6 +332,9 @@ async fn receive(
                     .await
                     .map_err(|err| Status::internal(format!("write snapshot file: {err}")))?;
                 *written += chunk.data.len() as u64;
+                if let Some(metrics) = metrics {
+                    metrics.add_snapshot_bytes_received(chunk.data.len() as u64);
+                }
             }
             Some(transfer_snapshot_request::Step::Done(_)) => {
                 for (name, (written, file)) in received.iter_mut() {

@@ -5,7 +5,10 @@
 //! file by file (as the network layer will) installs into a fresh one with
 //! the same keys, versions and applied state, also after a merge entry; the
 //! current snapshot survives a restart; a staged snapshot with a corrupted
-//! file is refused (crc mismatch) and the old state keeps working.
+//! file is refused (crc mismatch) and the old state keeps working; a
+//! complete snapshot that is ahead of the engine at open (an install
+//! interrupted after the snapshot became durable but before the engine
+//! switched to it) is switched in before anything else runs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -428,5 +431,51 @@ async fn a_corrupted_staged_snapshot_is_refused_and_the_old_state_keeps_working(
     assert_eq!(
         follower.applied_state().await.unwrap().0,
         Some(log_id(1, 11))
+    );
+}
+
+#[tokio::test]
+async fn a_durable_snapshot_ahead_of_the_engine_is_switched_in_at_open() {
+    let leader_dir = tempfile::tempdir().unwrap();
+    let follower_dir = tempfile::tempdir().unwrap();
+    let mut leader = open(leader_dir.path());
+    apply(&mut leader, history(30)).await;
+    let snapshot = leader
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    // The follower has applied a little of the same history.
+    let mut follower = open(follower_dir.path());
+    apply(&mut follower, history(5)).await;
+    drop(follower);
+    // The crash point: the received snapshot is complete (files and
+    // manifest) under `snapshots/`, but `CURRENT` still names the old engine.
+    let names: Vec<String> = std::fs::read_dir(follower_dir.path().join("snapshots"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(names.is_empty(), "{names:?}");
+    let landed = SnapshotHandle::new(
+        follower_dir
+            .path()
+            .join("snapshots")
+            .join(format!("snap-{:020}", 7)),
+    );
+    std::fs::create_dir(landed.dir()).unwrap();
+    stage_copy(&snapshot.snapshot, &landed);
+
+    let mut follower = open(follower_dir.path());
+    let (applied, members) = follower.applied_state().await.unwrap();
+    assert_eq!(applied, snapshot.meta.last_log_id);
+    assert_eq!(members, snapshot.meta.last_membership);
+    assert_eq!(dump(&follower.engine()), dump(&leader.engine()));
+    // It stays switched across another restart.
+    drop(follower);
+    let mut follower = open(follower_dir.path());
+    assert_eq!(
+        follower.applied_state().await.unwrap().0,
+        snapshot.meta.last_log_id
     );
 }
