@@ -4,7 +4,8 @@
 //!   leader's process leaves the other two electing a new leader that takes
 //!   writes; SIGKILL of every process and a restart on the same directories
 //!   loses no acknowledged write (each read back with its value and version);
-//! - `kvnode local --nodes 3` elects a leader; SIGKILL of the leader's child
+//! - `kvnode local --nodes 3` elects a leader and serves every member's
+//!   admin port at client port + 200; SIGKILL of the leader's child
 //!   (pid from its pid file) is reported by `local`, which keeps the others
 //!   running, and they elect a leader and take writes; SIGTERM to `local`
 //!   makes it exit 0 with no child left;
@@ -466,6 +467,26 @@ fn free_port_base(nodes: u16) -> u16 {
     panic!("no free port base found in 200 attempts");
 }
 
+/// A bare HTTP/1.0 GET (the admin port speaks plain HTTP); the whole
+/// answer, bounded by [`RPC_TIMEOUT`].
+async fn http_get(addr: SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .await?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await?;
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&answer).into_owned())
+    };
+    match tokio::time::timeout(RPC_TIMEOUT, exchange).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(err)) => format!("error: {err}"),
+        Err(_) => "error: timed out".to_string(),
+    }
+}
+
 fn read_pid(path: &Path) -> Option<u32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
@@ -530,6 +551,20 @@ async fn kvnode_local_survives_the_leader_s_death_and_stops_on_sigterm() {
         .collect();
     let mut leader = wait_for_leader(&all, None).await;
     let first = put_acked(&all, &mut leader, "first", "1", 0).await;
+    // Each member serves its admin port at client port + 200.
+    for id in 1..=3u16 {
+        let answer = http_get(
+            SocketAddr::from(([127, 0, 0, 1], base + id - 1 + 200)),
+            "/health",
+        )
+        .await;
+        assert!(
+            answer.starts_with("HTTP/1.")
+                && answer.contains(" 200 OK")
+                && answer.contains(&format!("ok member {id}")),
+            "member {id}'s admin /health answered {answer:?}"
+        );
+    }
 
     // Kill the leader's process by pid: `local` reports it and keeps the
     // other two, which elect a leader and take writes.
