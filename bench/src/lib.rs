@@ -17,6 +17,12 @@
 //! - [`compare`]: the whole `engine-compare` run and its tables.
 //! - [`report`]: Markdown tables and number formats.
 //! - [`fsutil`]: disk usage, page-cache dropping, resident memory.
+//! - [`load`]: the cluster load generator (gRPC clients, leader discovery,
+//!   latency histogram, errors by kind, ops per Raft entry).
+//!
+//! ## Binaries (default build)
+//! - `cluster-load`: drives a running cluster with [`load`] and prints a
+//!   table; results in `node/kvnode/BENCHMARKS.md`.
 //!
 //! ## Binaries (feature `compare`)
 //! - `engine-compare`: the comparison; `--help` lists its bounds.
@@ -31,6 +37,7 @@
 
 pub mod compare;
 pub mod fsutil;
+pub mod load;
 pub mod probe;
 pub mod report;
 pub mod run;

@@ -560,12 +560,17 @@ impl Node {
             config.faults.clone(),
         )
         .with_metrics(member_metrics.clone());
+        // No Nagle: a small reply held back for a delayed ACK costs 40 ms.
+        let (peer, client) = (
+            TcpIncoming::from(peer).with_nodelay(Some(true)),
+            TcpIncoming::from(client).with_nodelay(Some(true)),
+        );
         let mut servers = Vec::new();
         let mut stop = shutdown.subscribe();
         servers.push(tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
                 .add_service(peer_service.into_server())
-                .serve_with_incoming_shutdown(TcpIncoming::from(peer), async move {
+                .serve_with_incoming_shutdown(peer, async move {
                     let _ = stop.wait_for(|s| *s).await;
                 })
                 .await;
@@ -578,7 +583,7 @@ impl Node {
             let result = tonic::transport::Server::builder()
                 .add_service(kv_service.into_server())
                 .add_service(cluster_service.into_server())
-                .serve_with_incoming_shutdown(TcpIncoming::from(client), async move {
+                .serve_with_incoming_shutdown(client, async move {
                     let _ = stop.wait_for(|s| *s).await;
                 })
                 .await;

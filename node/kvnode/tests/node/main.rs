@@ -13,6 +13,7 @@ mod identity;
 mod kv_ops;
 mod log_store;
 mod power_loss;
+mod process;
 mod replica_files;
 mod state_machine;
 mod suite;

@@ -1,0 +1,705 @@
+//! The cluster load generator: concurrent clients issuing put / get / mixed
+//! operations to a raftcask cluster over gRPC (the kvproto client), bounded
+//! by an operation count and a duration, with latencies in a histogram,
+//! errors counted by kind, and the mean number of operations per Raft entry.
+//!
+//! Used by the `cluster-load` binary; the future `kvctl bench` reuses it.
+//!
+//! - Writes go to the leader: a client starts at an endpoint, follows a
+//!   `NotLeader` detail (metadata `raftcask-error-bin`) to the leader's
+//!   client address, and shares what it learned with the other clients.
+//!   Any other failure moves the shared guess to the next endpoint.
+//! - Reads go to client `i`'s endpoint `i mod n` ([`ReadTarget::Spread`]) or
+//!   to the leader ([`ReadTarget::Leader`]).
+//! - Latency of an operation is what its caller sees, redirects included.
+//! - Ops per Raft entry: an acknowledged write's version is `log index ×
+//!   65536 + position`, so the distinct `version >> 16` values are the
+//!   entries that carried the run's writes; acknowledged writes divided by
+//!   that count is the mean batching factor the proposal batcher achieved.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use kvproto::kv::v1::kv_client::KvClient;
+use kvproto::kv::v1::{
+    Consistency, ErrorDetail, GetRequest, PutRequest, error_detail, put_response,
+};
+use prost::Message as _;
+use prost::bytes::Bytes;
+use rand::rngs::SmallRng;
+use rand::{Rng as _, RngCore as _, SeedableRng as _};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::report::{Table, count};
+
+/// Most concurrent clients (tasks) in one run.
+pub const CLIENTS_MAX: usize = 4096;
+/// Most gRPC connections per endpoint (clients share them round-robin).
+pub const CONNECTIONS_MAX: usize = 256;
+/// Most operations in one run.
+pub const OPS_MAX: u64 = 100_000_000;
+/// Longest run.
+pub const DURATION_MAX: Duration = Duration::from_secs(3600);
+/// Largest key (the cluster's key limit, DESIGN §4).
+pub const KEY_SIZE_BYTES_MAX: usize = 4 * 1024;
+/// Largest value (the cluster's default value limit, DESIGN §4).
+pub const VALUE_SIZE_BYTES_MAX: usize = 1024 * 1024;
+/// Attempts of one write (or leader read) before it counts as failed
+/// (redirects and retries after errors together).
+pub const ATTEMPTS_MAX: u32 = 8;
+/// Pause before retrying a write after an error other than a redirect.
+pub const RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// Deadline of one RPC and of one connection attempt.
+pub const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+/// Latencies above this are recorded as this (histogram bound), in µs.
+pub const LATENCY_US_MAX: u64 = 60_000_000;
+/// Metadata key of the error detail (see `kvproto`).
+pub const ERROR_DETAIL_KEY: &str = "raftcask-error-bin";
+/// Size of the random buffer values are cut from.
+const VALUE_POOL_SIZE_BYTES: usize = 4 * 1024 * 1024;
+
+/// What each operation is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    /// Every operation a put.
+    Put,
+    /// Every operation a get.
+    Get,
+    /// Gets with this probability in percent (0..=100), puts otherwise.
+    Mixed {
+        /// Percent of operations that are gets.
+        read_percent: u8,
+    },
+}
+
+/// Where reads go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadTarget {
+    /// Client `i` reads from endpoint `i mod n`.
+    Spread,
+    /// Every read goes to the (discovered) leader.
+    Leader,
+}
+
+/// One run's settings. [`LoadConfig::validate`] checks every bound.
+#[derive(Clone, Debug)]
+pub struct LoadConfig {
+    /// Client addresses of members (`host:port`, or an `http://` URL).
+    pub endpoints: Vec<String>,
+    /// Concurrent clients (one task each, one operation in flight each).
+    pub clients: usize,
+    /// gRPC connections per endpoint.
+    pub connections: usize,
+    /// Stop after this many operations (over all clients)...
+    pub ops: u64,
+    /// ...or after this long, whichever comes first.
+    pub duration: Duration,
+    /// Key length; keys are zero-padded decimal ids.
+    pub key_size_bytes: usize,
+    /// Value length (incompressible bytes).
+    pub value_size_bytes: usize,
+    /// Keys are drawn uniformly from `0..key_space`.
+    pub key_space: u64,
+    /// The operation mix.
+    pub op: OpKind,
+    /// Read consistency.
+    pub consistency: Consistency,
+    /// Where reads go.
+    pub read_target: ReadTarget,
+    /// Seed of the key choice and the values.
+    pub seed: u64,
+}
+
+impl Default for LoadConfig {
+    fn default() -> LoadConfig {
+        LoadConfig {
+            endpoints: vec![
+                "127.0.0.1:7001".into(),
+                "127.0.0.1:7002".into(),
+                "127.0.0.1:7003".into(),
+            ],
+            clients: 1,
+            connections: 1,
+            ops: 10_000,
+            duration: Duration::from_secs(20),
+            key_size_bytes: 16,
+            value_size_bytes: 100,
+            key_space: 100_000,
+            op: OpKind::Put,
+            consistency: Consistency::Linearizable,
+            read_target: ReadTarget::Spread,
+            seed: 1,
+        }
+    }
+}
+
+/// A setting out of bounds, naming the setting and the bound.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{field} = {value}: {rule}")]
+pub struct ConfigError {
+    /// The setting.
+    pub field: &'static str,
+    /// Its value.
+    pub value: String,
+    /// What it must be.
+    pub rule: String,
+}
+
+fn check(
+    field: &'static str,
+    value: impl ToString,
+    ok: bool,
+    rule: String,
+) -> Result<(), ConfigError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError {
+            field,
+            value: value.to_string(),
+            rule,
+        })
+    }
+}
+
+impl LoadConfig {
+    /// Checks every setting against its bound.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check(
+            "endpoints",
+            self.endpoints.join(","),
+            !self.endpoints.is_empty(),
+            "at least one endpoint".into(),
+        )?;
+        check(
+            "clients",
+            self.clients,
+            (1..=CLIENTS_MAX).contains(&self.clients),
+            format!("1..={CLIENTS_MAX} (CLIENTS_MAX)"),
+        )?;
+        check(
+            "connections",
+            self.connections,
+            (1..=CONNECTIONS_MAX).contains(&self.connections),
+            format!("1..={CONNECTIONS_MAX} (CONNECTIONS_MAX)"),
+        )?;
+        check(
+            "ops",
+            self.ops,
+            (1..=OPS_MAX).contains(&self.ops),
+            format!("1..={OPS_MAX} (OPS_MAX)"),
+        )?;
+        check(
+            "duration",
+            format!("{:?}", self.duration),
+            !self.duration.is_zero() && self.duration <= DURATION_MAX,
+            format!("above zero and at most {DURATION_MAX:?} (DURATION_MAX)"),
+        )?;
+        check(
+            "key_space",
+            self.key_space,
+            self.key_space >= 1,
+            "at least 1".into(),
+        )?;
+        let digits = (self.key_space - 1).max(1).ilog10() as usize + 1;
+        check(
+            "key_size_bytes",
+            self.key_size_bytes,
+            (digits..=KEY_SIZE_BYTES_MAX).contains(&self.key_size_bytes),
+            format!(
+                "{digits}..={KEY_SIZE_BYTES_MAX} (the key space's digits up to KEY_SIZE_BYTES_MAX)"
+            ),
+        )?;
+        check(
+            "value_size_bytes",
+            self.value_size_bytes,
+            self.value_size_bytes <= VALUE_SIZE_BYTES_MAX,
+            format!("at most {VALUE_SIZE_BYTES_MAX} (VALUE_SIZE_BYTES_MAX)"),
+        )?;
+        if let OpKind::Mixed { read_percent } = self.op {
+            check(
+                "read_percent",
+                read_percent,
+                read_percent <= 100,
+                "0..=100".into(),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The outcome of a run.
+#[derive(Debug)]
+pub struct LoadReport {
+    /// Operations that succeeded (a get that found nothing counts).
+    pub ops_ok: u64,
+    /// Failed operations by kind (gRPC code, plus the detail when there is one).
+    pub errors: BTreeMap<String, u64>,
+    /// NotLeader redirects followed (not failures).
+    pub redirects: u64,
+    /// Wall time of the run.
+    pub elapsed: Duration,
+    /// Latency of successful operations, µs.
+    pub latency_us: Histogram<u64>,
+    /// Acknowledged writes.
+    pub writes_acked: u64,
+    /// Distinct Raft entries (log indexes) that carried acknowledged writes.
+    pub write_entries: u64,
+}
+
+impl LoadReport {
+    /// Failed operations.
+    pub fn errors_total(&self) -> u64 {
+        self.errors.values().sum()
+    }
+
+    /// Successful operations per second.
+    pub fn ops_per_second(&self) -> f64 {
+        self.ops_ok as f64 / self.elapsed.as_secs_f64().max(f64::MIN_POSITIVE)
+    }
+
+    /// Acknowledged writes per Raft entry that carried them; `None` without
+    /// writes.
+    pub fn ops_per_entry(&self) -> Option<f64> {
+        (self.write_entries > 0).then(|| self.writes_acked as f64 / self.write_entries as f64)
+    }
+
+    /// The headers of [`LoadReport::row`].
+    pub const HEADERS: [&'static str; 13] = [
+        "op",
+        "clients",
+        "ops",
+        "seconds",
+        "ops/s",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "max ms",
+        "errors",
+        "redirects",
+        "ops/entry",
+    ];
+
+    /// One table row (see [`LoadReport::HEADERS`]).
+    pub fn row(&self, op: &str, clients: usize) -> Vec<String> {
+        let ms = |q: f64| {
+            format!(
+                "{:.2}",
+                self.latency_us.value_at_quantile(q) as f64 / 1000.0
+            )
+        };
+        vec![
+            op.to_string(),
+            clients.to_string(),
+            count(self.ops_ok as f64),
+            format!("{:.1}", self.elapsed.as_secs_f64()),
+            count(self.ops_per_second()),
+            ms(0.5),
+            ms(0.9),
+            ms(0.99),
+            ms(0.999),
+            format!("{:.2}", self.latency_us.max() as f64 / 1000.0),
+            count(self.errors_total() as f64),
+            count(self.redirects as f64),
+            self.ops_per_entry()
+                .map(|v| format!("{v:.2}"))
+                .unwrap_or_else(|| "n/a".into()),
+        ]
+    }
+
+    /// A one-row table plus a note per error kind.
+    pub fn table(&self, title: &str, op: &str, clients: usize) -> Table {
+        let mut table = Table::new(title, &Self::HEADERS);
+        table.row(self.row(op, clients));
+        for (kind, n) in &self.errors {
+            table.note(format!("- errors {kind}: {n}"));
+        }
+        table
+    }
+}
+
+fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, LATENCY_US_MAX, 3).expect("valid histogram bounds")
+}
+
+fn url(endpoint: &str) -> String {
+    if endpoint.starts_with("http://") || endpoint.starts_with("https://") {
+        endpoint.to_string()
+    } else {
+        format!("http://{endpoint}")
+    }
+}
+
+/// Lazily connected channels per endpoint address, shared by every client.
+#[derive(Debug)]
+struct Pool {
+    connections: usize,
+    channels: Mutex<BTreeMap<String, Vec<Channel>>>,
+}
+
+impl Pool {
+    fn channel(&self, addr: &str, client: usize) -> Result<Channel, tonic::Status> {
+        let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        if !channels.contains_key(addr) {
+            let endpoint = Endpoint::from_shared(url(addr))
+                .map_err(|err| {
+                    tonic::Status::invalid_argument(format!("endpoint {addr:?}: {err}"))
+                })?
+                .connect_timeout(RPC_TIMEOUT)
+                .timeout(RPC_TIMEOUT)
+                .tcp_nodelay(true);
+            let list = (0..self.connections)
+                .map(|_| endpoint.connect_lazy())
+                .collect();
+            channels.insert(addr.to_string(), list);
+        }
+        let list = &channels[addr];
+        Ok(list[client % list.len()].clone())
+    }
+}
+
+/// State the clients share.
+#[derive(Debug)]
+struct Shared {
+    config: LoadConfig,
+    pool: Pool,
+    /// The leader's client address as last learned (or guessed).
+    leader: Mutex<String>,
+    /// Operations started, for the count bound.
+    started: AtomicU64,
+    deadline: Instant,
+    values: Bytes,
+}
+
+impl Shared {
+    fn leader(&self) -> String {
+        self.leader
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set_leader(&self, addr: String) {
+        *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = addr;
+    }
+
+    /// Moves the guess to the endpoint after `failed` (if it is still the
+    /// guess).
+    fn next_leader(&self, failed: &str) {
+        let mut leader = self.leader.lock().unwrap_or_else(|p| p.into_inner());
+        if *leader == failed {
+            let endpoints = &self.config.endpoints;
+            let position = endpoints.iter().position(|e| e == failed);
+            let next = position.map(|p| (p + 1) % endpoints.len()).unwrap_or(0);
+            *leader = endpoints[next].clone();
+        }
+    }
+}
+
+/// One client's tallies.
+#[derive(Debug)]
+struct Tally {
+    ops_ok: u64,
+    errors: BTreeMap<String, u64>,
+    redirects: u64,
+    latency_us: Histogram<u64>,
+    writes_acked: u64,
+    entries: HashSet<u64>,
+}
+
+fn detail(status: &tonic::Status) -> Option<error_detail::Detail> {
+    let value = status.metadata().get_bin(ERROR_DETAIL_KEY)?;
+    let bytes = value.to_bytes().ok()?;
+    ErrorDetail::decode(bytes).ok()?.detail
+}
+
+/// A short name for an error: the gRPC code and the detail's kind.
+fn error_kind(status: &tonic::Status) -> String {
+    let code = format!("{:?}", status.code());
+    match detail(status) {
+        Some(error_detail::Detail::NotLeader(_)) => format!("{code}/NotLeader"),
+        Some(error_detail::Detail::LimitExceeded(l)) => format!("{code}/LimitExceeded {}", l.limit),
+        Some(error_detail::Detail::IndexNotReached(_)) => format!("{code}/IndexNotReached"),
+        Some(error_detail::Detail::OutcomeUnknown(_)) => format!("{code}/OutcomeUnknown"),
+        Some(error_detail::Detail::SessionExpired(_)) => format!("{code}/SessionExpired"),
+        None => code,
+    }
+}
+
+fn key(config: &LoadConfig, id: u64) -> Bytes {
+    Bytes::from(format!("{id:0>width$}", width = config.key_size_bytes))
+}
+
+/// After a failed attempt at `addr`: follows a NotLeader detail, or moves
+/// the leader guess on after a failure another member may not have (no
+/// leader known, unreachable, unavailable) and pauses; `false` when a retry
+/// would not help (outcome unknown, limits, ...: counted, not retried).
+async fn retry_elsewhere(
+    shared: &Shared,
+    addr: &str,
+    status: &tonic::Status,
+    tally: &mut Tally,
+) -> bool {
+    match detail(status) {
+        Some(error_detail::Detail::NotLeader(not_leader))
+            if !not_leader.leader_client_addr.is_empty() =>
+        {
+            tally.redirects += 1;
+            shared.set_leader(not_leader.leader_client_addr);
+            true
+        }
+        Some(error_detail::Detail::NotLeader(_)) | None
+            if matches!(
+                status.code(),
+                tonic::Code::FailedPrecondition | tonic::Code::Unavailable | tonic::Code::Unknown
+            ) =>
+        {
+            shared.next_leader(addr);
+            tokio::time::sleep(RETRY_PAUSE).await;
+            true
+        }
+        _ => false,
+    }
+}
+
+async fn put_once(
+    shared: &Shared,
+    client: usize,
+    key: Bytes,
+    value: Bytes,
+    tally: &mut Tally,
+) -> Result<u64, tonic::Status> {
+    let mut last = None;
+    for _ in 0..ATTEMPTS_MAX {
+        let addr = shared.leader();
+        let channel = shared.pool.channel(&addr, client)?;
+        let request = PutRequest {
+            key: key.clone(),
+            value: value.clone(),
+            ..Default::default()
+        };
+        match KvClient::new(channel).put(request).await {
+            Ok(response) => {
+                let response = response.into_inner();
+                return match response.outcome {
+                    Some(put_response::Outcome::Version(version)) => Ok(version),
+                    other => Err(tonic::Status::internal(format!(
+                        "unconditional put answered {other:?}"
+                    ))),
+                };
+            }
+            Err(status) => {
+                if !retry_elsewhere(shared, &addr, &status, tally).await {
+                    return Err(status);
+                }
+                last = Some(status);
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| tonic::Status::unavailable("no attempt made")))
+}
+
+async fn get_once(
+    shared: &Shared,
+    client: usize,
+    key: Bytes,
+    tally: &mut Tally,
+) -> Result<(), tonic::Status> {
+    let config = &shared.config;
+    let request = GetRequest {
+        key,
+        consistency: config.consistency as i32,
+        min_index: 0,
+    };
+    if config.read_target == ReadTarget::Spread {
+        let addr = &config.endpoints[client % config.endpoints.len()];
+        let channel = shared.pool.channel(addr, client)?;
+        return KvClient::new(channel).get(request).await.map(|_| ());
+    }
+    // To the leader: a member that is not (a follower refuses linearizable
+    // reads with UNAVAILABLE) moves the shared guess on, like a write.
+    let mut last = None;
+    for _ in 0..ATTEMPTS_MAX {
+        let addr = shared.leader();
+        let channel = shared.pool.channel(&addr, client)?;
+        match KvClient::new(channel).get(request.clone()).await {
+            Ok(_) => return Ok(()),
+            Err(status) => {
+                if !retry_elsewhere(shared, &addr, &status, tally).await {
+                    return Err(status);
+                }
+                last = Some(status);
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| tonic::Status::unavailable("no attempt made")))
+}
+
+async fn client_loop(shared: Arc<Shared>, client: usize) -> Tally {
+    let config = &shared.config;
+    let mut rng =
+        SmallRng::seed_from_u64(config.seed ^ (client as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut tally = Tally {
+        ops_ok: 0,
+        errors: BTreeMap::new(),
+        redirects: 0,
+        latency_us: new_histogram(),
+        writes_acked: 0,
+        entries: HashSet::new(),
+    };
+    let value_span = shared.values.len() - config.value_size_bytes;
+    loop {
+        if Instant::now() >= shared.deadline
+            || shared.started.fetch_add(1, Ordering::Relaxed) >= config.ops
+        {
+            break;
+        }
+        let key = key(config, rng.random_range(0..config.key_space));
+        let is_read = match config.op {
+            OpKind::Put => false,
+            OpKind::Get => true,
+            OpKind::Mixed { read_percent } => rng.random_range(0..100u8) < read_percent,
+        };
+        let began = Instant::now();
+        let result = if is_read {
+            get_once(&shared, client, key, &mut tally)
+                .await
+                .map(|()| None)
+        } else {
+            let offset = rng.random_range(0..=value_span);
+            let value = shared
+                .values
+                .slice(offset..offset + config.value_size_bytes);
+            put_once(&shared, client, key, value, &mut tally)
+                .await
+                .map(Some)
+        };
+        let micros = (began.elapsed().as_micros() as u64).clamp(1, LATENCY_US_MAX);
+        match result {
+            Ok(version) => {
+                tally.ops_ok += 1;
+                tally.latency_us.saturating_record(micros);
+                if let Some(version) = version {
+                    tally.writes_acked += 1;
+                    tally.entries.insert(version >> 16);
+                }
+            }
+            Err(status) => *tally.errors.entry(error_kind(&status)).or_default() += 1,
+        }
+    }
+    tally
+}
+
+/// Runs the load described by `config` (validated first).
+pub async fn run(config: LoadConfig) -> Result<LoadReport, ConfigError> {
+    config.validate()?;
+    let mut values = vec![0u8; VALUE_POOL_SIZE_BYTES.max(config.value_size_bytes * 2)];
+    SmallRng::seed_from_u64(config.seed).fill_bytes(&mut values);
+    let began = Instant::now();
+    let shared = Arc::new(Shared {
+        pool: Pool {
+            connections: config.connections,
+            channels: Mutex::new(BTreeMap::new()),
+        },
+        leader: Mutex::new(config.endpoints[0].clone()),
+        started: AtomicU64::new(0),
+        deadline: began + config.duration,
+        values: Bytes::from(values),
+        config,
+    });
+    let tasks: Vec<_> = (0..shared.config.clients)
+        .map(|client| tokio::spawn(client_loop(shared.clone(), client)))
+        .collect();
+    let mut report = LoadReport {
+        ops_ok: 0,
+        errors: BTreeMap::new(),
+        redirects: 0,
+        elapsed: Duration::ZERO,
+        latency_us: new_histogram(),
+        writes_acked: 0,
+        write_entries: 0,
+    };
+    let mut entries = HashSet::new();
+    for task in tasks {
+        match task.await {
+            Ok(tally) => {
+                report.ops_ok += tally.ops_ok;
+                report.redirects += tally.redirects;
+                report.writes_acked += tally.writes_acked;
+                // Same bounds on both sides, so adding cannot fail.
+                let _ = report.latency_us.add(&tally.latency_us);
+                for (kind, n) in tally.errors {
+                    *report.errors.entry(kind).or_default() += n;
+                }
+                entries.extend(tally.entries);
+            }
+            Err(err) => {
+                *report
+                    .errors
+                    .entry(format!("client task: {err}"))
+                    .or_default() += 1
+            }
+        }
+    }
+    report.elapsed = began.elapsed();
+    report.write_entries = entries.len() as u64;
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_name_the_setting() {
+        assert_eq!(LoadConfig::default().validate(), Ok(()));
+        let err = LoadConfig {
+            clients: 0,
+            ..LoadConfig::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(err.field, "clients");
+        assert!(err.to_string().contains("CLIENTS_MAX"), "{err}");
+        let err = LoadConfig {
+            key_size_bytes: 3,
+            key_space: 100_000,
+            ..LoadConfig::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(err.field, "key_size_bytes");
+        let err = LoadConfig {
+            duration: Duration::ZERO,
+            ..LoadConfig::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(err.field, "duration");
+    }
+
+    #[test]
+    fn keys_have_the_configured_size() {
+        let config = LoadConfig::default();
+        assert_eq!(&key(&config, 42)[..], b"0000000000000042");
+    }
+
+    #[test]
+    fn ops_per_entry_counts_distinct_entries() {
+        let report = LoadReport {
+            ops_ok: 6,
+            errors: BTreeMap::new(),
+            redirects: 0,
+            elapsed: Duration::from_secs(2),
+            latency_us: new_histogram(),
+            writes_acked: 6,
+            write_entries: 2,
+        };
+        assert_eq!(report.ops_per_entry(), Some(3.0));
+        assert_eq!(report.ops_per_second(), 3.0);
+    }
+}
