@@ -54,9 +54,15 @@ pub const PEER_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// entry is at most 4 MiB, so a single entry always fits.
 pub const APPEND_PAYLOAD_BYTES_MAX: usize = PEER_MESSAGE_BYTES_MAX - 1024 * 1024;
 
-/// How many leading entries fit in [`APPEND_PAYLOAD_BYTES_MAX`] (at least 1).
+/// Room kept in an AppendEntries payload for what is not an entry (vote,
+/// previous log id, commit index, length prefixes): far more than they take,
+/// so a resend of [`entries_that_fit`] entries is never refused again.
+const APPEND_NON_ENTRY_BYTES: usize = 64 * 1024;
+
+/// How many leading entries fit in [`APPEND_PAYLOAD_BYTES_MAX`] with room
+/// for the rest of the message (at least 1).
 fn entries_that_fit(entries: &[openraft::Entry<TypeConfig>]) -> u64 {
-    let mut total = 0usize;
+    let mut total = APPEND_NON_ENTRY_BYTES;
     let mut fit = 0u64;
     for entry in entries {
         total += codec::encode(entry).len();
@@ -520,4 +526,49 @@ fn decode_installed(
             "the follower could not install the snapshot: {err}"
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+
+    use super::*;
+    use crate::command::{Command, Op, Proposal, Request};
+
+    /// An entry carrying one put of a `value_bytes` value.
+    fn entry(index: u64, value_bytes: usize) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(Proposal {
+                time_ms: index,
+                command: Command::Requests(vec![Request {
+                    session: None,
+                    conditions: Vec::new(),
+                    ops: vec![Op::Put {
+                        key: index.to_be_bytes().to_vec(),
+                        value: vec![7; value_bytes],
+                        ttl_ms: 0,
+                    }],
+                }]),
+            }),
+        }
+    }
+
+    #[test]
+    fn an_oversized_append_is_cut_to_the_entries_that_fit() {
+        const MIB: usize = 1024 * 1024;
+        // 80 entries of ~1 MiB: more than one message may carry.
+        let entries: Vec<_> = (1..=80).map(|i| entry(i, MIB)).collect();
+        let fit = entries_that_fit(&entries) as usize;
+        assert!(fit > 1 && fit < entries.len(), "{fit}");
+        let size = |n: usize| codec::encode(&entries[..n].to_vec()).len();
+        assert!(
+            size(fit) + APPEND_NON_ENTRY_BYTES <= APPEND_PAYLOAD_BYTES_MAX,
+            "{}",
+            size(fit)
+        );
+        assert!(size(fit + 1) + APPEND_NON_ENTRY_BYTES > APPEND_PAYLOAD_BYTES_MAX);
+        // A single entry always goes, whatever its size.
+        assert_eq!(entries_that_fit(&entries[..1]), 1);
+    }
 }
