@@ -304,12 +304,14 @@ pub const LEARN_IDENTITY_INTERVAL: Duration = Duration::from_secs(1);
 /// Asks every other initial member who it is (concurrently, each within
 /// [`IDENTIFY_TIMEOUT`]; silent members are skipped) and learns what it
 /// can (see [`learn_from`]). A peer in another cluster than this
-/// directory's refuses the start.
+/// directory's refuses the start. Returns a member that reported an
+/// existing cluster, if any.
 async fn check_peers_cluster(
     network: &Network,
     identity: &Identity,
     initial: &BTreeMap<u64, NodeInfo>,
-) -> Result<(), StartError> {
+) -> Result<Option<(u64, u64)>, StartError> {
+    let mut existing = None;
     let me = identity.member_id();
     let asks = initial
         .iter()
@@ -326,9 +328,12 @@ async fn check_peers_cluster(
         if member == peer && theirs != 0 && mine != 0 && mine != theirs {
             return Err(StartError::ForeignCluster { peer, theirs, mine });
         }
+        if member == peer && theirs != 0 {
+            existing.get_or_insert((peer, theirs));
+        }
         learn_from(identity, peer, (theirs, member, incarnation)).await;
     }
-    Ok(())
+    Ok(existing)
 }
 
 /// Records an initial member's answer to `Identify`: its incarnation on
@@ -484,7 +489,7 @@ impl Node {
         .map_err(|err| StartError::Raft(format!("open task: {err}")))??;
         let network = Network::new(identity.clone(), peer_addr.ip(), config.faults.clone())
             .with_metrics(member_metrics.clone());
-        check_peers_cluster(&network, &identity, &config.initial_cluster).await?;
+        let existing = check_peers_cluster(&network, &identity, &config.initial_cluster).await?;
         state_machine.set_cluster_id(identity.cluster_id());
 
         let raft_config = openraft::Config {
@@ -513,7 +518,18 @@ impl Node {
                 .is_initialized()
                 .await
                 .map_err(|err| StartError::Raft(err.to_string()))?;
-            if !initialized {
+            if let (false, Some((peer, cluster))) = (initialized, existing) {
+                // A new (or wiped) directory of the bootstrapping member: the
+                // cluster exists; initializing again would fork it.
+                tracing::error!(
+                    id = config.id,
+                    peer,
+                    cluster = format!("{cluster:016x}"),
+                    "not bootstrapping: member {peer} reports that the cluster already exists, and \
+                     this data directory is new; a member that lost its data must be removed and \
+                     added again"
+                );
+            } else if !initialized {
                 let ensure = identity.clone();
                 let cluster_id = tokio::task::spawn_blocking(move || ensure.ensure_cluster_id())
                     .await

@@ -9,6 +9,8 @@
 //! - A data directory of another cluster refuses to start as a member of
 //!   this one (its peers report another cluster id), and a directory made
 //!   for member 2 refuses to start as member 3.
+//! - A bootstrapping member whose directory was wiped does not initialize a
+//!   second cluster when it starts again with `--bootstrap`.
 //! - A member whose data directory was wiped and who comes back under its
 //!   old id is refused by its peers: it never receives the cluster's data.
 
@@ -271,6 +273,46 @@ async fn a_wiped_member_cannot_rejoin_under_its_old_id() {
     assert!(!stale.found);
     comeback.shutdown(Duration::from_secs(5)).await;
     drop(writer);
+    for node in nodes {
+        node.shutdown(Duration::from_secs(5)).await;
+    }
+}
+
+/// The bootstrapping member's directory is wiped and it starts again with
+/// `--bootstrap`: its peers report the existing cluster, so it does not
+/// initialize a second one (its log stays empty), and the cluster goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_bootstrap_member_does_not_bootstrap_again() {
+    let (dirs, pairs, cluster) = three_node_layout().await;
+    let mut nodes = Vec::new();
+    let mut addrs = Vec::new();
+    for (i, pair) in pairs.into_iter().enumerate() {
+        let id = i as u64 + 1;
+        addrs.push((pair.0.local_addr().unwrap(), pair.1.local_addr().unwrap()));
+        nodes.push(start(id, dirs[i].path(), &cluster, id == 1, pair).await);
+    }
+    wait_for_leader(&nodes.iter().collect::<Vec<_>>()).await;
+    nodes.remove(0).shutdown(Duration::from_secs(5)).await;
+    let wiped = tempfile::tempdir().unwrap();
+    let again = start(1, wiped.path(), &cluster, true, rebind(addrs[0]).await).await;
+    assert!(
+        !again.raft().is_initialized().await.unwrap(),
+        "the wiped bootstrap member initialized a second cluster"
+    );
+    assert_eq!(again.raft().metrics().borrow().last_log_index, None);
+    // The other two still elect a leader among themselves and take writes.
+    let start_wait = Instant::now();
+    loop {
+        let leader = wait_for_leader(&nodes.iter().collect::<Vec<_>>()).await;
+        if leader != 1 {
+            let node = nodes.iter().find(|n| n.id() == leader).unwrap();
+            connect(node).await.put(put("after", "v")).await.unwrap();
+            break;
+        }
+        assert!(start_wait.elapsed() < DEADLINE, "no new leader");
+        tokio::time::sleep(POLL).await;
+    }
+    again.shutdown(Duration::from_secs(5)).await;
     for node in nodes {
         node.shutdown(Duration::from_secs(5)).await;
     }
