@@ -174,6 +174,26 @@ fn stage_copy(from: &SnapshotHandle, to: &SnapshotHandle) {
     to.write_manifest(&manifest).expect("write manifest");
 }
 
+/// A state machine that applied `history(last)` and built a snapshot of it.
+async fn leader_with_snapshot(
+    last: u64,
+) -> (
+    tempfile::TempDir,
+    StateMachine,
+    openraft::Snapshot<TypeConfig>,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut leader = open(dir.path());
+    apply(&mut leader, history(last)).await;
+    let snapshot = leader
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    (dir, leader, snapshot)
+}
+
 fn files_of(engine: &Engine) -> (Vec<bitcask::FileInfo>, Option<bitcask::FileInfo>) {
     (engine.sealed_files(), engine.active_file())
 }
@@ -377,17 +397,8 @@ async fn the_current_snapshot_survives_a_restart() {
 
 #[tokio::test]
 async fn a_corrupted_staged_snapshot_is_refused_and_the_old_state_keeps_working() {
-    let leader_dir = tempfile::tempdir().unwrap();
+    let (_leader_dir, _leader, snapshot) = leader_with_snapshot(60).await;
     let follower_dir = tempfile::tempdir().unwrap();
-    let mut leader = open(leader_dir.path());
-    apply(&mut leader, history(60)).await;
-    let snapshot = leader
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .unwrap();
-
     let mut follower = open(follower_dir.path());
     apply(&mut follower, history(10)).await;
     let before = (
@@ -436,16 +447,8 @@ async fn a_corrupted_staged_snapshot_is_refused_and_the_old_state_keeps_working(
 
 #[tokio::test]
 async fn a_durable_snapshot_ahead_of_the_engine_is_switched_in_at_open() {
-    let leader_dir = tempfile::tempdir().unwrap();
+    let (_leader_dir, leader, snapshot) = leader_with_snapshot(30).await;
     let follower_dir = tempfile::tempdir().unwrap();
-    let mut leader = open(leader_dir.path());
-    apply(&mut leader, history(30)).await;
-    let snapshot = leader
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .unwrap();
     // The follower has applied a little of the same history.
     let mut follower = open(follower_dir.path());
     apply(&mut follower, history(5)).await;
