@@ -119,6 +119,27 @@ pub(crate) fn detail_of(status: &Status) -> Option<error_detail::Detail> {
     ErrorDetail::decode(bytes).ok()?.detail
 }
 
+/// Whether the status is a refused connection: the request never left the
+/// client, so it cannot have applied.
+fn connect_refused(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    let mut depth = 0;
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return io.kind() == std::io::ErrorKind::ConnectionRefused;
+        }
+        depth += 1;
+        if depth > ERROR_CHAIN_DEPTH_MAX {
+            break;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// How deep [`connect_refused`] looks into a status's chain of causes.
+const ERROR_CHAIN_DEPTH_MAX: usize = 16;
+
 /// Reads a failed attempt's status.
 pub(crate) fn classify(status: &Status) -> Verdict {
     match (status.code(), detail_of(status)) {
@@ -153,6 +174,7 @@ pub(crate) fn classify(status: &Status) -> Verdict {
             message: status.message().to_string(),
         }),
         (Code::Unavailable, Some(error_detail::Detail::IndexNotReached(_))) => Verdict::Retry,
+        (Code::Unavailable, None) if connect_refused(status) => Verdict::Retry,
         // Transport failures and server-side "cannot serve now" alike: the
         // request may have reached a leader that proposed it.
         (Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown, _) => {

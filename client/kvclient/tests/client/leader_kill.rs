@@ -123,6 +123,10 @@ async fn writes_across_a_leader_kill_apply_at_most_once() {
             .unwrap_or_else(|| panic!("unexpected key {key}"));
         assert_eq!(kv.value, expected.as_bytes(), "{key}");
         listed += 1;
+        assert!(
+            listed <= WRITERS * WRITES_PER_WRITER,
+            "the scan does not end"
+        );
     }
     assert!(listed >= acked.len() && listed <= acked.len() + unknown.len());
 }

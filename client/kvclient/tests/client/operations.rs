@@ -5,8 +5,8 @@
 //! (failed condition index, missing key op index); an over-limit key is
 //! InvalidArgument naming `KEY_SIZE_BYTES_MAX`; membership and saved
 //! snapshots surface the server's UNIMPLEMENTED; status lists the members;
-//! a client with no reachable member reports Unavailable (read) and
-//! OutcomeUnknown (write: it cannot know whether the bytes left).
+//! a client with no reachable member (connection refused) reports
+//! Unavailable for a read and for a write (nothing was sent).
 
 use std::time::Duration;
 
@@ -169,8 +169,10 @@ async fn calls_and_errors() {
         lonely.get("a").await,
         Err(Error::Unavailable { attempts: 3, .. })
     ));
-    assert!(matches!(
-        lonely.put("a", "1").await,
-        Err(Error::OutcomeUnknown { .. })
-    ));
+    // A refused connection sent nothing: the write surely did not apply.
+    let r = lonely.put("a", "1").await;
+    assert!(
+        matches!(r, Err(Error::Unavailable { attempts: 3, .. })),
+        "{r:?}"
+    );
 }
