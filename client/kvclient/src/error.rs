@@ -108,6 +108,9 @@ pub(crate) enum Verdict {
     MaybeApplied,
     /// Nothing was applied (or a read failed); try again elsewhere.
     Retry,
+    /// The member refused the connection: nothing was sent; skip it for a
+    /// while (and forget it as the leader).
+    Unreachable,
     /// Stop and report this.
     Fatal(Error),
 }
@@ -174,7 +177,7 @@ pub(crate) fn classify(status: &Status) -> Verdict {
             message: status.message().to_string(),
         }),
         (Code::Unavailable, Some(error_detail::Detail::IndexNotReached(_))) => Verdict::Retry,
-        (Code::Unavailable, None) if connect_refused(status) => Verdict::Retry,
+        (Code::Unavailable, None) if connect_refused(status) => Verdict::Unreachable,
         // Transport failures and server-side "cannot serve now" alike: the
         // request may have reached a leader that proposed it.
         (Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown, _) => {

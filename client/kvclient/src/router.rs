@@ -204,6 +204,11 @@ impl Router {
                     true
                 }
                 Verdict::Retry => true,
+                Verdict::Unreachable => {
+                    self.forget_leader(&addr);
+                    self.mark(&addr, false);
+                    true
+                }
                 Verdict::Fatal(err) => {
                     if maybe_applied && !matches!(err, Error::OutcomeUnknown { .. }) {
                         return Err(Error::OutcomeUnknown {
