@@ -6,3 +6,4 @@ mod leader_kill;
 mod operations;
 mod read_your_writes;
 mod scan_paging;
+mod unknown_outcome;
