@@ -496,8 +496,9 @@ impl Client {
         Ok(response.members)
     }
 
-    /// Makes the leader build a snapshot (and purge its log up to it with
-    /// `purge_log`).
+    /// Makes a member build a snapshot (and purge its log up to it with
+    /// `purge_log`): the cached leader, or else the first member that
+    /// answers.
     pub async fn trigger_snapshot(&self, purge_log: bool) -> Result<cpb::TriggerSnapshotResponse> {
         self.inner
             .router
