@@ -1,7 +1,92 @@
 //! # kvclient
 //!
-//! Async Rust client: leader routing, retries, read consistency.
+//! Async Rust client of raftcask: leader discovery and routing, bounded
+//! retries with backoff and jitter, exactly-once writes through the client
+//! session (DESIGN §3), and read consistency (linearizable by default, or
+//! stale with a `min_index`, including read-your-writes).
 //!
-//! This crate is an empty shell in the workspace layout: its work is tracked
-//! by issue 5 of the project tracker and has not landed yet. Nothing here is
-//! exported, so nothing can depend on it by accident.
+//! ## Modules
+//!
+//! - [`builder`]: [`ClientBuilder`] and the settings' defaults and limits.
+//! - [`client`]: [`Client`] — get, put, delete, expire, persist, batch, scan
+//!   (a paging [`ScanStream`]), cluster status, membership and snapshots.
+//! - [`error`]: the one [`Error`] enum; how a gRPC status (and its
+//!   `raftcask-error-bin` detail) becomes a retry, a redirect or an error.
+//! - [`router`]: members, the cached leader (refreshed from not-leader
+//!   hints), round-robin reads over healthy members, the retry loop.
+//! - `session`: the client id, write sequences and the lowest sequence not
+//!   yet acknowledged.
+//! - [`types`]: [`Consistency`], [`Entry`], [`Written`], [`PutOptions`],
+//!   [`Batch`], [`Scan`] and friends.
+//!
+//! ## Guarantees
+//!
+//! Every write carries the client id, its own sequence number and the lowest
+//! sequence not yet acknowledged; every retry of it, to whichever member,
+//! reuses that sequence, so it applies at most once. A write whose fate the
+//! client cannot learn (sent, then a timeout, a lost leader, or a forgotten
+//! session answer) is reported as [`Error::OutcomeUnknown`], never as failed.
+//! A missing key is `Ok(None)`; a failed version condition is
+//! [`Error::VersionMismatch`] with the current version.
+//!
+//! ## Example
+//!
+//! Settings are checked before anything is sent:
+//!
+//! ```
+//! use std::time::Duration;
+//! use kvclient::{Client, Error};
+//!
+//! let err = Client::builder(["127.0.0.1:7000"]).attempts(0).build().unwrap_err();
+//! assert!(matches!(err, Error::InvalidConfig(_)));
+//!
+//! // Building does not connect: connections open on first use.
+//! let client = Client::builder(["127.0.0.1:7000", "127.0.0.1:7001"])
+//!     .request_timeout(Duration::from_secs(2))
+//!     .build()
+//!     .unwrap();
+//! assert_ne!(client.client_id(), 0);
+//! ```
+//!
+//! Against a running cluster:
+//!
+//! ```no_run
+//! use kvclient::{Batch, Client, Consistency, PutOptions, Scan};
+//! use tokio_stream::StreamExt;
+//!
+//! # async fn demo() -> kvclient::Result<()> {
+//! let client = Client::connect(["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"]).await?;
+//! let written = client.put("greeting", "hello").await?;
+//! // Conditional update: fails with Error::VersionMismatch if someone else wrote.
+//! client
+//!     .put_with("greeting", "hi", PutOptions::default().if_version(written.version))
+//!     .await?;
+//! // Read your own writes from any member, without a trip to the leader.
+//! let entry = client.get_with("greeting", client.read_your_writes()).await?;
+//! assert_eq!(entry.map(|e| e.value), Some("hi".into()));
+//! client
+//!     .batch(Batch::new().check_absent("a").put("a", "1").put("b", "2"))
+//!     .await?;
+//! let mut keys = client.scan(Scan::prefix("a").consistency(Consistency::Linearizable));
+//! while let Some(kv) = keys.next().await {
+//!     println!("{:?}", kv?.key);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod builder;
+pub mod client;
+pub mod error;
+pub mod router;
+mod session;
+pub mod types;
+
+pub use builder::ClientBuilder;
+pub use client::{Client, ScanPage, ScanStream};
+pub use error::{Error, LimitExceeded, Result};
+pub use kvproto;
+pub use types::{
+    Batch, BatchApplied, Condition, Consistency, Entry, KeyValue, OpResult, PutOptions, Removed,
+    Scan, Written,
+};

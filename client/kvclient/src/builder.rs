@@ -1,0 +1,209 @@
+//! The client's settings and their builder: endpoints, timeouts, the retry
+//! budget and backoff, and the default read consistency. `build` checks every
+//! setting against its named limit before anything touches the network.
+
+use std::time::Duration;
+
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::types::Consistency;
+
+/// Default time to open a connection to one member.
+pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(3);
+/// Default time one attempt (one RPC to one member) may take. Above the
+/// server's 5 s wait for a stale read's `min_index`, so that wait can finish.
+pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// Default time a whole call, retries included, may take.
+pub const OPERATION_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+/// Default number of attempts of one call, the first included.
+pub const ATTEMPTS_DEFAULT: u32 = 60;
+/// Upper bound on the attempts setting.
+pub const ATTEMPTS_MAX: u32 = 10_000;
+/// Default first backoff pause (doubled after each failed attempt).
+pub const BACKOFF_BASE_DEFAULT: Duration = Duration::from_millis(20);
+/// Default cap on one backoff pause.
+pub const BACKOFF_CAP_DEFAULT: Duration = Duration::from_millis(500);
+/// Upper bound on any timeout or backoff setting.
+pub const DURATION_SETTING_MAX: Duration = Duration::from_secs(3600);
+/// Upper bound on the number of endpoints given to the builder.
+pub const ENDPOINTS_MAX: usize = 1024;
+
+/// Settings of a [`Client`] (built by [`ClientBuilder`]).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Member client addresses, `host:port`.
+    pub endpoints: Vec<String>,
+    /// Time to open a connection to one member.
+    pub connect_timeout: Duration,
+    /// Time one attempt may take.
+    pub request_timeout: Duration,
+    /// Time a whole call, retries included, may take.
+    pub operation_timeout: Duration,
+    /// Attempts of one call, the first included.
+    pub attempts: u32,
+    /// First backoff pause.
+    pub backoff_base: Duration,
+    /// Cap on one backoff pause.
+    pub backoff_cap: Duration,
+    /// Consistency of reads that do not name one.
+    pub consistency: Consistency,
+}
+
+/// Builds a [`Client`]: `Client::builder(endpoints)...build()`.
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    settings: Settings,
+}
+
+impl ClientBuilder {
+    /// A builder with the default settings for these member addresses
+    /// (`host:port`, optionally with an `http://` prefix).
+    pub fn new<I, S>(endpoints: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        ClientBuilder {
+            settings: Settings {
+                endpoints: endpoints.into_iter().map(Into::into).collect(),
+                connect_timeout: CONNECT_TIMEOUT_DEFAULT,
+                request_timeout: REQUEST_TIMEOUT_DEFAULT,
+                operation_timeout: OPERATION_TIMEOUT_DEFAULT,
+                attempts: ATTEMPTS_DEFAULT,
+                backoff_base: BACKOFF_BASE_DEFAULT,
+                backoff_cap: BACKOFF_CAP_DEFAULT,
+                consistency: Consistency::Linearizable,
+            },
+        }
+    }
+
+    /// Time to open a connection to one member.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.connect_timeout = timeout;
+        self
+    }
+
+    /// Time one attempt (one RPC to one member) may take.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.request_timeout = timeout;
+        self
+    }
+
+    /// Time a whole call, retries included, may take.
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.operation_timeout = timeout;
+        self
+    }
+
+    /// Attempts of one call, the first included (the retry budget).
+    pub fn attempts(mut self, attempts: u32) -> Self {
+        self.settings.attempts = attempts;
+        self
+    }
+
+    /// Backoff between attempts: the first pause and the cap (each pause is
+    /// jittered between half and all of its nominal length).
+    pub fn backoff(mut self, base: Duration, cap: Duration) -> Self {
+        self.settings.backoff_base = base;
+        self.settings.backoff_cap = cap;
+        self
+    }
+
+    /// Consistency of reads that do not name one (default linearizable).
+    pub fn default_consistency(mut self, consistency: Consistency) -> Self {
+        self.settings.consistency = consistency;
+        self
+    }
+
+    /// Checks the settings and makes the client. Connections open lazily on
+    /// first use; see [`Client::connect`] to also find the leader at once.
+    pub fn build(self) -> Result<Client> {
+        let mut s = self.settings;
+        if s.endpoints.is_empty() {
+            return Err(Error::InvalidConfig(
+                "endpoints: at least one member address is needed".into(),
+            ));
+        }
+        if s.endpoints.len() > ENDPOINTS_MAX {
+            return Err(Error::InvalidConfig(format!(
+                "endpoints: {} given, ENDPOINTS_MAX is {ENDPOINTS_MAX}",
+                s.endpoints.len()
+            )));
+        }
+        for endpoint in &mut s.endpoints {
+            *endpoint = normalize(endpoint)?;
+        }
+        if s.attempts == 0 || s.attempts > ATTEMPTS_MAX {
+            return Err(Error::InvalidConfig(format!(
+                "attempts: {} is outside 1..={ATTEMPTS_MAX} (ATTEMPTS_MAX)",
+                s.attempts
+            )));
+        }
+        for (name, value) in [
+            ("connect_timeout", s.connect_timeout),
+            ("request_timeout", s.request_timeout),
+            ("operation_timeout", s.operation_timeout),
+            ("backoff base", s.backoff_base),
+            ("backoff cap", s.backoff_cap),
+        ] {
+            if value.is_zero() || value > DURATION_SETTING_MAX {
+                return Err(Error::InvalidConfig(format!(
+                    "{name}: {value:?} is outside (0, {DURATION_SETTING_MAX:?}] (DURATION_SETTING_MAX)"
+                )));
+            }
+        }
+        if s.backoff_base > s.backoff_cap {
+            return Err(Error::InvalidConfig(format!(
+                "backoff: base {:?} is above cap {:?}",
+                s.backoff_base, s.backoff_cap
+            )));
+        }
+        Ok(Client::from_settings(s))
+    }
+}
+
+/// `host:port` from `host:port` or `http://host:port`.
+pub(crate) fn normalize(endpoint: &str) -> Result<String> {
+    let bare = endpoint.strip_prefix("http://").unwrap_or(endpoint);
+    let bare = bare.trim_end_matches('/');
+    let Some((host, port)) = bare.rsplit_once(':') else {
+        return Err(Error::InvalidConfig(format!(
+            "endpoints: {endpoint:?} is not host:port"
+        )));
+    };
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return Err(Error::InvalidConfig(format!(
+            "endpoints: {endpoint:?} is not host:port with a port in 0..=65535"
+        )));
+    }
+    Ok(bare.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_are_checked() {
+        assert!(ClientBuilder::new(Vec::<String>::new()).build().is_err());
+        assert!(ClientBuilder::new(["nohost"]).build().is_err());
+        assert!(ClientBuilder::new(["h:99999"]).build().is_err());
+        assert!(ClientBuilder::new(["h:1"]).attempts(0).build().is_err());
+        assert!(
+            ClientBuilder::new(["h:1"])
+                .request_timeout(Duration::ZERO)
+                .build()
+                .is_err()
+        );
+        assert!(
+            ClientBuilder::new(["h:1"])
+                .backoff(Duration::from_secs(2), Duration::from_secs(1))
+                .build()
+                .is_err()
+        );
+        assert_eq!(
+            normalize("http://127.0.0.1:7000/").unwrap(),
+            "127.0.0.1:7000"
+        );
+    }
+}

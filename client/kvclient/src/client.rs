@@ -1,0 +1,617 @@
+//! The [`Client`]: key-value calls (get, put, delete, expire, persist, scan,
+//! batch) and cluster calls (status, membership, snapshots), each run
+//! through the router's retry loop; writes carry the client's session so a
+//! retry applies at most once.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use kvproto::cluster::v1 as cpb;
+use kvproto::cluster::v1::cluster_client::ClusterClient;
+use kvproto::kv::v1 as pb;
+use kvproto::kv::v1::kv_client::KvClient;
+use prost::bytes::Bytes;
+use tokio_stream::{Stream, StreamExt};
+use tonic::Status;
+use tonic::transport::Channel;
+
+use crate::builder::{ClientBuilder, Settings};
+use crate::error::{Error, Result};
+use crate::router::{Router, Target};
+use crate::session::Sessions;
+use crate::types::{
+    Batch, BatchApplied, Condition, Consistency, Entry, KeyValue, OpResult, PutOptions, Removed,
+    Scan, Written, ttl_left, ttl_ms,
+};
+
+/// Largest response the client accepts, in bytes (a scan page or a value of
+/// the largest size, with room to spare).
+pub const RESPONSE_SIZE_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// A raftcask client. Cheap to clone (clones share connections, the leader
+/// cache and the session); calls may run concurrently.
+#[derive(Debug, Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    router: Router,
+    sessions: Arc<Sessions>,
+    last_write_index: AtomicU64,
+}
+
+fn kv(channel: Channel) -> KvClient<Channel> {
+    KvClient::new(channel).max_decoding_message_size(RESPONSE_SIZE_BYTES_MAX)
+}
+
+fn cluster(channel: Channel) -> ClusterClient<Channel> {
+    ClusterClient::new(channel).max_decoding_message_size(RESPONSE_SIZE_BYTES_MAX)
+}
+
+fn applied(header: Option<&pb::Header>) -> u64 {
+    header.map_or(0, |h| h.applied_index)
+}
+
+impl Client {
+    /// A builder for these member addresses (`host:port`).
+    pub fn builder<I, S>(endpoints: I) -> ClientBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        ClientBuilder::new(endpoints)
+    }
+
+    /// A client with default settings that has found the leader through any
+    /// of `endpoints` (fails with [`Error::Unavailable`] if none answers).
+    pub async fn connect<I, S>(endpoints: I) -> Result<Client>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let client = ClientBuilder::new(endpoints).build()?;
+        client.discover_leader().await?;
+        Ok(client)
+    }
+
+    pub(crate) fn from_settings(settings: Settings) -> Client {
+        Client {
+            inner: Arc::new(Inner {
+                router: Router::new(settings),
+                sessions: Arc::new(Sessions::new()),
+                last_write_index: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Asks any member for the cluster status and caches the leader it
+    /// names; returns the leader's client address if one is known.
+    pub async fn discover_leader(&self) -> Result<Option<String>> {
+        let status = self.status().await?;
+        let leader_id = status.header.as_ref().map_or(0, |h| h.leader_id);
+        let leader = status
+            .members
+            .iter()
+            .filter_map(|m| m.member.as_ref())
+            .find(|m| leader_id != 0 && m.id == leader_id && !m.client_addr.is_empty())
+            .map(|m| m.client_addr.clone());
+        if let Some(addr) = &leader {
+            self.inner.router.set_leader(addr);
+        }
+        Ok(leader)
+    }
+
+    /// The cached leader address (`None` until a write or
+    /// [`Client::discover_leader`] found it).
+    pub fn leader(&self) -> Option<String> {
+        self.inner.router.leader()
+    }
+
+    /// This client's session id (random, non-zero).
+    pub fn client_id(&self) -> u64 {
+        self.inner.sessions.client_id()
+    }
+
+    /// The highest applied index acknowledged to a write of this client.
+    pub fn last_write_index(&self) -> u64 {
+        self.inner.last_write_index.load(Ordering::Acquire)
+    }
+
+    /// A consistency that sees this client's acknowledged writes on any
+    /// member without a trip to the leader: a stale read with `min_index` =
+    /// [`Client::last_write_index`].
+    pub fn read_your_writes(&self) -> Consistency {
+        Consistency::Stale {
+            min_index: self.last_write_index(),
+        }
+    }
+
+    fn note_write(&self, header: Option<&pb::Header>) -> u64 {
+        let index = applied(header);
+        self.inner
+            .last_write_index
+            .fetch_max(index, Ordering::AcqRel);
+        index
+    }
+
+    /// Runs a write on the leader with a fresh session sequence, reused by
+    /// every retry.
+    async fn write<T, F, Fut>(&self, mut call: F) -> Result<T>
+    where
+        F: FnMut(Channel, pb::Session) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let ticket = self.inner.sessions.begin();
+        self.inner
+            .router
+            .run(Target::Leader, true, |channel| {
+                call(channel, ticket.session())
+            })
+            .await
+    }
+
+    fn consistency(&self, consistency: Option<Consistency>) -> (i32, u64) {
+        consistency
+            .unwrap_or(self.inner.router.settings().consistency)
+            .to_proto()
+    }
+
+    /// Reads `key` with the default consistency; `Ok(None)` if absent.
+    pub async fn get(&self, key: impl Into<Bytes>) -> Result<Option<Entry>> {
+        self.get_inner(key.into(), None).await
+    }
+
+    /// Reads `key` with the given consistency; `Ok(None)` if absent.
+    pub async fn get_with(
+        &self,
+        key: impl Into<Bytes>,
+        consistency: Consistency,
+    ) -> Result<Option<Entry>> {
+        self.get_inner(key.into(), Some(consistency)).await
+    }
+
+    async fn get_inner(
+        &self,
+        key: Bytes,
+        consistency: Option<Consistency>,
+    ) -> Result<Option<Entry>> {
+        let (consistency, min_index) = self.consistency(consistency);
+        let response = self
+            .inner
+            .router
+            .run(Target::Any, false, |channel| {
+                let request = pb::GetRequest {
+                    key: key.clone(),
+                    consistency,
+                    min_index,
+                };
+                async move { kv(channel).get(request).await }
+            })
+            .await?;
+        if !response.found {
+            return Ok(None);
+        }
+        Ok(Some(Entry {
+            value: response.value,
+            version: response.version,
+            ttl_left: ttl_left(response.ttl_ms_left),
+            applied_index: applied(response.header.as_ref()),
+        }))
+    }
+
+    /// Writes `key` unconditionally, without a TTL.
+    pub async fn put(&self, key: impl Into<Bytes>, value: impl Into<Bytes>) -> Result<Written> {
+        self.put_with(key, value, PutOptions::default()).await
+    }
+
+    /// Writes `key` with a TTL and/or a condition; a failed condition is
+    /// [`Error::VersionMismatch`].
+    pub async fn put_with(
+        &self,
+        key: impl Into<Bytes>,
+        value: impl Into<Bytes>,
+        options: PutOptions,
+    ) -> Result<Written> {
+        let (key, value) = (key.into(), value.into());
+        let ttl_ms = options.ttl.map_or(0, ttl_ms);
+        let condition = options.condition.map(|c| match c {
+            Condition::IfVersion(v) => pb::put_request::Condition::IfVersion(v),
+            Condition::IfAbsent => pb::put_request::Condition::IfAbsent(pb::IfAbsent {}),
+        });
+        let response = self
+            .write(|channel, session| {
+                let request = pb::PutRequest {
+                    session: Some(session),
+                    key: key.clone(),
+                    value: value.clone(),
+                    ttl_ms,
+                    condition,
+                };
+                async move { kv(channel).put(request).await }
+            })
+            .await?;
+        let applied_index = self.note_write(response.header.as_ref());
+        match response.outcome {
+            Some(pb::put_response::Outcome::Version(version)) => Ok(Written {
+                version,
+                applied_index,
+            }),
+            Some(pb::put_response::Outcome::ConditionFailed(c)) => Err(mismatch(c)),
+            None => Err(Error::Protocol("PutResponse.outcome is missing".into())),
+        }
+    }
+
+    /// Deletes `key` (absent is fine: `found` false).
+    pub async fn delete(&self, key: impl Into<Bytes>) -> Result<Removed> {
+        self.delete_inner(key.into(), None).await
+    }
+
+    /// Deletes `key` only if its version is `version` (0 = absent).
+    pub async fn delete_if_version(&self, key: impl Into<Bytes>, version: u64) -> Result<Removed> {
+        self.delete_inner(key.into(), Some(version)).await
+    }
+
+    async fn delete_inner(&self, key: Bytes, if_version: Option<u64>) -> Result<Removed> {
+        let response = self
+            .write(|channel, session| {
+                let request = pb::DeleteRequest {
+                    session: Some(session),
+                    key: key.clone(),
+                    if_version,
+                };
+                async move { kv(channel).delete(request).await }
+            })
+            .await?;
+        let applied_index = self.note_write(response.header.as_ref());
+        match response.outcome {
+            Some(pb::delete_response::Outcome::Deleted(d)) => Ok(Removed {
+                found: d.found,
+                applied_index,
+            }),
+            Some(pb::delete_response::Outcome::ConditionFailed(c)) => Err(mismatch(c)),
+            None => Err(Error::Protocol("DeleteResponse.outcome is missing".into())),
+        }
+    }
+
+    /// Gives an existing `key` a new TTL; `Ok(None)` if the key is absent.
+    pub async fn expire(&self, key: impl Into<Bytes>, ttl: Duration) -> Result<Option<Written>> {
+        let key = key.into();
+        let ttl_ms = ttl_ms(ttl);
+        let response = self
+            .write(|channel, session| {
+                let request = pb::ExpireRequest {
+                    session: Some(session),
+                    key: key.clone(),
+                    ttl_ms,
+                };
+                async move { kv(channel).expire(request).await }
+            })
+            .await?;
+        let applied_index = self.note_write(response.header.as_ref());
+        Ok(response.found.then_some(Written {
+            version: response.version,
+            applied_index,
+        }))
+    }
+
+    /// Removes an existing `key`'s TTL; `Ok(None)` if the key is absent.
+    pub async fn persist(&self, key: impl Into<Bytes>) -> Result<Option<Written>> {
+        let key = key.into();
+        let response = self
+            .write(|channel, session| {
+                let request = pb::PersistRequest {
+                    session: Some(session),
+                    key: key.clone(),
+                };
+                async move { kv(channel).persist(request).await }
+            })
+            .await?;
+        let applied_index = self.note_write(response.header.as_ref());
+        Ok(response.found.then_some(Written {
+            version: response.version,
+            applied_index,
+        }))
+    }
+
+    /// Applies a [`Batch`] atomically. A failed condition is
+    /// [`Error::VersionMismatch`], a missing key for expire/persist is
+    /// [`Error::KeyNotFound`]; in both cases nothing was applied.
+    pub async fn batch(&self, batch: Batch) -> Result<BatchApplied> {
+        let response = self
+            .write(|channel, session| {
+                let request = pb::BatchRequest {
+                    session: Some(session),
+                    conditions: batch.conditions.clone(),
+                    ops: batch.ops.clone(),
+                };
+                async move { kv(channel).batch(request).await }
+            })
+            .await?;
+        let applied_index = self.note_write(response.header.as_ref());
+        match response.outcome {
+            Some(pb::batch_response::Outcome::Applied(a)) => Ok(BatchApplied {
+                results: a
+                    .results
+                    .into_iter()
+                    .map(|r| OpResult {
+                        version: r.version,
+                        found: r.found,
+                    })
+                    .collect(),
+                applied_index,
+            }),
+            Some(pb::batch_response::Outcome::ConditionFailed(c)) => Err(mismatch(c)),
+            Some(pb::batch_response::Outcome::KeyNotFound(k)) => Err(Error::KeyNotFound {
+                op_index: k.op_index,
+            }),
+            None => Err(Error::Protocol("BatchResponse.outcome is missing".into())),
+        }
+    }
+
+    /// One page of a scan, resuming after `after` (exclusive).
+    pub async fn scan_page(&self, scan: &Scan, after: Option<Bytes>) -> Result<ScanPage> {
+        let (consistency, min_index) = self.consistency(scan.consistency);
+        let response = self
+            .inner
+            .router
+            .run(Target::Any, false, |channel| {
+                let request = pb::ScanRequest {
+                    range: scan.range.clone(),
+                    limit: scan.page_size,
+                    after: after.clone(),
+                    keys_only: scan.keys_only,
+                    consistency,
+                    min_index,
+                };
+                async move { kv(channel).scan(request).await }
+            })
+            .await?;
+        let next_after = if response.more {
+            if response.next_after.is_empty() {
+                return Err(Error::Protocol(
+                    "ScanResponse.more is set but next_after is empty".into(),
+                ));
+            }
+            if after.as_ref().is_some_and(|a| response.next_after <= *a) {
+                return Err(Error::Protocol(
+                    "ScanResponse.next_after does not advance past the request's after".into(),
+                ));
+            }
+            Some(response.next_after)
+        } else {
+            None
+        };
+        Ok(ScanPage {
+            entries: response
+                .entries
+                .into_iter()
+                .map(|e| KeyValue {
+                    key: e.key,
+                    value: e.value,
+                    version: e.version,
+                    ttl_left: ttl_left(e.ttl_ms_left),
+                })
+                .collect(),
+            next_after,
+            applied_index: applied(response.header.as_ref()),
+        })
+    }
+
+    /// Every key of `scan` as a stream, fetched page by page on demand (each
+    /// page is a read of its own, not one snapshot). After an error the
+    /// stream ends.
+    pub fn scan(&self, scan: Scan) -> ScanStream {
+        ScanStream {
+            client: self.clone(),
+            scan,
+            buffer: VecDeque::new(),
+            after: None,
+            done: false,
+            pending: None,
+        }
+    }
+
+    /// The cluster status as seen by any member.
+    pub async fn status(&self) -> Result<cpb::StatusResponse> {
+        self.inner
+            .router
+            .run(Target::Any, false, |channel| async move {
+                cluster(channel).status(cpb::StatusRequest {}).await
+            })
+            .await
+    }
+
+    /// The members as seen by any member.
+    pub async fn members(&self) -> Result<Vec<cpb::Member>> {
+        let response = self
+            .inner
+            .router
+            .run(Target::Any, false, |channel| async move {
+                cluster(channel)
+                    .member_list(cpb::MemberListRequest {})
+                    .await
+            })
+            .await?;
+        Ok(response.members)
+    }
+
+    /// Adds a learner (on the leader). The server does not implement it yet:
+    /// [`Error::Unimplemented`].
+    pub async fn add_learner(
+        &self,
+        id: u64,
+        client_addr: &str,
+        peer_addr: &str,
+        wait_caught_up: bool,
+    ) -> Result<Vec<cpb::Member>> {
+        let request = cpb::AddLearnerRequest {
+            id,
+            client_addr: client_addr.to_string(),
+            peer_addr: peer_addr.to_string(),
+            wait_caught_up,
+        };
+        let response = self
+            .inner
+            .router
+            .run(Target::Leader, true, |channel| {
+                let request = request.clone();
+                async move { cluster(channel).add_learner(request).await }
+            })
+            .await?;
+        Ok(response.members)
+    }
+
+    /// Promotes a learner to voter (on the leader). The server does not
+    /// implement it yet: [`Error::Unimplemented`].
+    pub async fn promote(&self, id: u64) -> Result<Vec<cpb::Member>> {
+        let response = self
+            .inner
+            .router
+            .run(Target::Leader, true, |channel| async move {
+                cluster(channel).promote(cpb::PromoteRequest { id }).await
+            })
+            .await?;
+        Ok(response.members)
+    }
+
+    /// Removes a member (on the leader). The server does not implement it
+    /// yet: [`Error::Unimplemented`].
+    pub async fn remove_member(&self, id: u64) -> Result<Vec<cpb::Member>> {
+        let response = self
+            .inner
+            .router
+            .run(Target::Leader, true, |channel| async move {
+                cluster(channel)
+                    .remove_member(cpb::RemoveMemberRequest { id })
+                    .await
+            })
+            .await?;
+        Ok(response.members)
+    }
+
+    /// Makes a member build a snapshot (and purge its log up to it with
+    /// `purge_log`): the cached leader, or else the first member that
+    /// answers.
+    pub async fn trigger_snapshot(&self, purge_log: bool) -> Result<cpb::TriggerSnapshotResponse> {
+        self.inner
+            .router
+            .run(Target::Leader, false, |channel| async move {
+                cluster(channel)
+                    .trigger_snapshot(cpb::TriggerSnapshotRequest { purge_log })
+                    .await
+            })
+            .await
+    }
+
+    /// Streams a member's snapshot (manifest, then chunks). The server does
+    /// not implement it yet: [`Error::Unimplemented`].
+    pub async fn save_snapshot(
+        &self,
+        build_new: bool,
+    ) -> Result<impl Stream<Item = Result<cpb::SaveSnapshotResponse>> + Send + Unpin + use<>> {
+        let streaming = self
+            .inner
+            .router
+            .run(Target::Any, false, |channel| async move {
+                cluster(channel)
+                    .save_snapshot(cpb::SaveSnapshotRequest { build_new })
+                    .await
+            })
+            .await?;
+        Ok(streaming.map(|item| {
+            item.map_err(|status| Error::Rpc {
+                code: status.code(),
+                message: status.message().to_string(),
+            })
+        }))
+    }
+}
+
+fn mismatch(c: pb::ConditionFailed) -> Error {
+    Error::VersionMismatch {
+        condition_index: c.condition_index,
+        current_version: c.current_version,
+    }
+}
+
+/// One page of a scan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanPage {
+    /// The entries, ascending by key.
+    pub entries: Vec<KeyValue>,
+    /// Where the next page starts (pass as `after`); `None` = the last page.
+    pub next_after: Option<Bytes>,
+    /// The applied index of the member that answered.
+    pub applied_index: u64,
+}
+
+type PageFuture = Pin<Box<dyn Future<Output = Result<ScanPage>> + Send>>;
+
+/// The stream of [`Client::scan`]: entries in key order, one page fetched
+/// at a time when the previous one is used up.
+pub struct ScanStream {
+    client: Client,
+    scan: Scan,
+    buffer: VecDeque<KeyValue>,
+    after: Option<Bytes>,
+    done: bool,
+    pending: Option<PageFuture>,
+}
+
+impl std::fmt::Debug for ScanStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScanStream")
+            .field("scan", &self.scan)
+            .field("buffered", &self.buffer.len())
+            .field("after", &self.after)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Stream for ScanStream {
+    type Item = Result<KeyValue>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(entry) = this.buffer.pop_front() {
+                return Poll::Ready(Some(Ok(entry)));
+            }
+            if this.done {
+                return Poll::Ready(None);
+            }
+            let pending = this.pending.get_or_insert_with(|| {
+                let client = this.client.clone();
+                let scan = this.scan.clone();
+                let after = this.after.clone();
+                Box::pin(async move { client.scan_page(&scan, after).await })
+            });
+            let page = match pending.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(page) => page,
+            };
+            this.pending = None;
+            match page {
+                Err(err) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Err(err)));
+                }
+                Ok(page) => {
+                    this.buffer.extend(page.entries);
+                    match page.next_after {
+                        Some(next) => this.after = Some(next),
+                        None => this.done = true,
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! The client's one error enum, and the reading of a gRPC status (code plus
+//! the `ErrorDetail` in the `raftcask-error-bin` metadata) into what the
+//! retry loops do next.
+
+use kvproto::kv::v1::{ErrorDetail, error_detail};
+use prost::Message;
+use tonic::{Code, Status};
+
+/// Binary metadata key carrying an encoded `ErrorDetail` (see kv.proto).
+pub(crate) const ERROR_DETAIL_KEY: &str = "raftcask-error-bin";
+
+/// Result of every client call.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything a client call can fail with.
+///
+/// A missing key is not an error (`get` answers `Ok(None)`), and a write
+/// whose fate is unknown is never reported as failed: it is
+/// [`Error::OutcomeUnknown`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The builder was given an unusable setting; nothing was sent.
+    #[error("invalid client configuration: {0}")]
+    InvalidConfig(String),
+    /// The server refused the request as malformed or over a limit; nothing
+    /// was applied. `message` is the server's (it names the limit), `limit`
+    /// the machine-readable detail when the server sent one.
+    #[error("invalid argument: {message}")]
+    InvalidArgument {
+        /// The server's message.
+        message: String,
+        /// The exceeded limit, when the refusal was about one.
+        limit: Option<LimitExceeded>,
+    },
+    /// A version condition did not hold; nothing was written.
+    #[error(
+        "version mismatch: condition {condition_index} failed, the key's current version is {current_version}"
+    )]
+    VersionMismatch {
+        /// Which condition failed (0 for put and delete; the index into the
+        /// batch's conditions for a batch).
+        condition_index: u32,
+        /// The key's version when the condition was checked; 0 = absent.
+        current_version: u64,
+    },
+    /// A batch's expire or persist named a missing key; nothing was applied.
+    #[error("batch op {op_index} names a key that does not exist; nothing was applied")]
+    KeyNotFound {
+        /// The index of that op in the batch.
+        op_index: u32,
+    },
+    /// The write was (or may have been) sent, and whether it applied is not
+    /// known: it applied at most once. Read the key to find out.
+    #[error("outcome unknown (the write may or may not have applied): {message}")]
+    OutcomeUnknown {
+        /// What happened last.
+        message: String,
+    },
+    /// No member could serve the request within the retry budget. For a
+    /// write, nothing was applied (otherwise it would be `OutcomeUnknown`).
+    #[error("unavailable after {attempts} attempts: {message}")]
+    Unavailable {
+        /// Attempts made.
+        attempts: u32,
+        /// The last failure.
+        message: String,
+    },
+    /// The server does not implement this call yet (for now: membership
+    /// changes and saved snapshots).
+    #[error("not implemented by the server: {message}")]
+    Unimplemented {
+        /// The server's message.
+        message: String,
+    },
+    /// Any other status from the server.
+    #[error("the server answered {code:?}: {message}")]
+    Rpc {
+        /// The gRPC status code.
+        code: Code,
+        /// The server's message.
+        message: String,
+    },
+    /// The server's answer broke the protocol (e.g. a missing outcome).
+    #[error("malformed response: {0}")]
+    Protocol(String),
+}
+
+/// A server limit a request exceeded (from the `LimitExceeded` detail).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitExceeded {
+    /// The limit's name, e.g. `VALUE_SIZE_BYTES_MAX`.
+    pub limit: String,
+    /// The limit's value.
+    pub limit_value: u64,
+    /// The request's value that exceeded it.
+    pub actual_value: u64,
+}
+
+/// What a retry loop does with a failed attempt.
+#[derive(Debug)]
+pub(crate) enum Verdict {
+    /// Not the leader: nothing was applied; try the named leader address
+    /// (`None`: no leader known, back off and try another member).
+    NotLeader(Option<String>),
+    /// The request may have been applied (outcome unknown, transport
+    /// failure or timeout after sending); retry with the same session.
+    MaybeApplied,
+    /// Nothing was applied (or a read failed); try again elsewhere.
+    Retry,
+    /// The member refused the connection: nothing was sent; skip it for a
+    /// while (and forget it as the leader).
+    Unreachable,
+    /// Stop and report this.
+    Fatal(Error),
+}
+
+/// Decodes the `ErrorDetail` of a status, if it carries one.
+pub(crate) fn detail_of(status: &Status) -> Option<error_detail::Detail> {
+    let value = status.metadata().get_bin(ERROR_DETAIL_KEY)?;
+    let bytes = value.to_bytes().ok()?;
+    ErrorDetail::decode(bytes).ok()?.detail
+}
+
+/// Whether the status is a refused connection: the request never left the
+/// client, so it cannot have applied.
+fn connect_refused(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    let mut depth = 0;
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return io.kind() == std::io::ErrorKind::ConnectionRefused;
+        }
+        depth += 1;
+        if depth > ERROR_CHAIN_DEPTH_MAX {
+            break;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// How deep [`connect_refused`] looks into a status's chain of causes.
+const ERROR_CHAIN_DEPTH_MAX: usize = 16;
+
+/// Reads a failed attempt's status.
+pub(crate) fn classify(status: &Status) -> Verdict {
+    match (status.code(), detail_of(status)) {
+        (Code::FailedPrecondition, Some(error_detail::Detail::NotLeader(hint))) => {
+            let addr = (hint.leader_id != 0 && !hint.leader_client_addr.is_empty())
+                .then_some(hint.leader_client_addr);
+            Verdict::NotLeader(addr)
+        }
+        (Code::Aborted, Some(error_detail::Detail::SessionExpired(_))) => {
+            Verdict::Fatal(Error::OutcomeUnknown {
+                message: format!(
+                    "the server forgot the answer (session expired): {}",
+                    status.message()
+                ),
+            })
+        }
+        (Code::InvalidArgument, detail) => {
+            let limit = match detail {
+                Some(error_detail::Detail::LimitExceeded(l)) => Some(LimitExceeded {
+                    limit: l.limit,
+                    limit_value: l.limit_value,
+                    actual_value: l.actual_value,
+                }),
+                _ => None,
+            };
+            Verdict::Fatal(Error::InvalidArgument {
+                message: status.message().to_string(),
+                limit,
+            })
+        }
+        (Code::Unimplemented, _) => Verdict::Fatal(Error::Unimplemented {
+            message: status.message().to_string(),
+        }),
+        (Code::Unavailable, Some(error_detail::Detail::IndexNotReached(_))) => Verdict::Retry,
+        (Code::Unavailable, None) if connect_refused(status) => Verdict::Unreachable,
+        // Transport failures and server-side "cannot serve now" alike: the
+        // request may have reached a leader that proposed it.
+        (Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown, _) => {
+            Verdict::MaybeApplied
+        }
+        (code, _) => Verdict::Fatal(Error::Rpc {
+            code,
+            message: status.message().to_string(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvproto::kv::v1::{NotLeader, SessionExpired};
+
+    fn with_detail(code: Code, detail: error_detail::Detail) -> Status {
+        let mut status = Status::new(code, "x");
+        let bytes = ErrorDetail {
+            detail: Some(detail),
+        }
+        .encode_to_vec();
+        status.metadata_mut().insert_bin(
+            ERROR_DETAIL_KEY,
+            tonic::metadata::MetadataValue::from_bytes(&bytes),
+        );
+        status
+    }
+
+    #[test]
+    fn statuses_classify() {
+        let hint = with_detail(
+            Code::FailedPrecondition,
+            error_detail::Detail::NotLeader(NotLeader {
+                leader_id: 2,
+                leader_client_addr: "127.0.0.1:9".into(),
+            }),
+        );
+        assert!(matches!(classify(&hint), Verdict::NotLeader(Some(a)) if a == "127.0.0.1:9"));
+        let none = with_detail(
+            Code::FailedPrecondition,
+            error_detail::Detail::NotLeader(NotLeader::default()),
+        );
+        assert!(matches!(classify(&none), Verdict::NotLeader(None)));
+        let expired = with_detail(
+            Code::Aborted,
+            error_detail::Detail::SessionExpired(SessionExpired::default()),
+        );
+        assert!(matches!(
+            classify(&expired),
+            Verdict::Fatal(Error::OutcomeUnknown { .. })
+        ));
+        assert!(matches!(
+            classify(&Status::unavailable("gone")),
+            Verdict::MaybeApplied
+        ));
+        assert!(matches!(
+            classify(&Status::unimplemented("later")),
+            Verdict::Fatal(Error::Unimplemented { .. })
+        ));
+        assert!(matches!(
+            classify(&Status::invalid_argument("KEY_SIZE_BYTES_MAX")),
+            Verdict::Fatal(Error::InvalidArgument { .. })
+        ));
+    }
+}

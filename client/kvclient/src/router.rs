@@ -1,0 +1,241 @@
+//! Where each attempt goes: the known members (with a lazily opened gRPC
+//! channel each and a "recently failed" mark), the cached leader (refreshed
+//! from not-leader hints), round-robin over healthy members for reads, and
+//! the bounded retry loop with exponential backoff and jitter that every
+//! call runs through.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tonic::Status;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::builder::Settings;
+use crate::error::{Error, Result, Verdict, classify};
+
+/// How long a member that failed at the transport level is skipped when
+/// another one can be tried.
+pub const UNHEALTHY_PAUSE: Duration = Duration::from_secs(1);
+/// Upper bound on the members the client remembers (given plus learned from
+/// not-leader hints).
+pub const MEMBERS_MAX: usize = 1024;
+
+/// Which member an attempt needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// The leader (writes, membership).
+    Leader,
+    /// Any healthy member, round-robin (reads).
+    Any,
+}
+
+#[derive(Debug)]
+struct Member {
+    addr: String,
+    channel: Option<Channel>,
+    unhealthy_until: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Members {
+    list: Vec<Member>,
+    leader: Option<String>,
+}
+
+/// Members, leader cache and the retry loop.
+#[derive(Debug)]
+pub(crate) struct Router {
+    settings: Settings,
+    members: Mutex<Members>,
+    next_any: AtomicUsize,
+    next_probe: AtomicUsize,
+}
+
+impl Router {
+    pub(crate) fn new(settings: Settings) -> Self {
+        let list = settings
+            .endpoints
+            .iter()
+            .map(|addr| Member {
+                addr: addr.clone(),
+                channel: None,
+                unhealthy_until: None,
+            })
+            .collect();
+        Router {
+            settings,
+            members: Mutex::new(Members { list, leader: None }),
+            next_any: AtomicUsize::new(0),
+            next_probe: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Members> {
+        self.members.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The cached leader's address, if any.
+    pub(crate) fn leader(&self) -> Option<String> {
+        self.lock().leader.clone()
+    }
+
+    /// Records `addr` as the leader (learning it as a member if new).
+    pub(crate) fn set_leader(&self, addr: &str) {
+        let mut members = self.lock();
+        if !members.list.iter().any(|m| m.addr == addr) && members.list.len() < MEMBERS_MAX {
+            members.list.push(Member {
+                addr: addr.to_string(),
+                channel: None,
+                unhealthy_until: None,
+            });
+        }
+        members.leader = Some(addr.to_string());
+    }
+
+    fn forget_leader(&self, addr: &str) {
+        let mut members = self.lock();
+        if members.leader.as_deref() == Some(addr) {
+            members.leader = None;
+        }
+    }
+
+    fn mark(&self, addr: &str, healthy: bool) {
+        let mut members = self.lock();
+        if let Some(m) = members.list.iter_mut().find(|m| m.addr == addr) {
+            m.unhealthy_until = (!healthy).then(|| Instant::now() + UNHEALTHY_PAUSE);
+        }
+    }
+
+    /// The member for the next attempt and its channel.
+    fn pick(&self, target: Target) -> Result<(String, Channel)> {
+        let mut members = self.lock();
+        let index = match (target, members.leader.clone()) {
+            (Target::Leader, Some(leader)) => members.list.iter().position(|m| m.addr == leader),
+            _ => None,
+        };
+        let index = match index {
+            Some(index) => index,
+            None => {
+                let counter = match target {
+                    Target::Leader => &self.next_probe,
+                    Target::Any => &self.next_any,
+                };
+                let now = Instant::now();
+                let len = members.list.len();
+                let start = counter.fetch_add(1, Ordering::Relaxed);
+                (0..len)
+                    .map(|i| (start + i) % len)
+                    .find(|&i| members.list[i].unhealthy_until.is_none_or(|t| t <= now))
+                    .unwrap_or(start % len)
+            }
+        };
+        let member = &mut members.list[index];
+        let channel = match &member.channel {
+            Some(channel) => channel.clone(),
+            None => {
+                let endpoint = Endpoint::from_shared(format!("http://{}", member.addr))
+                    .map_err(|err| {
+                        Error::InvalidConfig(format!("endpoint {:?}: {err}", member.addr))
+                    })?
+                    .connect_timeout(self.settings.connect_timeout)
+                    .tcp_nodelay(true);
+                let channel = endpoint.connect_lazy();
+                member.channel = Some(channel.clone());
+                channel
+            }
+        };
+        Ok((member.addr.clone(), channel))
+    }
+
+    /// Runs `call` against `target` until it answers, a fatal error comes,
+    /// or the retry budget (attempts, operation timeout) is spent. `write`:
+    /// the call changes state, so an attempt that may have reached the
+    /// leader makes a later failure "outcome unknown", never a failure.
+    pub(crate) async fn run<T, F, Fut>(&self, target: Target, write: bool, mut call: F) -> Result<T>
+    where
+        F: FnMut(Channel) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let s = &self.settings;
+        let started = Instant::now();
+        let mut maybe_applied = false;
+        let mut last = String::from("no attempt made");
+        let mut backoff = s.backoff_base;
+        let mut attempts = 0;
+        while attempts < s.attempts {
+            let Some(remaining) = s.operation_timeout.checked_sub(started.elapsed()) else {
+                break;
+            };
+            attempts += 1;
+            let (addr, channel) = self.pick(target)?;
+            let limit = s.request_timeout.min(remaining);
+            let status = match tokio::time::timeout(limit, call(channel)).await {
+                Ok(Ok(response)) => {
+                    self.mark(&addr, true);
+                    if target == Target::Leader {
+                        self.set_leader(&addr);
+                    }
+                    return Ok(response.into_inner());
+                }
+                Ok(Err(status)) => status,
+                Err(_) => Status::deadline_exceeded(format!("no answer within {limit:?}")),
+            };
+            last = format!("{addr}: {:?}: {}", status.code(), status.message());
+            let pause = match classify(&status) {
+                Verdict::NotLeader(Some(leader)) if leader != addr => {
+                    self.set_leader(&leader);
+                    continue;
+                }
+                Verdict::NotLeader(_) => {
+                    self.forget_leader(&addr);
+                    true
+                }
+                Verdict::MaybeApplied => {
+                    maybe_applied |= write;
+                    self.forget_leader(&addr);
+                    self.mark(&addr, false);
+                    true
+                }
+                Verdict::Retry => true,
+                Verdict::Unreachable => {
+                    self.forget_leader(&addr);
+                    self.mark(&addr, false);
+                    true
+                }
+                Verdict::Fatal(err) => {
+                    if maybe_applied && !matches!(err, Error::OutcomeUnknown { .. }) {
+                        return Err(Error::OutcomeUnknown {
+                            message: format!("an earlier attempt may have applied; then: {err}"),
+                        });
+                    }
+                    return Err(err);
+                }
+            };
+            if pause {
+                let half = backoff / 2;
+                let jitter = rand::rng().random_range(Duration::ZERO..=half);
+                let sleep =
+                    (half + jitter).min(s.operation_timeout.saturating_sub(started.elapsed()));
+                tokio::time::sleep(sleep).await;
+                backoff = (backoff * 2).min(s.backoff_cap);
+            }
+        }
+        if maybe_applied {
+            Err(Error::OutcomeUnknown {
+                message: format!("retry budget spent after {attempts} attempts; last: {last}"),
+            })
+        } else {
+            Err(Error::Unavailable {
+                attempts,
+                message: last,
+            })
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! Proves the calls and their errors against a live cluster: a missing key
+//! is `Ok(None)`; put with TTL reports the TTL left; if-version / if-absent
+//! mismatches carry the key's current version; conditional delete; expire
+//! and persist (and `Ok(None)` for a missing key); batches with conditions
+//! (failed condition index, missing key op index); an over-limit key is
+//! InvalidArgument naming `KEY_SIZE_BYTES_MAX`; membership and saved
+//! snapshots surface the server's UNIMPLEMENTED; status lists the members;
+//! a client with no reachable member (connection refused) reports
+//! Unavailable for a read and for a write (nothing was sent).
+
+use std::time::Duration;
+
+use kvclient::{Batch, Client, Error, PutOptions};
+
+use crate::harness::{Cluster, MEMBERS};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn calls_and_errors() {
+    let cluster = Cluster::start().await;
+    let client = Client::connect(cluster.endpoints()).await.expect("connect");
+    let leader = cluster.leader().await;
+    assert_eq!(client.leader(), Some(cluster.addr(leader)));
+
+    assert_eq!(client.get("missing").await.expect("get"), None);
+
+    let a = client
+        .put_with(
+            "a",
+            "1",
+            PutOptions::default().ttl(Duration::from_secs(600)),
+        )
+        .await
+        .expect("put");
+    let entry = client.get("a").await.expect("get").expect("a exists");
+    assert_eq!(entry.version, a.version);
+    let ttl = entry.ttl_left.expect("a has a TTL");
+    assert!(ttl > Duration::from_secs(500) && ttl <= Duration::from_secs(600));
+
+    match client
+        .put_with("a", "2", PutOptions::default().if_version(a.version + 1))
+        .await
+    {
+        Err(Error::VersionMismatch {
+            condition_index: 0,
+            current_version,
+        }) => assert_eq!(current_version, a.version),
+        other => panic!("expected a version mismatch, got {other:?}"),
+    }
+    match client
+        .put_with("a", "2", PutOptions::default().if_absent())
+        .await
+    {
+        Err(Error::VersionMismatch {
+            current_version, ..
+        }) => assert_eq!(current_version, a.version),
+        other => panic!("expected a version mismatch, got {other:?}"),
+    }
+    let a2 = client
+        .put_with("a", "2", PutOptions::default().if_version(a.version))
+        .await
+        .expect("conditional put");
+    assert!(a2.version > a.version);
+
+    let persisted = client.persist("a").await.expect("persist").expect("found");
+    let entry = client.get("a").await.expect("get").expect("a exists");
+    assert_eq!(entry.ttl_left, None);
+    assert_eq!(entry.version, persisted.version);
+    let expired = client
+        .expire("a", Duration::from_secs(100))
+        .await
+        .expect("expire")
+        .expect("found");
+    assert!(expired.version > persisted.version);
+    assert!(
+        client
+            .get("a")
+            .await
+            .expect("get")
+            .expect("a")
+            .ttl_left
+            .is_some()
+    );
+    assert_eq!(
+        client
+            .expire("nope", Duration::from_secs(1))
+            .await
+            .expect("expire"),
+        None
+    );
+    assert_eq!(client.persist("nope").await.expect("persist"), None);
+
+    assert!(matches!(
+        client.delete_if_version("a", 1).await,
+        Err(Error::VersionMismatch { current_version, .. }) if current_version == expired.version
+    ));
+    let removed = client
+        .delete_if_version("a", expired.version)
+        .await
+        .expect("delete");
+    assert!(removed.found);
+    assert!(!client.delete("a").await.expect("delete").found);
+
+    let applied = client
+        .batch(
+            Batch::new()
+                .check_absent("b")
+                .put("b", "1")
+                .put("c", "2")
+                .delete("zz"),
+        )
+        .await
+        .expect("batch");
+    assert_eq!(applied.results.len(), 3);
+    assert!(matches!(
+        client
+            .batch(Batch::new().check_absent("x").check_absent("b").put("d", "1"))
+            .await,
+        Err(Error::VersionMismatch { condition_index: 1, current_version }) if current_version == applied.results[0].version
+    ));
+    assert!(matches!(
+        client
+            .batch(Batch::new().put("d", "1").persist("nope"))
+            .await,
+        Err(Error::KeyNotFound { op_index: 1 })
+    ));
+    assert_eq!(client.get("d").await.expect("get"), None, "nothing applied");
+
+    match client.put(vec![b'k'; 4097], "v").await {
+        Err(Error::InvalidArgument { message, limit }) => {
+            assert!(message.contains("KEY_SIZE_BYTES_MAX"), "{message}");
+            assert_eq!(limit.expect("limit detail").limit, "KEY_SIZE_BYTES_MAX");
+        }
+        other => panic!("expected invalid argument, got {other:?}"),
+    }
+
+    assert!(matches!(
+        client
+            .add_learner(9, "127.0.0.1:1", "127.0.0.1:2", false)
+            .await,
+        Err(Error::Unimplemented { .. })
+    ));
+    assert!(matches!(
+        client.remove_member(2).await,
+        Err(Error::Unimplemented { .. })
+    ));
+    assert!(matches!(
+        client.save_snapshot(false).await.map(|_| ()),
+        Err(Error::Unimplemented { .. })
+    ));
+
+    let status = client.status().await.expect("status");
+    assert_eq!(status.members.len(), MEMBERS as usize);
+    assert_eq!(
+        client.members().await.expect("members").len(),
+        MEMBERS as usize
+    );
+
+    // Nobody listens on this port (bound, then released).
+    let dead = {
+        let socket = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        socket.local_addr().expect("addr").to_string()
+    };
+    let lonely = Client::builder([dead])
+        .attempts(3)
+        .operation_timeout(Duration::from_secs(10))
+        .build()
+        .expect("client");
+    assert!(matches!(
+        lonely.get("a").await,
+        Err(Error::Unavailable { attempts: 3, .. })
+    ));
+    // A refused connection sent nothing: the write surely did not apply.
+    let r = lonely.put("a", "1").await;
+    assert!(
+        matches!(r, Err(Error::Unavailable { attempts: 3, .. })),
+        "{r:?}"
+    );
+}
