@@ -179,10 +179,17 @@ pub(crate) fn classify(status: &Status) -> Verdict {
         (Code::Unavailable, Some(error_detail::Detail::IndexNotReached(_))) => Verdict::Retry,
         (Code::Unavailable, None) if connect_refused(status) => Verdict::Unreachable,
         // Transport failures and server-side "cannot serve now" alike: the
-        // request may have reached a leader that proposed it.
-        (Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown, _) => {
-            Verdict::MaybeApplied
-        }
+        // request may have reached a leader that proposed it. tonic reports
+        // a connection torn down mid-call (a leader killed with the request
+        // in flight) as INTERNAL "h2 protocol error", so INTERNAL counts too.
+        (
+            Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Cancelled
+            | Code::Unknown
+            | Code::Internal,
+            _,
+        ) => Verdict::MaybeApplied,
         (code, _) => Verdict::Fatal(Error::Rpc {
             code,
             message: status.message().to_string(),
@@ -233,6 +240,11 @@ mod tests {
         ));
         assert!(matches!(
             classify(&Status::unavailable("gone")),
+            Verdict::MaybeApplied
+        ));
+        // A connection torn down with the call in flight.
+        assert!(matches!(
+            classify(&Status::internal("h2 protocol error: http2 error")),
             Verdict::MaybeApplied
         ));
         assert!(matches!(
