@@ -77,6 +77,26 @@ pub(crate) async fn try_start(
     Node::start_with_listeners(config, listeners).await
 }
 
+/// Members 1..=3 started on the three-node layout (member 1 bootstraps):
+/// their directories, the running nodes, each member's (client, peer)
+/// addresses and the initial cluster.
+pub(crate) async fn start_three() -> (
+    Vec<tempfile::TempDir>,
+    Vec<Node>,
+    Vec<(SocketAddr, SocketAddr)>,
+    BTreeMap<u64, NodeInfo>,
+) {
+    let (dirs, pairs, cluster) = three_node_layout().await;
+    let mut nodes = Vec::new();
+    let mut addrs = Vec::new();
+    for (i, pair) in pairs.into_iter().enumerate() {
+        let id = i as u64 + 1;
+        addrs.push((pair.0.local_addr().unwrap(), pair.1.local_addr().unwrap()));
+        nodes.push(start(id, dirs[i].path(), &cluster, id == 1, pair).await);
+    }
+    (dirs, nodes, addrs, cluster)
+}
+
 /// Binds a stopped member's (client, peer) addresses again, retrying while
 /// the old sockets are still being released.
 pub(crate) async fn rebind((client, peer): (SocketAddr, SocketAddr)) -> (TcpListener, TcpListener) {
@@ -300,12 +320,7 @@ async fn single_node_put_get_delete_and_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_replicate_and_followers_redirect_writes() {
-    let (dirs, pairs, cluster) = three_node_layout().await;
-    let mut nodes = Vec::new();
-    for (i, pair) in pairs.into_iter().enumerate() {
-        let id = i as u64 + 1;
-        nodes.push(start(id, dirs[i].path(), &cluster, id == 1, pair).await);
-    }
+    let (_dirs, nodes, _addrs, _cluster) = start_three().await;
     let leader_id = wait_for_leader(&nodes.iter().collect::<Vec<_>>()).await;
     let leader = nodes.iter().find(|n| n.id() == leader_id).unwrap();
 

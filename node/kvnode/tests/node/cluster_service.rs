@@ -19,7 +19,7 @@ use kvproto::cluster::v1::{
 use kvproto::kv::v1::{Consistency, put_response};
 use tonic::transport::Channel;
 
-use crate::cluster::{connect, get, put, rebind, start, three_node_layout, wait_for_leader};
+use crate::cluster::{connect, get, put, rebind, start, start_three, wait_for_leader};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(50);
@@ -32,14 +32,7 @@ async fn cluster_client(node: &kvnode::Node) -> ClusterClient<Channel> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_members_and_a_triggered_snapshot() {
-    let (dirs, pairs, cluster) = three_node_layout().await;
-    let mut addrs = Vec::new();
-    let mut nodes = Vec::new();
-    for (i, pair) in pairs.into_iter().enumerate() {
-        let id = i as u64 + 1;
-        addrs.push((pair.0.local_addr().unwrap(), pair.1.local_addr().unwrap()));
-        nodes.push(start(id, dirs[i].path(), &cluster, id == 1, pair).await);
-    }
+    let (dirs, mut nodes, addrs, cluster) = start_three().await;
     let leader_id = wait_for_leader(&nodes.iter().collect::<Vec<_>>()).await;
     let leader = nodes.iter().find(|n| n.id() == leader_id).unwrap();
     let mut kv = connect(leader).await;

@@ -23,7 +23,7 @@ use kvproto::raft::v1::raft_client::RaftClient;
 use kvproto::raft::v1::{AppendEntriesRequest, IdentifyRequest, Identity};
 
 use crate::cluster::{
-    connect, get, info, listeners, put, rebind, start, three_node_layout, try_start,
+    connect, get, info, listeners, put, rebind, start, start_three, three_node_layout, try_start,
     wait_for_leader,
 };
 
@@ -189,14 +189,7 @@ async fn foreign_and_misnamed_data_directories_refuse_to_start() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wiped_member_cannot_rejoin_under_its_old_id() {
-    let (dirs, pairs, cluster) = three_node_layout().await;
-    let mut nodes = Vec::new();
-    let mut addrs = Vec::new();
-    for (i, pair) in pairs.into_iter().enumerate() {
-        let id = i as u64 + 1;
-        addrs.push((pair.0.local_addr().unwrap(), pair.1.local_addr().unwrap()));
-        nodes.push(start(id, dirs[i].path(), &cluster, id == 1, pair).await);
-    }
+    let (dirs, mut nodes, addrs, cluster) = start_three().await;
     // Every member learns every other member's incarnation.
     let leader = wait_for_leader(&nodes.iter().collect::<Vec<_>>()).await;
     let victim_id = (1..=3u64).find(|id| *id != leader).unwrap();
@@ -283,14 +276,7 @@ async fn a_wiped_member_cannot_rejoin_under_its_old_id() {
 /// initialize a second one (its log stays empty), and the cluster goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wiped_bootstrap_member_does_not_bootstrap_again() {
-    let (dirs, pairs, cluster) = three_node_layout().await;
-    let mut nodes = Vec::new();
-    let mut addrs = Vec::new();
-    for (i, pair) in pairs.into_iter().enumerate() {
-        let id = i as u64 + 1;
-        addrs.push((pair.0.local_addr().unwrap(), pair.1.local_addr().unwrap()));
-        nodes.push(start(id, dirs[i].path(), &cluster, id == 1, pair).await);
-    }
+    let (_dirs, mut nodes, addrs, cluster) = start_three().await;
     wait_for_leader(&nodes.iter().collect::<Vec<_>>()).await;
     nodes.remove(0).shutdown(Duration::from_secs(5)).await;
     let wiped = tempfile::tempdir().unwrap();
