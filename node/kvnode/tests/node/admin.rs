@@ -123,10 +123,11 @@ struct Ports {
 }
 
 async fn ports() -> Ports {
+    let host = crate::common::private_loopback();
     Ports {
-        client: TcpListener::bind("127.0.0.1:0").await.unwrap(),
-        peer: TcpListener::bind("127.0.0.1:0").await.unwrap(),
-        admin: TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        client: TcpListener::bind((host, 0)).await.unwrap(),
+        peer: TcpListener::bind((host, 0)).await.unwrap(),
+        admin: TcpListener::bind((host, 0)).await.unwrap(),
     }
 }
 

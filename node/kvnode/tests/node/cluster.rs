@@ -27,8 +27,9 @@ const DEADLINE: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(50);
 
 pub(crate) async fn listeners() -> (TcpListener, TcpListener) {
-    let client = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let peer = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let host = crate::common::private_loopback();
+    let client = TcpListener::bind((host, 0)).await.unwrap();
+    let peer = TcpListener::bind((host, 0)).await.unwrap();
     (client, peer)
 }
 

@@ -61,8 +61,9 @@ impl Cluster {
         init_logs();
         let mut listeners = BTreeMap::new();
         for id in 1..=MEMBERS {
-            let client = TcpListener::bind("127.0.0.1:0").await.expect("bind client");
-            let peer = TcpListener::bind("127.0.0.1:0").await.expect("bind peer");
+            let host = crate::common::private_loopback();
+            let client = TcpListener::bind((host, 0)).await.expect("bind client");
+            let peer = TcpListener::bind((host, 0)).await.expect("bind peer");
             listeners.insert(id, (client, peer));
         }
         let initial: BTreeMap<u64, NodeInfo> = listeners

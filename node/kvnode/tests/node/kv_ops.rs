@@ -32,8 +32,9 @@ const TTL_MS: u64 = 10 * 60 * 1000;
 /// Starts a bootstrapped single-node cluster on ephemeral 127.0.0.1 ports,
 /// waits until it leads and connects a client.
 async fn single_node(dir: &Path) -> (Node, KvClient<Channel>) {
-    let client = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let peer = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let host = crate::common::private_loopback();
+    let client = TcpListener::bind((host, 0)).await.unwrap();
+    let peer = TcpListener::bind((host, 0)).await.unwrap();
     let info = NodeInfo {
         client_addr: client.local_addr().unwrap().to_string(),
         peer_addr: peer.local_addr().unwrap().to_string(),

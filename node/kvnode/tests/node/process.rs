@@ -1,4 +1,4 @@
-//! Real `kvnode` processes on 127.0.0.1, driven over gRPC with the kvproto
+//! Real `kvnode` processes on a private loopback address, driven over gRPC with the kvproto
 //! client:
 //! - three `kvnode run` processes acknowledge writes; SIGKILL of the
 //!   leader's process leaves the other two electing a new leader that takes
@@ -20,11 +20,12 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::net::{SocketAddr, TcpListener};
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::private_loopback;
 use kvnode::convert::detail_of;
 use kvproto::kv::v1::kv_client::KvClient;
 use kvproto::kv::v1::{
@@ -48,10 +49,11 @@ fn kvnode_exe() -> &'static str {
     env!("CARGO_BIN_EXE_kvnode")
 }
 
-/// A port that was free a moment ago (bind :0, read, drop; the race with
-/// another process taking it in between is accepted).
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+/// A port of `host` that was free a moment ago (bind :0, read, drop). The
+/// host is this test's own [`private_loopback`] address, so nothing else
+/// takes the port in between or while a killed member is down.
+fn free_port(host: IpAddr) -> u16 {
+    let listener = TcpListener::bind((host, 0)).expect("bind an ephemeral port");
     listener.local_addr().expect("local address").port()
 }
 
@@ -66,12 +68,13 @@ struct Member {
 }
 
 fn layout(root: &Path, count: u64) -> Vec<Member> {
+    let host = private_loopback();
     (1..=count)
         .map(|id| Member {
             id,
-            client: SocketAddr::from(([127, 0, 0, 1], free_port())),
-            peer: SocketAddr::from(([127, 0, 0, 1], free_port())),
-            admin: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            client: SocketAddr::from((host, free_port(host))),
+            peer: SocketAddr::from((host, free_port(host))),
+            admin: SocketAddr::from((host, free_port(host))),
             dir: root.join(format!("node{id}")),
         })
         .collect()
@@ -449,8 +452,8 @@ async fn sigkill_of_the_leader_and_of_everyone_loses_no_acknowledged_write() {
 
 /// A port base in a high range whose client, peer and admin ports for
 /// `nodes` members are all free right now (bind-tested).
-fn free_port_base(nodes: u16) -> u16 {
-    let seed = u64::from(std::process::id()) ^ u64::from(free_port());
+fn free_port_base(host: IpAddr, nodes: u16) -> u16 {
+    let seed = u64::from(std::process::id()) ^ u64::from(free_port(host));
     for attempt in 0..200u64 {
         let base = 20_000 + ((seed + attempt * 7919) % 30_000) as u16;
         let ports: Vec<u16> = (0..nodes)
@@ -458,7 +461,7 @@ fn free_port_base(nodes: u16) -> u16 {
             .collect();
         let bound: Vec<_> = ports
             .iter()
-            .map_while(|p| TcpListener::bind(("127.0.0.1", *p)).ok())
+            .map_while(|p| TcpListener::bind((host, *p)).ok())
             .collect();
         if bound.len() == ports.len() {
             return base;
@@ -494,7 +497,8 @@ fn read_pid(path: &Path) -> Option<u32> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kvnode_local_survives_the_leader_s_death_and_stops_on_sigterm() {
     let root = tempfile::tempdir().unwrap();
-    let base = free_port_base(3);
+    let host = private_loopback();
+    let base = free_port_base(host, 3);
     let mut guard = Guard::default();
     for id in 1..=3 {
         guard.logs.push((
@@ -509,6 +513,7 @@ async fn kvnode_local_survives_the_leader_s_death_and_stops_on_sigterm() {
     let local = Command::new(kvnode_exe())
         .args(["local", "--nodes", "3", "--dir"])
         .arg(root.path())
+        .args(["--host", &host.to_string()])
         .args(["--port-base", &base.to_string()])
         .env("RUST_LOG", "info,openraft=warn")
         .stdin(Stdio::null())
@@ -540,24 +545,20 @@ async fn kvnode_local_survives_the_leader_s_death_and_stops_on_sigterm() {
     let table = std::fs::read_to_string(&out_path).unwrap();
     for (id, pid) in &pids {
         assert!(
-            table.contains(&format!("127.0.0.1:{}", base + *id as u16 - 1))
+            table.contains(&format!("{host}:{}", base + *id as u16 - 1))
                 && table.contains(&pid.to_string()),
             "the table lacks member {id}'s client address or pid {pid}:\n{table}"
         );
     }
 
     let all: Vec<(u64, SocketAddr)> = (1..=3u64)
-        .map(|id| (id, SocketAddr::from(([127, 0, 0, 1], base + id as u16 - 1))))
+        .map(|id| (id, SocketAddr::from((host, base + id as u16 - 1))))
         .collect();
     let mut leader = wait_for_leader(&all, None).await;
     let first = put_acked(&all, &mut leader, "first", "1", 0).await;
     // Each member serves its admin port at client port + 200.
     for id in 1..=3u16 {
-        let answer = http_get(
-            SocketAddr::from(([127, 0, 0, 1], base + id - 1 + 200)),
-            "/health",
-        )
-        .await;
+        let answer = http_get(SocketAddr::from((host, base + id - 1 + 200)), "/health").await;
         assert!(
             answer.starts_with("HTTP/1.")
                 && answer.contains(" 200 OK")
@@ -633,13 +634,15 @@ async fn members_of_kvnode_local_stop_when_it_is_killed() {
     // SIGKILL gives `local` no chance to stop its members: the kernel's
     // parent-death signal must.
     let root = tempfile::tempdir().unwrap();
-    let base = free_port_base(1);
+    let host = private_loopback();
+    let base = free_port_base(host, 1);
     let mut guard = Guard::default();
     let log = root.path().join("node1/kvnode.log");
     guard.logs.push(("member 1".into(), log.clone()));
     let local = Command::new(kvnode_exe())
         .args(["local", "--nodes", "1", "--dir"])
         .arg(root.path())
+        .args(["--host", &host.to_string()])
         .args(["--port-base", &base.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -657,7 +660,7 @@ async fn members_of_kvnode_local_stop_when_it_is_killed() {
         tokio::time::sleep(POLL).await;
     };
     guard.grandchildren.push(pid);
-    let member = [(1, SocketAddr::from(([127, 0, 0, 1], base)))];
+    let member = [(1, SocketAddr::from((host, base)))];
     assert_eq!(wait_for_leader(&member, None).await, 1);
 
     let (_, mut local) = guard.children.pop().unwrap();
