@@ -231,6 +231,16 @@ impl Children {
             "each member logs to <data dir>/{LOG_FILE} and its pid is in <data dir>/{PID_FILE}; \
              Ctrl-C or SIGTERM stops them all"
         );
+        let endpoints: Vec<String> = self
+            .slots
+            .iter()
+            .map(|slot| slot.member.client.to_string())
+            .collect();
+        let _ = writeln!(
+            out,
+            "try: KVCTL_ENDPOINTS={} kvctl status",
+            endpoints.join(",")
+        );
         let _ = out.flush();
     }
 

@@ -63,29 +63,32 @@ enum Cmd {
 #[derive(Debug, clap::Args)]
 struct RunArgs {
     /// Member id (from 1).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "KVNODE_ID", value_parser = clap::value_parser!(u64).range(1..))]
     id: u64,
     /// Data directory (created if missing).
-    #[arg(long)]
+    #[arg(long, env = "KVNODE_DATA_DIR")]
     data_dir: PathBuf,
-    /// Client port address (kv and cluster services).
-    #[arg(long)]
+    /// Address the client port binds (kv and cluster services), e.g.
+    /// 0.0.0.0:7001; the address others use is this member's entry in
+    /// --initial-cluster.
+    #[arg(long, env = "KVNODE_CLIENT_ADDR")]
     client_addr: SocketAddr,
-    /// Peer port address (Raft service only).
-    #[arg(long)]
+    /// Address the peer port binds (Raft service only).
+    #[arg(long, env = "KVNODE_PEER_ADDR")]
     peer_addr: SocketAddr,
     /// Admin HTTP address (`/metrics`, `/health`, `/ready`); none if omitted.
-    #[arg(long)]
+    #[arg(long, env = "KVNODE_ADMIN_ADDR")]
     admin_addr: Option<SocketAddr>,
-    /// The initial members: `1=<client>/<peer>,2=...`.
-    #[arg(long)]
+    /// The initial members: `1=<client>/<peer>,2=...`, each address
+    /// host:port (an IP or a name, e.g. node1:7001 in a compose network).
+    #[arg(long, env = "KVNODE_INITIAL_CLUSTER")]
     initial_cluster: String,
     /// Initialize the cluster if the log is empty (never re-initializes an
-    /// existing directory).
-    #[arg(long)]
+    /// existing directory). As a variable: KVNODE_BOOTSTRAP=true.
+    #[arg(long, env = "KVNODE_BOOTSTRAP")]
     bootstrap: bool,
     /// Log entries kept behind a snapshot when the log is purged.
-    #[arg(long, default_value_t = SNAPSHOT_LOG_KEEP_DEFAULT)]
+    #[arg(long, env = "KVNODE_SNAPSHOT_LOG_KEEP", default_value_t = SNAPSHOT_LOG_KEEP_DEFAULT)]
     snapshot_log_keep: u64,
 }
 
@@ -104,21 +107,13 @@ fn parse_cluster(spec: &str) -> anyhow::Result<BTreeMap<u64, NodeInfo>> {
         if id == 0 {
             bail!("--initial-cluster member {part:?}: ids start at 1");
         }
-        for (what, addr) in [("client", client), ("peer", peer)] {
-            addr.parse::<SocketAddr>().with_context(|| {
-                format!("--initial-cluster member {id}: {what} address {addr:?}")
-            })?;
-        }
-        if members
-            .insert(
-                id,
-                NodeInfo {
-                    client_addr: client.to_string(),
-                    peer_addr: peer.to_string(),
-                },
-            )
-            .is_some()
-        {
+        let info = NodeInfo {
+            client_addr: client.to_string(),
+            peer_addr: peer.to_string(),
+        };
+        info.validate(id)
+            .map_err(|err| anyhow::anyhow!("--initial-cluster {err}"))?;
+        if members.insert(id, info).is_some() {
             bail!("--initial-cluster lists member {id} twice");
         }
     }
