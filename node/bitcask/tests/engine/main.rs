@@ -6,6 +6,7 @@ mod common;
 mod crash;
 mod determinism;
 mod fsync_failure;
+mod fuzz;
 mod merge;
 mod model;
 mod power_loss;
