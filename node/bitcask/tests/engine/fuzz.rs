@@ -174,12 +174,32 @@ fn regressions_replay_without_panic() {
 /// One change to the directory.
 #[derive(Clone, Debug)]
 enum Mutation {
-    FlipByte { file: usize, at: usize, bit: u8 },
-    Truncate { file: usize, at: usize },
-    Extend { file: usize, bytes: Vec<u8> },
-    Overwrite { file: usize, at: usize, bytes: Vec<u8> },
-    Replace { file: usize, bytes: Vec<u8> },
-    AddFile { name: String, bytes: Vec<u8> },
+    FlipByte {
+        file: usize,
+        at: usize,
+        bit: u8,
+    },
+    Truncate {
+        file: usize,
+        at: usize,
+    },
+    Extend {
+        file: usize,
+        bytes: Vec<u8>,
+    },
+    Overwrite {
+        file: usize,
+        at: usize,
+        bytes: Vec<u8>,
+    },
+    Replace {
+        file: usize,
+        bytes: Vec<u8>,
+    },
+    AddFile {
+        name: String,
+        bytes: Vec<u8>,
+    },
 }
 
 fn mutation() -> impl Strategy<Value = Mutation> {
@@ -252,20 +272,17 @@ fn mutated_engine_directories_never_panic() {
     );
     let opened = std::cell::Cell::new(0u32);
     let refused = std::cell::Cell::new(0u32);
-    let result = runner.run(
-        &proptest::collection::vec(mutation(), 1..=4),
-        |mutations| {
-            let mut files = seed.clone();
-            for m in &mutations {
-                apply(&mut files, m);
-            }
-            match exercise(&files) {
-                Ok(_) => opened.set(opened.get() + 1),
-                Err(_) => refused.set(refused.get() + 1),
-            }
-            Ok(())
-        },
-    );
+    let result = runner.run(&proptest::collection::vec(mutation(), 1..=4), |mutations| {
+        let mut files = seed.clone();
+        for m in &mutations {
+            apply(&mut files, m);
+        }
+        match exercise(&files) {
+            Ok(_) => opened.set(opened.get() + 1),
+            Err(_) => refused.set(refused.get() + 1),
+        }
+        Ok(())
+    });
     if let Err(err) = result {
         panic!("a mutated engine directory made the engine panic: {err}");
     }

@@ -8,6 +8,7 @@ mod conditions;
 mod corruption;
 mod faults;
 mod fsync_failure;
+mod fuzz;
 mod harness;
 mod identity;
 mod kv_ops;
