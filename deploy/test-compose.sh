@@ -139,15 +139,28 @@ wait_healthy() {
         sleep 1
     done
 }
-# The leader's id as every given member reports it (polls until they agree).
+# What member N's admin port says about the leader (`/ready` names it
+# whether or not the member is ready); empty when it does not answer.
+leader_seen_by() {
+    python3 - "$1" <<'PY' 2>/dev/null || true
+import re, socket, sys
+s = socket.create_connection(("127.0.0.1", 7200 + int(sys.argv[1])), timeout=3)
+s.sendall(b"GET /ready HTTP/1.0\r\n\r\n")
+body = b""
+while chunk := s.recv(4096):
+    body += chunk
+m = re.search(rb"leader (\d+)", body)
+print(m.group(1).decode() if m else "")
+PY
+}
+# The leader's id once every given member names the same one.
 leader_of() {
     local since
     since=$(date +%s)
     while true; do
         local leaders="" n
         for n in "$@"; do
-            leaders+="$("$kvctl" --endpoints "$(endpoint_of "$n")" status -o json 2>/dev/null |
-                python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get("leader_id") or "")' 2>/dev/null) "
+            leaders+="$(leader_seen_by "$n") "
         done
         local first=${leaders%% *}
         if [ -n "$first" ] && [ "$first" != 0 ] && [ "$(echo "$leaders" | tr ' ' '\n' | grep -v '^$' | sort -u)" = "$first" ] &&
@@ -237,8 +250,9 @@ bench_pid=
 python3 - "$bench_out" <<'PY' || fail "bench reported failed writes"
 import json, sys
 r = json.load(open(sys.argv[1]))
-print(f"bench: {r.get('ok')} ok, {r.get('failed')} failed, {r.get('unknown')} unknown, {r.get('ops_per_sec')} ops/s")
-sys.exit(0 if r.get("failed") == 0 and r.get("ok", 0) > 0 else 1)
+print(f"bench: {r['ops_ok']} ok, {r['errors']} errors {r.get('errors_by_kind')}, {r['ops_per_second']:.0f} ops/s, "
+      f"p99 {r['latency_ms']['p99']} ms, max {r['latency_ms']['max']} ms")
+sys.exit(0 if r["errors"] == 0 and r["ops_ok"] > 0 else 1)
 PY
 
 log "down -v"
