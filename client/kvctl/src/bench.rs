@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 use kvbench::load::{LoadConfig, LoadReport, OpKind, Progress, ReadTarget, run_observed};
 use kvclient::kvproto::kv::v1::Consistency;
 use serde_json::json;
@@ -37,10 +37,16 @@ pub fn progress_bar(length: u64, bytes: bool) -> ProgressBar {
     let template = if bytes {
         "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}"
     } else {
-        "{msg} [{bar:40}] {pos}/{len} ops {per_sec} eta {eta}"
+        "{msg} [{bar:40}] {pos}/{len} ops {rate} eta {eta}"
     };
     if let Ok(style) = ProgressStyle::with_template(template) {
-        bar.set_style(style.progress_chars("=> "));
+        let style = style.progress_chars("=> ").with_key(
+            "rate",
+            |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = write!(w, "{:.0}/s", state.per_sec());
+            },
+        );
+        bar.set_style(style);
     }
     bar
 }
