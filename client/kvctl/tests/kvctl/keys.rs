@@ -59,6 +59,15 @@ fn key_commands() {
     let version = json["version"].as_u64().expect("version");
     assert!(version > 0);
 
+    // A value over the cluster's limit (1 MiB) is refused by the cluster:
+    // exit 2, the limit named.
+    let big = dir.path().join("big.bin");
+    std::fs::write(&big, vec![7u8; 1024 * 1024 + 1]).expect("write big value");
+    let run = cluster.kvctl(&["put", "big", &format!("@{}", big.display())]);
+    run.expect_code(2);
+    assert!(run.stderr.contains("VALUE_SIZE_BYTES_MAX"), "{run:?}");
+    cluster.kvctl(&["get", "big"]).expect_code(1);
+
     // Conditions: --if-version with the right version works, a stale one
     // is exit 4; --if-absent on an existing key is exit 4, on a new one 0.
     let version_arg = version.to_string();
