@@ -18,7 +18,9 @@
 //! - [`report`]: Markdown tables and number formats.
 //! - [`fsutil`]: disk usage, page-cache dropping, resident memory.
 //! - [`load`]: the cluster load generator (gRPC clients, leader discovery,
-//!   latency histogram, errors by kind, ops per Raft entry).
+//!   latency histogram, errors by kind, ops per Raft entry, a live progress
+//!   counter and a bounded latency-over-time sample); `kvctl bench` runs on
+//!   it too.
 //!
 //! ## Binaries (default build)
 //! - `cluster-load`: drives a running cluster with [`load`] and prints a

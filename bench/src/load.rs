@@ -3,7 +3,9 @@
 //! by an operation count and a duration, with latencies in a histogram,
 //! errors counted by kind, and the mean number of operations per Raft entry.
 //!
-//! Used by the `cluster-load` binary; the future `kvctl bench` reuses it.
+//! Used by the `cluster-load` binary and by `kvctl bench`, which also
+//! watches a [`Progress`] while the run goes and plots the run's
+//! [`LoadReport::timeline`] (latency over time).
 //!
 //! - Writes go to the leader: a client starts at an endpoint, follows a
 //!   `NotLeader` detail (metadata `raftcask-error-bin`) to the leader's
@@ -60,6 +62,85 @@ pub const LATENCY_US_MAX: u64 = 60_000_000;
 pub const ERROR_DETAIL_KEY: &str = "raftcask-error-bin";
 /// Size of the random buffer values are cut from.
 const VALUE_POOL_SIZE_BYTES: usize = 4 * 1024 * 1024;
+/// Most (time, latency) samples a run keeps for its timeline, over all
+/// clients (8 bytes each). A client that fills its share keeps every other
+/// sample and halves its sampling rate, so the timeline stays spread over
+/// the whole run.
+pub const TIMELINE_SAMPLES_MAX: usize = 1_000_000;
+
+/// Operations finished so far, readable while a run goes (for a progress
+/// bar). Pass one to [`run_observed`].
+#[derive(Debug, Default)]
+pub struct Progress {
+    ok: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Progress {
+    /// Operations that succeeded so far.
+    pub fn ok(&self) -> u64 {
+        self.ok.load(Ordering::Relaxed)
+    }
+
+    /// Operations that failed so far.
+    pub fn failed(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Operations finished so far, either way.
+    pub fn finished(&self) -> u64 {
+        self.ok() + self.failed()
+    }
+}
+
+/// One successful operation of the timeline: when it finished and how long
+/// it took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sample {
+    /// When it finished, in ms since the run began.
+    pub at_ms: u32,
+    /// Its latency in µs (at most [`LATENCY_US_MAX`]).
+    pub latency_us: u32,
+}
+
+/// A client's bounded share of the timeline (see [`TIMELINE_SAMPLES_MAX`]).
+#[derive(Debug)]
+struct Sampler {
+    samples: Vec<Sample>,
+    capacity: usize,
+    /// Keep one operation in `stride`.
+    stride: u64,
+    seen: u64,
+}
+
+impl Sampler {
+    fn new(capacity: usize) -> Sampler {
+        Sampler {
+            samples: Vec::new(),
+            capacity: capacity.max(2),
+            stride: 1,
+            seen: 0,
+        }
+    }
+
+    fn record(&mut self, sample: Sample) {
+        self.seen += 1;
+        if !self.seen.is_multiple_of(self.stride) {
+            return;
+        }
+        self.samples.push(sample);
+        if self.samples.len() >= self.capacity {
+            // Kept: operations number 2, 4, 6, ... × stride, so the next one
+            // kept (number len × 2 × stride + 2 × stride) continues the grid.
+            let mut position = 0;
+            self.samples.retain(|_| {
+                position += 1;
+                position % 2 == 0
+            });
+            self.stride = self.stride.saturating_mul(2);
+        }
+    }
+}
 
 /// What each operation is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -248,6 +329,9 @@ pub struct LoadReport {
     pub writes_acked: u64,
     /// Distinct Raft entries (log indexes) that carried acknowledged writes.
     pub write_entries: u64,
+    /// Successful operations over time, ascending by `at_ms`: all of them,
+    /// or an even thinning to at most [`TIMELINE_SAMPLES_MAX`].
+    pub timeline: Vec<Sample>,
 }
 
 impl LoadReport {
@@ -371,8 +455,10 @@ struct Shared {
     leader: Mutex<String>,
     /// Operations started, for the count bound.
     started: AtomicU64,
+    began: Instant,
     deadline: Instant,
     values: Bytes,
+    progress: Arc<Progress>,
 }
 
 impl Shared {
@@ -409,6 +495,7 @@ struct Tally {
     latency_us: Histogram<u64>,
     writes_acked: u64,
     entries: HashSet<u64>,
+    sampler: Sampler,
 }
 
 fn detail(status: &tonic::Status) -> Option<error_detail::Detail> {
@@ -550,6 +637,7 @@ async fn client_loop(shared: Arc<Shared>, client: usize) -> Tally {
         latency_us: new_histogram(),
         writes_acked: 0,
         entries: HashSet::new(),
+        sampler: Sampler::new(TIMELINE_SAMPLES_MAX / config.clients.max(1)),
     };
     let value_span = shared.values.len() - config.value_size_bytes;
     loop {
@@ -583,12 +671,21 @@ async fn client_loop(shared: Arc<Shared>, client: usize) -> Tally {
             Ok(version) => {
                 tally.ops_ok += 1;
                 tally.latency_us.saturating_record(micros);
+                shared.progress.ok.fetch_add(1, Ordering::Relaxed);
+                let at_ms = shared.began.elapsed().as_millis();
+                tally.sampler.record(Sample {
+                    at_ms: u32::try_from(at_ms).unwrap_or(u32::MAX),
+                    latency_us: u32::try_from(micros).unwrap_or(u32::MAX),
+                });
                 if let Some(version) = version {
                     tally.writes_acked += 1;
                     tally.entries.insert(version >> 16);
                 }
             }
-            Err(status) => *tally.errors.entry(error_kind(&status)).or_default() += 1,
+            Err(status) => {
+                shared.progress.failed.fetch_add(1, Ordering::Relaxed);
+                *tally.errors.entry(error_kind(&status)).or_default() += 1;
+            }
         }
     }
     tally
@@ -596,6 +693,14 @@ async fn client_loop(shared: Arc<Shared>, client: usize) -> Tally {
 
 /// Runs the load described by `config` (validated first).
 pub async fn run(config: LoadConfig) -> Result<LoadReport, ConfigError> {
+    run_observed(config, Arc::new(Progress::default())).await
+}
+
+/// [`run`], counting finished operations in `progress` as they finish.
+pub async fn run_observed(
+    config: LoadConfig,
+    progress: Arc<Progress>,
+) -> Result<LoadReport, ConfigError> {
     config.validate()?;
     let mut values = vec![0u8; VALUE_POOL_SIZE_BYTES.max(config.value_size_bytes * 2)];
     SmallRng::seed_from_u64(config.seed).fill_bytes(&mut values);
@@ -607,8 +712,10 @@ pub async fn run(config: LoadConfig) -> Result<LoadReport, ConfigError> {
         },
         leader: Mutex::new(config.endpoints[0].clone()),
         started: AtomicU64::new(0),
+        began,
         deadline: began + config.duration,
         values: Bytes::from(values),
+        progress,
         config,
     });
     let tasks: Vec<_> = (0..shared.config.clients)
@@ -622,6 +729,7 @@ pub async fn run(config: LoadConfig) -> Result<LoadReport, ConfigError> {
         latency_us: new_histogram(),
         writes_acked: 0,
         write_entries: 0,
+        timeline: Vec::new(),
     };
     let mut entries = HashSet::new();
     for task in tasks {
@@ -636,6 +744,7 @@ pub async fn run(config: LoadConfig) -> Result<LoadReport, ConfigError> {
                     *report.errors.entry(kind).or_default() += n;
                 }
                 entries.extend(tally.entries);
+                report.timeline.extend(tally.sampler.samples);
             }
             Err(err) => {
                 *report
@@ -647,6 +756,7 @@ pub async fn run(config: LoadConfig) -> Result<LoadReport, ConfigError> {
     }
     report.elapsed = began.elapsed();
     report.write_entries = entries.len() as u64;
+    report.timeline.sort_by_key(|s| s.at_ms);
     Ok(report)
 }
 
@@ -683,6 +793,28 @@ mod tests {
     }
 
     #[test]
+    fn sampler_thins_evenly_and_stays_bounded() {
+        let mut sampler = Sampler::new(8);
+        for at_ms in 0..1000 {
+            sampler.record(Sample {
+                at_ms,
+                latency_us: 1,
+            });
+        }
+        assert!(sampler.samples.len() <= 8, "{:?}", sampler.samples);
+        assert!(sampler.samples.len() >= 4, "{:?}", sampler.samples);
+        // Spread over the whole run, not just its start.
+        let last = sampler.samples.last().map(|s| s.at_ms);
+        assert!(last.is_some_and(|t| t >= 500), "{:?}", sampler.samples);
+        let gaps: Vec<u32> = sampler
+            .samples
+            .windows(2)
+            .map(|w| w[1].at_ms - w[0].at_ms)
+            .collect();
+        assert!(gaps.iter().all(|g| *g == gaps[0]), "{gaps:?}");
+    }
+
+    #[test]
     fn keys_have_the_configured_size() {
         let config = LoadConfig::default();
         assert_eq!(&key(&config, 42)[..], b"0000000000000042");
@@ -698,6 +830,7 @@ mod tests {
             latency_us: new_histogram(),
             writes_acked: 6,
             write_entries: 2,
+            timeline: Vec::new(),
         };
         assert_eq!(report.ops_per_entry(), Some(3.0));
         assert_eq!(report.ops_per_second(), 3.0);

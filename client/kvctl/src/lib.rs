@@ -1,7 +1,103 @@
 //! # kvctl
 //!
-//! The kvctl command line (etcdctl-style).
+//! The raftcask command line (etcdctl-style, DESIGN §5–§6): keys (get,
+//! put, del, expire, persist, scan), cluster status, membership, snapshots
+//! (trigger, save to an archive file) and a load generator (`bench`), over
+//! [`kvclient`] and kvbench's load core.
 //!
-//! This crate is an empty shell in the workspace layout: its work is tracked
-//! by issue 5 of the project tracker and has not landed yet. Nothing here is
-//! exported, so nothing can depend on it by accident.
+//! ```text
+//! kvctl [--endpoints a,b,c | KVCTL_ENDPOINTS] [-o table|json] [--hex] [--timeout 10s] <command>
+//! ```
+//!
+//! The default endpoint is `127.0.0.1:7001`, what `cargo run -p kvnode`
+//! serves.
+//!
+//! ## Exit codes
+//!
+//! | code | meaning | from kvclient |
+//! |------|---------|---------------|
+//! | 0 | ok | |
+//! | 1 | key not found (get, del, expire, persist) | `Ok(None)`, `found = false`, `KeyNotFound` |
+//! | 2 | usage: bad flags, a key or value over its limit, a local file, a call the server does not implement | `InvalidConfig`, `InvalidArgument`, `Unimplemented` |
+//! | 3 | cluster unavailable (the endpoints tried are named) | `Unavailable`, `Protocol`, other `Rpc` codes |
+//! | 4 | condition failed | `VersionMismatch`, `Rpc` FAILED_PRECONDITION |
+//! | 5 | outcome unknown (applied at most once) | `OutcomeUnknown` |
+//!
+//! ## Modules
+//!
+//! - [`cli`]: the grammar (clap) and duration parsing.
+//! - [`commands`]: each command's calls and output.
+//! - [`bench`]: `kvctl bench` on `kvbench::load`, with a progress bar.
+//! - [`plot`]: the bench's SVG (latency over time, latency histogram).
+//! - [`archive`]: the snapshot archive format (writer, reader, verifier).
+//! - [`output`]: tables, JSON, binary-safe bytes, colours.
+//! - [`exit`]: exit codes and the error mapping above.
+//!
+//! ## Limits
+//!
+//! Keys up to [`commands::KEY_SIZE_BYTES_MAX`] (checked before sending);
+//! values up to [`commands::VALUE_SIZE_BYTES_MAX`] read (the cluster's own
+//! value limit is checked by the cluster); bench bounds are
+//! `kvbench::load`'s.
+//!
+//! ## Example
+//!
+//! ```
+//! use kvctl::exit::Exit;
+//! // No member at this address: exit code 3, naming what was tried.
+//! let code = kvctl::run_with(["kvctl", "--endpoints", "127.0.0.1:1", "--timeout", "1s", "get", "k"]);
+//! assert_eq!(code, Exit::Unavailable.code());
+//! ```
+
+pub mod archive;
+pub mod bench;
+pub mod cli;
+pub mod commands;
+pub mod exit;
+pub mod output;
+pub mod plot;
+
+use clap::Parser as _;
+
+use crate::exit::Failure;
+use crate::output::Printer;
+
+/// Worker threads of kvctl's runtime (the bench's clients share them).
+const WORKER_THREADS: usize = 2;
+
+/// Parses `args` (the program name first), runs the command, prints its
+/// output and any failure; returns the process exit code.
+pub fn run_with<I, T>(args: I) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = match cli::Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(err) => {
+            // clap prints help/version (exit 0) and usage errors (exit 2).
+            let _ = err.print();
+            return err.exit_code();
+        }
+    };
+    let printer = Printer::new(cli.output, cli.hex);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(WORKER_THREADS)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            let failure = Failure::new(exit::Exit::Unavailable, format!("cannot start: {err}"));
+            printer.print_failure(&failure);
+            return failure.exit.code();
+        }
+    };
+    match runtime.block_on(commands::run(cli, printer)) {
+        Ok(()) => exit::Exit::Ok.code(),
+        Err(failure) => {
+            printer.print_failure(&failure);
+            failure.exit.code()
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! The command line's grammar (clap derive): global options, every command
+//! and its flags, and the parsers of durations and consistency names.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// The single-node default endpoint: what `cargo run -p kvnode` serves.
+pub const ENDPOINTS_DEFAULT: &str = "127.0.0.1:7001";
+/// Environment variable with the endpoints (comma-separated).
+pub const ENDPOINTS_ENV: &str = "KVCTL_ENDPOINTS";
+/// Longest duration accepted by any duration flag (TTLs, timeouts, bench).
+pub const DURATION_ARG_MAX: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// The long help text's tail: the exit codes scripts rely on.
+const AFTER_LONG_HELP: &str = "\
+Exit codes (DESIGN §6):
+  0  ok
+  1  key not found (get, del, expire, persist of a missing key)
+  2  usage: bad flags or arguments, a key or value over its limit (the
+     message names the field and the limit), a local file that cannot be
+     read or written, or a call the server does not implement (UNIMPLEMENTED)
+  3  cluster unavailable: no member answered in time (the message lists the
+     endpoints tried), or the server failed the call
+  4  condition failed: --if-version / --if-absent did not hold, or the
+     cluster refused a membership change's precondition
+  5  outcome unknown: the write was sent and may or may not have applied
+     (it applied at most once); read the key to find out
+
+Keys are taken from arguments as UTF-8 bytes. Values: VALUE, @FILE (the
+file's bytes) or - (standard input). Output is binary-safe: `get` writes the
+value's bytes as they are (a newline is added only on a terminal); tables
+escape non-printable bytes as \\xNN; --hex prints keys and values in hex;
+JSON carries them as base64 (`key_base64`, `value_base64`) plus a `key` /
+`value` string when they are UTF-8.";
+
+/// kvctl: the raftcask command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "kvctl",
+    version,
+    about = "Command line of raftcask: keys, cluster status, membership, snapshots, load.",
+    after_long_help = AFTER_LONG_HELP
+)]
+pub struct Cli {
+    /// Client addresses of members, comma-separated (any member will do;
+    /// kvctl finds the leader).
+    #[arg(
+        long,
+        global = true,
+        env = ENDPOINTS_ENV,
+        value_delimiter = ',',
+        default_value = ENDPOINTS_DEFAULT
+    )]
+    pub endpoints: Vec<String>,
+    /// Output format.
+    #[arg(short = 'o', long, global = true, value_enum, default_value = "table")]
+    pub output: Format,
+    /// Print keys and values as hex (table output).
+    #[arg(long, global = true)]
+    pub hex: bool,
+    /// How long one command may take, retries included (`10s`, `500ms`).
+    #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// Human-readable text and tables.
+    Table,
+    /// One JSON object per command on standard output.
+    Json,
+}
+
+/// Read consistency names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ConsistencyArg {
+    /// Sees every write acknowledged before the read (the default).
+    Linearizable,
+    /// A member's local state, possibly behind.
+    Stale,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print a key's value (exit 1 if absent).
+    Get {
+        /// The key.
+        key: String,
+        /// Read consistency.
+        #[arg(long, value_enum, default_value = "linearizable")]
+        consistency: ConsistencyArg,
+    },
+    /// Write a key.
+    Put(PutArgs),
+    /// Delete a key (exit 1 if it was absent).
+    Del {
+        /// The key.
+        key: String,
+        /// Only if the key's version is N (0 = absent); else exit 4.
+        #[arg(long, value_name = "N")]
+        if_version: Option<u64>,
+    },
+    /// Give an existing key a time to live (exit 1 if absent).
+    Expire {
+        /// The key.
+        key: String,
+        /// Time to live (`10s`, `500ms`, `2m`, `1h`).
+        #[arg(value_parser = parse_duration)]
+        ttl: Duration,
+    },
+    /// Remove an existing key's time to live (exit 1 if absent).
+    Persist {
+        /// The key.
+        key: String,
+    },
+    /// List keys in order.
+    Scan(ScanArgs),
+    /// Every member's role, term, log and applied index and lag (asks
+    /// every member).
+    Status,
+    /// Cluster membership.
+    #[command(subcommand)]
+    Member(MemberCommand),
+    /// Snapshots.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+    /// Load a cluster and report throughput and latency percentiles.
+    Bench(BenchArgs),
+}
+
+/// `put` flags.
+#[derive(Debug, Args)]
+pub struct PutArgs {
+    /// The key.
+    pub key: String,
+    /// The value: text, @FILE for a file's bytes, or - for standard input.
+    pub value: String,
+    /// Time to live (`10s`, `500ms`, `2m`, `1h`).
+    #[arg(long, value_parser = parse_duration)]
+    pub ttl: Option<Duration>,
+    /// Only if the key's version is N (0 = absent); else exit 4.
+    #[arg(long, value_name = "N", conflicts_with = "if_absent")]
+    pub if_version: Option<u64>,
+    /// Only if the key is absent; else exit 4.
+    #[arg(long)]
+    pub if_absent: bool,
+}
+
+/// `scan` flags.
+#[derive(Debug, Args)]
+pub struct ScanArgs {
+    /// Keys starting with P.
+    #[arg(long, value_name = "P", conflicts_with_all = ["from", "to"])]
+    pub prefix: Option<String>,
+    /// Keys from A (inclusive).
+    #[arg(long, value_name = "A")]
+    pub from: Option<String>,
+    /// Keys before B (exclusive).
+    #[arg(long, value_name = "B")]
+    pub to: Option<String>,
+    /// At most N keys.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u64>,
+    /// Keys and metadata only.
+    #[arg(long)]
+    pub keys_only: bool,
+    /// Read consistency of every page.
+    #[arg(long, value_enum, default_value = "linearizable")]
+    pub consistency: ConsistencyArg,
+}
+
+/// `member` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum MemberCommand {
+    /// List voters and learners.
+    List,
+    /// Add a non-voting member.
+    AddLearner {
+        /// The new member's id.
+        id: u64,
+        /// Its client address (`host:port`).
+        #[arg(long)]
+        client_addr: String,
+        /// Its peer address (`host:port`).
+        #[arg(long)]
+        peer_addr: String,
+        /// Answer only once it has caught up.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Turn a learner into a voter.
+    Promote {
+        /// The learner's id.
+        id: u64,
+    },
+    /// Remove a member.
+    Remove {
+        /// The member's id.
+        id: u64,
+    },
+}
+
+/// `snapshot` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Make a member build a snapshot now.
+    Trigger {
+        /// Also purge its log up to the snapshot.
+        #[arg(long)]
+        purge_log: bool,
+    },
+    /// Stream a member's snapshot into one archive file (see
+    /// `kvctl::archive` for the format).
+    Save {
+        /// The archive to write (written to FILE.partial, renamed when
+        /// complete and verified).
+        file: std::path::PathBuf,
+        /// Send the member's latest snapshot instead of building a new one.
+        #[arg(long)]
+        latest: bool,
+    },
+}
+
+/// Bench workloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchOp {
+    /// Puts only.
+    Put,
+    /// Gets only.
+    Get,
+    /// Gets and puts (see --read-percent).
+    Mixed,
+}
+
+/// `bench` flags.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// put, get or mixed.
+    #[arg(value_enum)]
+    pub op: BenchOp,
+    /// Concurrent clients (one operation in flight each).
+    #[arg(long, default_value_t = 16)]
+    pub clients: usize,
+    /// gRPC connections per endpoint, shared by the clients.
+    #[arg(long, default_value_t = 4)]
+    pub conns: usize,
+    /// Stop after this many operations (default: 1,000,000 with --duration,
+    /// else 10,000)...
+    #[arg(long)]
+    pub total: Option<u64>,
+    /// ...or after this long, whichever comes first (default: 60s with
+    /// --total, else 10m).
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Key length in bytes.
+    #[arg(long, default_value_t = 16)]
+    pub key_size: usize,
+    /// Value length in bytes.
+    #[arg(long, default_value_t = 256)]
+    pub value_size: usize,
+    /// Keys drawn uniformly from this many.
+    #[arg(long, default_value_t = 100_000)]
+    pub key_space: u64,
+    /// Percent of gets in `mixed`.
+    #[arg(long, default_value_t = 50)]
+    pub read_percent: u8,
+    /// Read consistency.
+    #[arg(long, value_enum, default_value = "linearizable")]
+    pub consistency: ConsistencyArg,
+    /// Seed of keys and values.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Write an SVG with latency over time and a latency histogram.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<std::path::PathBuf>,
+}
+
+/// Parses `10s`, `500ms`, `2m`, `1h`, `1d` (a bare number is seconds).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?}: expected a whole number and a unit (ms, s, m, h, d)"))?;
+    let seconds = |factor: u64| Duration::from_secs(number.saturating_mul(factor));
+    let duration = match unit {
+        "ms" => Duration::from_millis(number),
+        "" | "s" => seconds(1),
+        "m" => seconds(60),
+        "h" => seconds(3600),
+        "d" => seconds(86_400),
+        _ => return Err(format!("{text:?}: the unit must be ms, s, m, h or d")),
+    };
+    if duration > DURATION_ARG_MAX {
+        return Err(format!(
+            "{text:?} is over DURATION_ARG_MAX ({} days)",
+            DURATION_ARG_MAX.as_secs() / 86_400
+        ));
+    }
+    Ok(duration)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_grammar_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert!(parse_duration("1w").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(
+            parse_duration("99999d")
+                .unwrap_err()
+                .contains("DURATION_ARG_MAX")
+        );
+    }
+}
