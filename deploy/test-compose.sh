@@ -56,6 +56,7 @@ dockerd_pid=
 cleanup() {
     status=$?
     set +e
+    [ -n "${bench_pid:-}" ] && kill "$bench_pid" 2>/dev/null
     if [ -n "$dockerd_pid" ]; then
         if [ $status != 0 ]; then
             echo "---- container logs (last 40 lines each)" >&2
@@ -69,8 +70,9 @@ cleanup() {
         for _ in $(seq 1 100); do kill -0 "$dockerd_pid" 2>/dev/null || break; sleep 0.1; done
         remove_docker_chains
     fi
+    # dockerd bind-mounts its data root; one killed uncleanly leaves it.
+    awk -v w="$work" 'index($2, w) == 1 { print $2 }' /proc/mounts | sort -r | xargs -r umount -l
     rm -rf "$work"
-    [ -n "${bench_pid:-}" ] && kill "$bench_pid" 2>/dev/null
     exit $status
 }
 trap cleanup EXIT
@@ -153,7 +155,9 @@ m = re.search(rb"leader (\d+)", body)
 print(m.group(1).decode() if m else "")
 PY
 }
-# The leader's id once every given member names the same one.
+# The leader's id once every given member names the same one (other than
+# $not_leader when set: a killed leader's peers still name it for a moment).
+not_leader=
 leader_of() {
     local since
     since=$(date +%s)
@@ -163,7 +167,7 @@ leader_of() {
             leaders+="$(leader_seen_by "$n") "
         done
         local first=${leaders%% *}
-        if [ -n "$first" ] && [ "$first" != 0 ] && [ "$(echo "$leaders" | tr ' ' '\n' | grep -v '^$' | sort -u)" = "$first" ] &&
+        if [ -n "$first" ] && [ "$first" != 0 ] && [ "$first" != "$not_leader" ] && [ "$(echo "$leaders" | tr ' ' '\n' | grep -v '^$' | sort -u)" = "$first" ] &&
             [ "$(echo "$leaders" | wc -w)" = $# ]; then
             echo "$first"
             return 0
@@ -213,7 +217,7 @@ log "killing the leader's container (member $leader)"
 docker kill "$(compose ps -q "node$leader")" >/dev/null
 rest=$(for n in 1 2 3; do [ "$n" != "$leader" ] && printf '%s ' "$n"; done)
 # shellcheck disable=SC2086
-new_leader=$(leader_of $rest)
+new_leader=$(not_leader=$leader leader_of $rest)
 log "new leader: member $new_leader; writing with member $leader down"
 put_keys b 20
 log "restarting member $leader; it must catch up"
@@ -245,7 +249,12 @@ for n in 1 2 3; do
     wait_healthy node1 node2 node3
     leader_of 1 2 3 >/dev/null
 done
-wait "$bench_pid" || { cat "$work/bench.err" >&2; fail "kvctl bench exited $?"; }
+bench_status=0
+wait "$bench_pid" || bench_status=$?
+if [ "$bench_status" != 0 ]; then
+    cat "$work/bench.err" "$bench_out" >&2
+    fail "kvctl bench exited $bench_status"
+fi
 bench_pid=
 python3 - "$bench_out" <<'PY' || fail "bench reported failed writes"
 import json, sys

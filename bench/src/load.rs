@@ -50,10 +50,16 @@ pub const KEY_SIZE_BYTES_MAX: usize = 4 * 1024;
 /// Largest value (the cluster's default value limit, DESIGN §4).
 pub const VALUE_SIZE_BYTES_MAX: usize = 1024 * 1024;
 /// Attempts of one write (or leader read) before it counts as failed
-/// (redirects and retries after errors together).
-pub const ATTEMPTS_MAX: u32 = 8;
-/// Pause before retrying a write after an error other than a redirect.
+/// (redirects and retries after errors together). With the doubling pause
+/// below, the retries of one operation span about 7.5 s: longer than an
+/// election after the leader stops (openraft 0.9 has no leader transfer,
+/// so a restarted leader leaves a gap of up to the 3 s election timeout).
+pub const ATTEMPTS_MAX: u32 = 12;
+/// First pause before retrying after an error other than a redirect;
+/// doubled on each retry up to [`RETRY_PAUSE_MAX`].
 pub const RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// Longest pause between two retries of one operation.
+pub const RETRY_PAUSE_MAX: Duration = Duration::from_secs(1);
 /// Deadline of one RPC and of one connection attempt.
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(10);
 /// Latencies above this are recorded as this (histogram bound), in µs.
@@ -473,6 +479,20 @@ impl Shared {
         *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = addr;
     }
 
+    /// Follows a NotLeader hint from `from`. The hint is the leader's
+    /// address as the members know it, which the load generator may not be
+    /// able to reach (a compose network's `node2:7001` seen from the host):
+    /// with several endpoints given and the hint not among them, the next
+    /// given endpoint is tried instead (the leader is one of them).
+    fn follow_hint(&self, from: &str, hint: String) {
+        let endpoints = &self.config.endpoints;
+        if endpoints.contains(&hint) || endpoints.len() < 2 {
+            self.set_leader(hint);
+        } else {
+            self.next_leader(from);
+        }
+    }
+
     /// Moves the guess to the endpoint after `failed` (if it is still the
     /// guess).
     fn next_leader(&self, failed: &str) {
@@ -530,23 +550,34 @@ async fn retry_elsewhere(
     addr: &str,
     status: &tonic::Status,
     tally: &mut Tally,
+    attempt: u32,
 ) -> bool {
     match detail(status) {
         Some(error_detail::Detail::NotLeader(not_leader))
             if !not_leader.leader_client_addr.is_empty() =>
         {
             tally.redirects += 1;
-            shared.set_leader(not_leader.leader_client_addr);
+            shared.follow_hint(addr, not_leader.leader_client_addr);
             true
         }
         Some(error_detail::Detail::NotLeader(_)) | None
             if matches!(
                 status.code(),
-                tonic::Code::FailedPrecondition | tonic::Code::Unavailable | tonic::Code::Unknown
+                tonic::Code::FailedPrecondition
+                    | tonic::Code::Unavailable
+                    | tonic::Code::Unknown
+                    | tonic::Code::Internal
+                    | tonic::Code::Cancelled
             ) =>
         {
+            // Unknown / Internal / Cancelled: the connection went away
+            // mid-call (a member restarting); the benchmark's writes are
+            // plain overwrites, so retrying one is harmless.
             shared.next_leader(addr);
-            tokio::time::sleep(RETRY_PAUSE).await;
+            let pause = RETRY_PAUSE
+                .saturating_mul(1 << attempt.min(16))
+                .min(RETRY_PAUSE_MAX);
+            tokio::time::sleep(pause).await;
             true
         }
         _ => false,
@@ -561,7 +592,7 @@ async fn put_once(
     tally: &mut Tally,
 ) -> Result<u64, tonic::Status> {
     let mut last = None;
-    for _ in 0..ATTEMPTS_MAX {
+    for attempt in 0..ATTEMPTS_MAX {
         let addr = shared.leader();
         let channel = shared.pool.channel(&addr, client)?;
         let request = PutRequest {
@@ -580,7 +611,7 @@ async fn put_once(
                 };
             }
             Err(status) => {
-                if !retry_elsewhere(shared, &addr, &status, tally).await {
+                if !retry_elsewhere(shared, &addr, &status, tally, attempt).await {
                     return Err(status);
                 }
                 last = Some(status);
@@ -610,13 +641,13 @@ async fn get_once(
     // To the leader: a member that is not (a follower refuses linearizable
     // reads with UNAVAILABLE) moves the shared guess on, like a write.
     let mut last = None;
-    for _ in 0..ATTEMPTS_MAX {
+    for attempt in 0..ATTEMPTS_MAX {
         let addr = shared.leader();
         let channel = shared.pool.channel(&addr, client)?;
         match KvClient::new(channel).get(request.clone()).await {
             Ok(_) => return Ok(()),
             Err(status) => {
-                if !retry_elsewhere(shared, &addr, &status, tally).await {
+                if !retry_elsewhere(shared, &addr, &status, tally, attempt).await {
                     return Err(status);
                 }
                 last = Some(status);

@@ -447,6 +447,11 @@ async fn status(context: &Context) -> Result<(), Failure> {
         ));
     }
     let mut leader_id = 0;
+    // Every member of one cluster reports the same id; the first answer's.
+    let cluster_id = answers
+        .iter()
+        .find_map(|(_, r)| r.as_ref().ok()?.header.as_ref().map(|h| h.cluster_id))
+        .unwrap_or(0);
     let mut errors_by_address = BTreeMap::new();
     for (address, result) in &answers {
         let response = match result {
@@ -512,6 +517,7 @@ async fn status(context: &Context) -> Result<(), Failure> {
             })
             .collect();
         printer.print_json(&json!({
+            "cluster_id": format!("{cluster_id:016x}"),
             "leader": (leader_id != 0).then_some(leader_id),
             "members": members,
         }));
@@ -559,6 +565,7 @@ async fn status(context: &Context) -> Result<(), Failure> {
     } else {
         println!("* leader: member {leader_id}");
     }
+    println!("cluster {cluster_id:016x}");
     for (id, row) in &rows {
         if let Some(error) = &row.error {
             eprintln!("member {id} ({}): {error}", row.address);

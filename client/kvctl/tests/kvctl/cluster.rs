@@ -51,6 +51,12 @@ fn cluster_commands_and_bench() {
     run.expect_code(0);
     let json = run.json();
     assert_eq!(json["leader"], leader);
+    let cluster_id = json["cluster_id"].as_str().expect("cluster_id").to_string();
+    assert!(
+        cluster_id.len() == 16 && u64::from_str_radix(&cluster_id, 16).is_ok_and(|id| id != 0),
+        "cluster id {cluster_id:?}"
+    );
+    assert!(out.contains(&format!("cluster {cluster_id}")), "{out}");
     let members = json["members"].as_array().expect("members");
     assert_eq!(members.len(), 3);
     assert_eq!(members.iter().filter(|m| m["leader"] == true).count(), 1);
