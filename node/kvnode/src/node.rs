@@ -528,7 +528,7 @@ impl Node {
                     cluster = format!("{cluster:016x}"),
                     "not bootstrapping: member {peer} reports that the cluster already exists, and \
                      this data directory is new; a member that lost its data must be removed and \
-                     added again"
+                     added again under a new id"
                 );
             } else if !initialized {
                 let ensure = identity.clone();
