@@ -13,7 +13,7 @@
 //! - **Peer incarnations** are learned on first contact (the first request a
 //!   peer sends) and kept: a later request from the same member id with
 //!   another incarnation is refused (a wiped member cannot rejoin under its
-//!   old id; it must be removed and added again).
+//!   old id; it must be removed, and its new data added under a new id).
 //!
 //! On disk: `DATA/IDENTITY`, a UTF-8 text file of `key=value` lines:
 //!
@@ -187,7 +187,7 @@ pub enum Mismatch {
     #[error(
         "member {from} presented incarnation {presented:016x}, but this cluster knows it as \
          {known:016x}: a member whose data directory was wiped cannot rejoin under its old id \
-         (remove it and add it again)"
+         (remove it, and add the new data directory under a new id)"
     )]
     FromIncarnation {
         /// The sender.

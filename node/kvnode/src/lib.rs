@@ -45,6 +45,7 @@
 //! - [`node`]: one member: configuration checks, identity, storage,
 //!   openraft, batcher, tick loop, the ports, bootstrap and graceful
 //!   shutdown.
+//! - [`membership`]: membership changes on the leader (add, promote, remove).
 //! - [`metrics`]: the Prometheus metrics of one member (DESIGN §6 names;
 //!   `METRICS.md`), per node, gauges filled at scrape time.
 //! - [`admin`]: the admin HTTP port: `/metrics`, `/health`, `/ready`.
@@ -61,6 +62,7 @@ pub mod convert;
 pub mod faults;
 pub mod identity;
 pub mod log_store;
+pub mod membership;
 pub mod metrics;
 pub mod network;
 pub mod node;

@@ -20,6 +20,7 @@ use crate::command::{Command, Outcome, Proposal, Request};
 pub use crate::faults::Faults;
 use crate::identity::Identity;
 use crate::log_store::LogStore;
+use crate::membership::Membership;
 use crate::network::Network;
 use crate::read_index::ReadRounds;
 use crate::service::cluster::ClusterService;
@@ -527,7 +528,7 @@ impl Node {
                     cluster = format!("{cluster:016x}"),
                     "not bootstrapping: member {peer} reports that the cluster already exists, and \
                      this data directory is new; a member that lost its data must be removed and \
-                     added again"
+                     added again under a new id"
                 );
             } else if !initialized {
                 let ensure = identity.clone();
@@ -566,7 +567,12 @@ impl Node {
         )
         .with_metrics(member_metrics.clone());
         let cluster_service =
-            ClusterService::new(raft.clone(), state_machine.clone(), identity.clone());
+            ClusterService::new(raft.clone(), state_machine.clone(), identity.clone())
+                .with_membership(Membership::new(
+                    raft.clone(),
+                    identity.clone(),
+                    network.clone(),
+                ));
         let kv_service = KvService::new(
             raft.clone(),
             state_machine.clone(),
@@ -612,6 +618,12 @@ impl Node {
             identity.clone(),
             state_machine.clone(),
             config.initial_cluster.clone(),
+            shutdown.subscribe(),
+        )));
+        servers.push(tokio::spawn(crate::membership::learn_member_incarnations(
+            raft.clone(),
+            identity.clone(),
+            network.clone(),
             shutdown.subscribe(),
         )));
         servers.push(tokio::spawn(tick_loop(

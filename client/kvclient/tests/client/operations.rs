@@ -135,13 +135,16 @@ async fn calls_and_errors() {
 
     assert!(matches!(
         client
-            .add_learner(9, "127.0.0.1:1", "127.0.0.1:2", false)
+            .add_learner(0, "127.0.0.1:1", "127.0.0.1:2", false)
             .await,
-        Err(Error::Unimplemented { .. })
+        Err(Error::InvalidArgument { .. })
     ));
     assert!(matches!(
-        client.remove_member(2).await,
-        Err(Error::Unimplemented { .. })
+        client.remove_member(99).await,
+        Err(Error::Rpc {
+            code: tonic::Code::FailedPrecondition,
+            ..
+        })
     ));
     assert!(matches!(
         client.save_snapshot(false).await.map(|_| ()),

@@ -1,5 +1,6 @@
-//! The client-port `Cluster` gRPC service: Status, MemberList and
-//! TriggerSnapshot.
+//! The client-port `Cluster` gRPC service: Status, MemberList, the
+//! membership changes (AddLearner, Promote, RemoveMember: see
+//! [`crate::membership`]) and TriggerSnapshot.
 //!
 //! Status is the answering member's view (kvctl asks every member for a full
 //! table): itself in full, the leader's replication progress for the others
@@ -8,9 +9,14 @@
 //! leader and the applied index (a lower bound of what it knows committed)
 //! on any other member.
 //!
-//! AddLearner, Promote, RemoveMember and SaveSnapshot answer UNIMPLEMENTED:
-//! membership changes and backups come with incremental snapshots (the
-//! snapshot issue), and are refused rather than half-done.
+//! Status lists voters (LEADER / FOLLOWER / CANDIDATE) and learners
+//! (LEARNER); on the leader every row carries the member's matched index and
+//! its lag behind the leader's last log index. The leader a member names (in
+//! every header and row) is its vote's leader only while that one is a voter
+//! of its membership: a removed leader that stepped down names none.
+//!
+//! SaveSnapshot answers UNIMPLEMENTED: backups come with the snapshot issue,
+//! and are refused rather than half-done.
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -28,6 +34,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::identity::Identity;
+use crate::membership::{Members, Membership, known_leader};
 use crate::state_machine::StateMachine;
 use crate::types::{NodeInfo, TypeConfig};
 
@@ -41,6 +48,7 @@ pub struct ClusterService {
     raft: openraft::Raft<TypeConfig>,
     state_machine: StateMachine,
     identity: Identity,
+    membership: Option<Membership>,
 }
 
 impl std::fmt::Debug for ClusterService {
@@ -63,12 +71,16 @@ pub fn header(
         member_id: identity.member_id(),
         raft_term: metrics.current_term,
         applied_index: state_machine.applied().0.map(|l| l.index).unwrap_or(0),
-        leader_id: metrics.current_leader.unwrap_or(0),
+        leader_id: known_leader(metrics).unwrap_or(0),
     }
 }
 
 fn members(metrics: &RaftMetrics<u64, NodeInfo>) -> Vec<Member> {
-    let membership = metrics.membership_config.membership();
+    members_of(metrics.membership_config.membership())
+}
+
+/// Voters and learners, ascending by id.
+fn members_of(membership: &Members) -> Vec<Member> {
     let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
     membership
         .nodes()
@@ -128,7 +140,22 @@ impl ClusterService {
             raft,
             state_machine,
             identity,
+            membership: None,
         }
+    }
+
+    /// Serves AddLearner, Promote and RemoveMember through `membership`
+    /// (without it they answer UNIMPLEMENTED).
+    pub fn with_membership(mut self, membership: Membership) -> ClusterService {
+        self.membership = Some(membership);
+        self
+    }
+
+    #[allow(clippy::result_large_err)]
+    fn membership(&self) -> Result<&Membership, Status> {
+        self.membership
+            .as_ref()
+            .ok_or_else(|| Status::unimplemented("membership changes are not served here"))
     }
 
     /// The tonic server.
@@ -149,6 +176,7 @@ impl ClusterService {
         let last_log = metrics.last_log_index.unwrap_or(0);
         let applied = metrics.last_applied.map(|l| l.index).unwrap_or(0);
         let is_leader = metrics.state == ServerState::Leader;
+        let leader = known_leader(&metrics);
         let rows = members(&metrics)
             .into_iter()
             .map(|member| {
@@ -165,7 +193,7 @@ impl ClusterService {
                         lag_entries: is_leader.then_some(0),
                     };
                 }
-                let role = if Some(id) == metrics.current_leader {
+                let role = if Some(id) == leader {
                     Role::Leader
                 } else if member.voter {
                     Role::Follower
@@ -205,9 +233,6 @@ impl ClusterService {
 
 type SaveStream = Pin<Box<dyn Stream<Item = Result<SaveSnapshotResponse, Status>> + Send>>;
 
-const MEMBERSHIP_LATER: &str = "membership changes are not available yet: they land with \
-                                incremental snapshots (the snapshot issue)";
-
 #[tonic::async_trait]
 impl Cluster for ClusterService {
     async fn status(
@@ -230,23 +255,43 @@ impl Cluster for ClusterService {
 
     async fn add_learner(
         &self,
-        _request: Request<AddLearnerRequest>,
+        request: Request<AddLearnerRequest>,
     ) -> Result<Response<AddLearnerResponse>, Status> {
-        Err(Status::unimplemented(MEMBERSHIP_LATER))
+        let request = request.into_inner();
+        let info = NodeInfo {
+            client_addr: request.client_addr,
+            peer_addr: request.peer_addr,
+        };
+        let members = self
+            .membership()?
+            .add_learner(request.id, info, request.wait_caught_up)
+            .await?;
+        Ok(Response::new(AddLearnerResponse {
+            header: Some(self.header(&self.metrics())),
+            members: members_of(&members),
+        }))
     }
 
     async fn promote(
         &self,
-        _request: Request<PromoteRequest>,
+        request: Request<PromoteRequest>,
     ) -> Result<Response<PromoteResponse>, Status> {
-        Err(Status::unimplemented(MEMBERSHIP_LATER))
+        let members = self.membership()?.promote(request.into_inner().id).await?;
+        Ok(Response::new(PromoteResponse {
+            header: Some(self.header(&self.metrics())),
+            members: members_of(&members),
+        }))
     }
 
     async fn remove_member(
         &self,
-        _request: Request<RemoveMemberRequest>,
+        request: Request<RemoveMemberRequest>,
     ) -> Result<Response<RemoveMemberResponse>, Status> {
-        Err(Status::unimplemented(MEMBERSHIP_LATER))
+        let members = self.membership()?.remove(request.into_inner().id).await?;
+        Ok(Response::new(RemoveMemberResponse {
+            header: Some(self.header(&self.metrics())),
+            members: members_of(&members),
+        }))
     }
 
     async fn trigger_snapshot(

@@ -7,8 +7,8 @@
 //! - a follower that was down while the leader took a snapshot on request
 //!   (TriggerSnapshot with purge_log) and purged its log comes back, catches
 //!   up through the snapshot (its log cannot serve it) and serves the data;
-//! - the calls that land with the snapshot issue (AddLearner, Promote,
-//!   RemoveMember, SaveSnapshot) answer UNIMPLEMENTED, not a half-done change.
+//! - AddLearner of a member nobody runs is refused (FAILED_PRECONDITION:
+//!   start it first); membership changes are proven in `membership.rs`.
 
 use std::time::{Duration, Instant};
 
@@ -101,7 +101,11 @@ async fn status_members_and_a_triggered_snapshot() {
         })
         .await
         .unwrap_err();
-    assert_eq!(later.code(), tonic::Code::Unimplemented);
+    assert_eq!(later.code(), tonic::Code::FailedPrecondition, "{later:?}");
+    assert!(
+        later.message().contains("start the new member"),
+        "{later:?}"
+    );
 
     // A follower goes down; the leader writes on, snapshots and purges.
     let down = nodes.remove(follower_at);

@@ -13,6 +13,7 @@ mod harness;
 mod identity;
 mod kv_ops;
 mod log_store;
+mod membership;
 mod power_loss;
 mod process;
 mod replica_files;
