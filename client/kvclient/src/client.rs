@@ -33,6 +33,10 @@ use crate::types::{
 /// the largest size, with room to spare).
 pub const RESPONSE_SIZE_BYTES_MAX: usize = 64 * 1024 * 1024;
 
+/// Longest one attempt of [`Client::add_learner`] with `wait_caught_up` may
+/// take: the server's catch-up wait (120 s) plus a margin.
+pub const CATCH_UP_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(130);
+
 /// A raftcask client. Cheap to clone (clones share connections, the leader
 /// cache and the session); calls may run concurrently.
 #[derive(Debug, Clone)]
@@ -442,8 +446,10 @@ impl Client {
         Ok(response.members)
     }
 
-    /// Adds a learner (on the leader). The server does not implement it yet:
-    /// [`Error::Unimplemented`].
+    /// Adds a learner (on the leader), which must already run. With
+    /// `wait_caught_up` the leader answers once the learner holds the log up
+    /// to the change (by snapshot if needed), so one attempt may take up to
+    /// [`CATCH_UP_ATTEMPT_TIMEOUT`] instead of the request timeout.
     pub async fn add_learner(
         &self,
         id: u64,
@@ -457,10 +463,19 @@ impl Client {
             peer_addr: peer_addr.to_string(),
             wait_caught_up,
         };
+        let settings = self.inner.router.settings();
+        let (attempt, overall) = if wait_caught_up {
+            (
+                CATCH_UP_ATTEMPT_TIMEOUT,
+                settings.operation_timeout.max(CATCH_UP_ATTEMPT_TIMEOUT),
+            )
+        } else {
+            (settings.request_timeout, settings.operation_timeout)
+        };
         let response = self
             .inner
             .router
-            .run(Target::Leader, true, |channel| {
+            .run_for(Target::Leader, true, attempt, overall, |channel| {
                 let request = request.clone();
                 async move { cluster(channel).add_learner(request).await }
             })
@@ -468,8 +483,8 @@ impl Client {
         Ok(response.members)
     }
 
-    /// Promotes a learner to voter (on the leader). The server does not
-    /// implement it yet: [`Error::Unimplemented`].
+    /// Promotes a learner to voter (on the leader); refused while the
+    /// learner is far behind.
     pub async fn promote(&self, id: u64) -> Result<Vec<cpb::Member>> {
         let response = self
             .inner
@@ -481,8 +496,9 @@ impl Client {
         Ok(response.members)
     }
 
-    /// Removes a member (on the leader). The server does not implement it
-    /// yet: [`Error::Unimplemented`].
+    /// Removes a voter or learner (the leader included: it steps down once
+    /// the change commits). The removed member's process keeps running
+    /// until its operator stops it.
     pub async fn remove_member(&self, id: u64) -> Result<Vec<cpb::Member>> {
         let response = self
             .inner
@@ -510,8 +526,8 @@ impl Client {
             .await
     }
 
-    /// Streams a member's snapshot (manifest, then chunks). The server does
-    /// not implement it yet: [`Error::Unimplemented`].
+    /// Streams a member's snapshot (manifest, then chunks): a fresh one with
+    /// `build_new`, else its latest.
     pub async fn save_snapshot(
         &self,
         build_new: bool,

@@ -66,8 +66,7 @@ pub enum Error {
         /// The last failure.
         message: String,
     },
-    /// The server does not implement this call yet (for now: membership
-    /// changes and saved snapshots).
+    /// The server does not implement this call (an older server).
     #[error("not implemented by the server: {message}")]
     Unimplemented {
         /// The server's message.

@@ -158,7 +158,26 @@ impl Router {
     /// or the retry budget (attempts, operation timeout) is spent. `write`:
     /// the call changes state, so an attempt that may have reached the
     /// leader makes a later failure "outcome unknown", never a failure.
-    pub(crate) async fn run<T, F, Fut>(&self, target: Target, write: bool, mut call: F) -> Result<T>
+    pub(crate) async fn run<T, F, Fut>(&self, target: Target, write: bool, call: F) -> Result<T>
+    where
+        F: FnMut(Channel) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let s = &self.settings;
+        self.run_for(target, write, s.request_timeout, s.operation_timeout, call)
+            .await
+    }
+
+    /// [`Router::run`] with this call's own per-attempt and overall
+    /// timeouts (for calls the server may legitimately hold long).
+    pub(crate) async fn run_for<T, F, Fut>(
+        &self,
+        target: Target,
+        write: bool,
+        request_timeout: Duration,
+        operation_timeout: Duration,
+        mut call: F,
+    ) -> Result<T>
     where
         F: FnMut(Channel) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
@@ -170,12 +189,12 @@ impl Router {
         let mut backoff = s.backoff_base;
         let mut attempts = 0;
         while attempts < s.attempts {
-            let Some(remaining) = s.operation_timeout.checked_sub(started.elapsed()) else {
+            let Some(remaining) = operation_timeout.checked_sub(started.elapsed()) else {
                 break;
             };
             attempts += 1;
             let (addr, channel) = self.pick(target)?;
-            let limit = s.request_timeout.min(remaining);
+            let limit = request_timeout.min(remaining);
             let status = match tokio::time::timeout(limit, call(channel)).await {
                 Ok(Ok(response)) => {
                     self.mark(&addr, true);
@@ -222,7 +241,7 @@ impl Router {
                 let half = backoff / 2;
                 let jitter = rand::rng().random_range(Duration::ZERO..=half);
                 let sleep =
-                    (half + jitter).min(s.operation_timeout.saturating_sub(started.elapsed()));
+                    (half + jitter).min(operation_timeout.saturating_sub(started.elapsed()));
                 tokio::time::sleep(sleep).await;
                 backoff = (backoff * 2).min(s.backoff_cap);
             }

@@ -632,6 +632,10 @@ fn members_output(printer: &Printer, members: &[cpb::Member]) {
 
 async fn member(context: &Context, command: MemberCommand) -> Result<(), Failure> {
     let client = context.client()?;
+    let removed = match command {
+        MemberCommand::Remove { id } => Some(id),
+        _ => None,
+    };
     let members = match command {
         MemberCommand::List => client.members().await,
         MemberCommand::AddLearner {
@@ -645,6 +649,11 @@ async fn member(context: &Context, command: MemberCommand) -> Result<(), Failure
     }
     .map_err(|err| context.fail(err))?;
     members_output(&context.printer, &members);
+    if let Some(id) = removed {
+        // The removed member keeps running (and, if it missed its removal,
+        // keeps asking for votes) until someone stops it.
+        eprintln!("member {id} is out of the cluster; stop its process now");
+    }
     Ok(())
 }
 
