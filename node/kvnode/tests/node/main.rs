@@ -1,6 +1,7 @@
 //! The kvnode integration tests: one binary, one module per scenario.
 
 mod admin;
+mod backup;
 mod cluster;
 mod cluster_service;
 mod common;
@@ -12,6 +13,7 @@ mod harness;
 mod identity;
 mod kv_ops;
 mod log_store;
+mod merges;
 mod power_loss;
 mod process;
 mod replica_files;
