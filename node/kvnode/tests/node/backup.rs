@@ -1,6 +1,6 @@
 //! Backup and restore. A three-node in-process cluster (small segments, so
 //! the snapshot holds many sealed files and an active prefix) takes
-//! overwrites and deletes, then a writer keeps putting fresh keys while a
+//! a leader change, overwrites and deletes, then a writer keeps putting fresh keys while a
 //! backup is streamed from the leader (`SaveSnapshot`, build_new) into an
 //! archive with `backup::ArchiveWriter`. The archive is restored with
 //! `backup::restore` (what `kvnode restore` calls) into three new data
@@ -341,7 +341,10 @@ fn restore_options(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backup_under_load_restores_into_a_new_cluster() {
     let work = tempfile::tempdir().expect("tempdir");
-    let source = Cluster::start(|_| small_segments()).await;
+    let mut source = Cluster::start(|_| small_segments()).await;
+    // A leader change first: the backup's entries are of a later term than
+    // a new cluster's first election would reach on its own.
+    source.change_leader().await;
 
     // Preload: overwrites and deletes.
     let mut expected: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
@@ -467,11 +470,13 @@ async fn backup_under_load_restores_into_a_new_cluster() {
 
     // The restore proper.
     let mut cluster_ids = Vec::new();
+    let mut backup_term = 0;
     for (id, dir) in &dirs {
         let restored = restore(restore_options(&archive, dir, *id, &initial))
             .await
             .unwrap_or_else(|err| panic!("restore member {id}: {err}"));
         assert_eq!(restored.snapshot_last_log_id.index, backup_index);
+        backup_term = restored.snapshot_last_log_id.leader_id.term;
         assert_eq!(restored.last_log_id.index, backup_index + 1);
         assert_eq!(restored.source_cluster_id, source_cluster);
         cluster_ids.push(restored.cluster_id);
@@ -484,6 +489,10 @@ async fn backup_under_load_restores_into_a_new_cluster() {
         "a non-empty data directory must be refused: {again:?}"
     );
 
+    assert!(
+        backup_term >= 2,
+        "the backup's last entry is of term {backup_term}"
+    );
     let members = Members::start(listeners, &initial, &dirs, |_, config| {
         config.state_machine = small_segments();
     })
