@@ -263,6 +263,9 @@ impl Members {
     }
 }
 
+/// A key and its value.
+type KeyValue = (Vec<u8>, Vec<u8>);
+
 fn key(i: usize) -> Vec<u8> {
     format!("pre{:03}", i % PRELOAD_KEYS).into_bytes()
 }
@@ -385,7 +388,7 @@ async fn backup_under_load_restores_into_a_new_cluster() {
     // The load: fresh keys, each recorded once acknowledged.
     let leader = source.leader().await;
     let leader_addr = source.node(leader).client_addr();
-    let acked: Arc<Mutex<Vec<(Vec<u8>, Vec<u8>)>>> = Arc::default();
+    let acked: Arc<Mutex<Vec<KeyValue>>> = Arc::default();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let load = {
         let (acked, stop) = (acked.clone(), stop.clone());
@@ -425,7 +428,7 @@ async fn backup_under_load_restores_into_a_new_cluster() {
     }
 
     // The backup, while the load goes on.
-    let acked_before: Vec<(Vec<u8>, Vec<u8>)> = acked.lock().unwrap().clone();
+    let acked_before: Vec<KeyValue> = acked.lock().unwrap().clone();
     let archive = work.path().join("backup.rcbk");
     let (backup_index, source_cluster) = save_backup(leader_addr, &archive).await;
     let acked_during = acked.lock().unwrap().len() - acked_before.len();
