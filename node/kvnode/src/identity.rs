@@ -333,6 +333,30 @@ impl Identity {
         Ok(record.cluster_id)
     }
 
+    /// Writes `cluster_id` as this directory's cluster (`kvnode restore`
+    /// seeding a member of a new cluster). Refuses a directory that already
+    /// knows another cluster.
+    pub fn adopt_cluster_id(&self, cluster_id: u64) -> Result<(), IdentityError> {
+        let mut record = self.lock();
+        if record.cluster_id == cluster_id {
+            return Ok(());
+        }
+        if record.cluster_id != 0 || cluster_id == 0 {
+            return Err(IdentityError::Malformed {
+                path: self.dir.join(IDENTITY_FILE),
+                reason: format!(
+                    "cluster_id is {:016x}; refusing to replace it with {cluster_id:016x}",
+                    record.cluster_id
+                ),
+            });
+        }
+        let mut next = record.clone();
+        next.cluster_id = cluster_id;
+        write_record(&self.dir, &next)?;
+        *record = next;
+        Ok(())
+    }
+
     /// Records what a peer said of itself in answer to `Identify` (a member
     /// of this member's initial cluster): its incarnation, if none is known
     /// yet, and its cluster id, if this member does not know one yet. A

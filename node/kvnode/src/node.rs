@@ -21,6 +21,7 @@ pub use crate::faults::Faults;
 use crate::identity::Identity;
 use crate::log_store::LogStore;
 use crate::membership::Membership;
+use crate::merge_policy::{MergePolicy, ProposeMerge, SnapshotPolicy};
 use crate::network::Network;
 use crate::read_index::ReadRounds;
 use crate::service::cluster::ClusterService;
@@ -61,6 +62,11 @@ pub struct NodeConfig {
     pub snapshot_log_keep: u64,
     /// How the state machine opens its engine (segment size and such).
     pub state_machine: StateMachineOptions,
+    /// When the leader proposes merges (`enabled: false` = never).
+    pub merge_policy: MergePolicy,
+    /// When this member snapshots (`--snapshot-every-entries`,
+    /// `--snapshot-every-bytes`).
+    pub snapshot_policy: SnapshotPolicy,
     /// Test hooks: lost replies and cut peer links. Off by default.
     pub faults: Faults,
 }
@@ -89,6 +95,8 @@ impl NodeConfig {
             admin_addr: None,
             snapshot_log_keep: SNAPSHOT_LOG_KEEP_DEFAULT,
             state_machine: StateMachineOptions::default(),
+            merge_policy: MergePolicy::default(),
+            snapshot_policy: SnapshotPolicy::default(),
             faults: Faults::default(),
         }
     }
@@ -243,6 +251,28 @@ fn propose_fn(raft: openraft::Raft<TypeConfig>, clock: Arc<ClusterClock>) -> Pro
                 }
                 Err(RaftError::Fatal(fatal)) => Err(ProposeError::Unknown(fatal.to_string())),
             }
+        })
+    })
+}
+
+/// Proposes a merge entry the way writes and ticks are proposed: once the
+/// leader has caught up, stamped with its cluster clock, `client_write`.
+fn propose_merge_fn(raft: openraft::Raft<TypeConfig>, clock: Arc<ClusterClock>) -> ProposeMerge {
+    Arc::new(move |inputs: Vec<String>| {
+        let raft = raft.clone();
+        let clock = clock.clone();
+        Box::pin(async move {
+            leader_caught_up(&raft)
+                .await
+                .map_err(|err| format!("{err:?}"))?;
+            let merge = Proposal {
+                time_ms: clock.stamp(),
+                command: Command::Merge { inputs },
+            };
+            raft.client_write(merge)
+                .await
+                .map(|_| ())
+                .map_err(|err| err.to_string())
         })
     })
 }
@@ -500,6 +530,7 @@ impl Node {
             election_timeout_max: ELECTION_TIMEOUT_MAX_MS,
             install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
             max_in_snapshot_log_to_keep: config.snapshot_log_keep,
+            snapshot_policy: config.snapshot_policy.openraft(),
             ..Default::default()
         }
         .validate()
@@ -624,6 +655,21 @@ impl Node {
             raft.clone(),
             identity.clone(),
             network.clone(),
+            shutdown.subscribe(),
+        )));
+        servers.push(tokio::spawn(crate::merge_policy::merge_loop(
+            config.id,
+            config.merge_policy,
+            raft.clone(),
+            state_machine.clone(),
+            propose_merge_fn(raft.clone(), clock.clone()),
+            shutdown.subscribe(),
+        )));
+        servers.push(tokio::spawn(crate::merge_policy::snapshot_bytes_loop(
+            config.id,
+            config.snapshot_policy.every_bytes,
+            raft.clone(),
+            state_machine.clone(),
             shutdown.subscribe(),
         )));
         servers.push(tokio::spawn(tick_loop(

@@ -1,6 +1,7 @@
 //! The kvnode integration tests: one binary, one module per scenario.
 
 mod admin;
+mod backup;
 mod cluster;
 mod cluster_service;
 mod common;
@@ -14,6 +15,7 @@ mod identity;
 mod kv_ops;
 mod log_store;
 mod membership;
+mod merges;
 mod power_loss;
 mod process;
 mod replica_files;

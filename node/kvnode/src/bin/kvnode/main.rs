@@ -7,11 +7,14 @@
 //! - `kvnode run ...` runs one member of a static initial cluster.
 //! - `kvnode local --nodes N ...` runs N `kvnode run` child processes on one
 //!   host ([`local`]).
+//! - `kvnode restore --from FILE --data-dir D --id N --initial-cluster ...`
+//!   seeds a member of a new cluster from a backup archive ([`restore`]).
 //!
 //! `main` parses flags, sets up tracing and calls the library; SIGINT and
 //! SIGTERM shut a member down gracefully.
 
 mod local;
+mod restore;
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal as _;
@@ -21,6 +24,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
+use kvnode::merge_policy::{
+    MERGE_DEAD_BYTES_MIN_DEFAULT, MERGE_DEAD_RATIO_MIN_DEFAULT, MergePolicy,
+    SNAPSHOT_EVERY_BYTES_DEFAULT, SNAPSHOT_EVERY_ENTRIES_DEFAULT, SnapshotPolicy,
+};
 use kvnode::node::SNAPSHOT_LOG_KEEP_DEFAULT;
 use kvnode::{Node, NodeConfig, NodeInfo};
 
@@ -57,6 +64,8 @@ enum Cmd {
     Run(RunArgs),
     /// Runs a local cluster: N `kvnode run` child processes on one host.
     Local(local::LocalArgs),
+    /// Seeds a member of a new cluster from a backup archive.
+    Restore(restore::RestoreArgs),
 }
 
 /// Flags of `kvnode run`.
@@ -87,12 +96,32 @@ struct RunArgs {
     /// existing directory). As a variable: KVNODE_BOOTSTRAP=true.
     #[arg(long, env = "KVNODE_BOOTSTRAP")]
     bootstrap: bool,
-    /// Log entries kept behind a snapshot when the log is purged.
+    /// Log entries kept behind a snapshot when the log is purged (0: a
+    /// follower behind the snapshot catches up by snapshot).
     #[arg(long, env = "KVNODE_SNAPSHOT_LOG_KEEP", default_value_t = SNAPSHOT_LOG_KEEP_DEFAULT)]
     snapshot_log_keep: u64,
+    /// Build a snapshot after this many entries since the last one (0 =
+    /// never by entries).
+    #[arg(long, env = "KVNODE_SNAPSHOT_EVERY_ENTRIES", default_value_t = SNAPSHOT_EVERY_ENTRIES_DEFAULT)]
+    snapshot_every_entries: u64,
+    /// Build a snapshot when the engine holds this many file bytes the last
+    /// snapshot does not (0 = never by bytes).
+    #[arg(long, env = "KVNODE_SNAPSHOT_EVERY_BYTES", default_value_t = SNAPSHOT_EVERY_BYTES_DEFAULT)]
+    snapshot_every_bytes: u64,
+    /// Never propose merges when leading (the engine's files then only
+    /// grow; for tests and diagnosis).
+    #[arg(long, env = "KVNODE_NO_MERGE")]
+    no_merge: bool,
+    /// Propose a merge when the sealed files' dead bytes reach this share
+    /// of their bytes ...
+    #[arg(long, env = "KVNODE_MERGE_DEAD_RATIO_MIN", default_value_t = MERGE_DEAD_RATIO_MIN_DEFAULT)]
+    merge_dead_ratio_min: f64,
+    /// ... and at least this many bytes.
+    #[arg(long, env = "KVNODE_MERGE_DEAD_BYTES_MIN", default_value_t = MERGE_DEAD_BYTES_MIN_DEFAULT)]
+    merge_dead_bytes_min: u64,
 }
 
-fn parse_cluster(spec: &str) -> anyhow::Result<BTreeMap<u64, NodeInfo>> {
+pub(crate) fn parse_cluster(spec: &str) -> anyhow::Result<BTreeMap<u64, NodeInfo>> {
     let mut members = BTreeMap::new();
     for part in spec.split(',').filter(|p| !p.is_empty()) {
         let (id, addrs) = part.split_once('=').with_context(|| {
@@ -138,6 +167,22 @@ fn run_config(args: RunArgs) -> anyhow::Result<NodeConfig> {
     config.bootstrap = args.bootstrap;
     config.admin_addr = args.admin_addr;
     config.snapshot_log_keep = args.snapshot_log_keep;
+    config.snapshot_policy = SnapshotPolicy {
+        every_entries: args.snapshot_every_entries,
+        every_bytes: args.snapshot_every_bytes,
+    };
+    if !(0.0..=1.0).contains(&args.merge_dead_ratio_min) {
+        bail!(
+            "--merge-dead-ratio-min {} is not between 0 and 1",
+            args.merge_dead_ratio_min
+        );
+    }
+    config.merge_policy = MergePolicy {
+        enabled: !args.no_merge,
+        dead_ratio_min: args.merge_dead_ratio_min,
+        dead_bytes_min: args.merge_dead_bytes_min,
+        ..MergePolicy::default()
+    };
     Ok(config)
 }
 
@@ -198,5 +243,6 @@ async fn main() -> anyhow::Result<()> {
         None => run_member(default_config()?).await,
         Some(Cmd::Run(args)) => run_member(run_config(args)?).await,
         Some(Cmd::Local(args)) => local::run(args).await,
+        Some(Cmd::Restore(args)) => restore::run(args).await,
     }
 }

@@ -1,0 +1,1054 @@
+//! Backups: the archive a snapshot is saved into (`kvctl snapshot save
+//! FILE`, fed by the `SaveSnapshot` stream) and `kvnode restore`, which
+//! seeds a member of a new cluster from one.
+//!
+//! # Archive format (version 1)
+//!
+//! One file, written front to back (a stream can produce it). All integers
+//! are little-endian; every checksum is CRC-32 (IEEE, the `crc32fast`
+//! crate).
+//!
+//! | size | field |
+//! | --- | --- |
+//! | 8 | magic `RCBACKUP` ([`ARCHIVE_MAGIC`]) |
+//! | 4 | format version, u32 = 1 ([`ARCHIVE_FORMAT_VERSION`]) |
+//! | 4 | manifest length `M`, u32 (≤ `MANIFEST_BYTES_MAX` = 16 MiB) |
+//! | `M` | the member's snapshot `MANIFEST`, verbatim (`SNAPSHOT_FORMAT.md`: format version, last log id, membership, cluster id, files; it carries its own CRC-32) |
+//! | 4 | file count `F`, u32: equal to the manifest's file count |
+//! | | then `F` files, in the manifest's order, each: |
+//! | 2 | name length `n`, u16 (≤ `FILE_NAME_BYTES_MAX` = 255) |
+//! | `n` | file name, UTF-8: the manifest's name for this position |
+//! | 8 | length `L`, u64: the manifest's length for this file |
+//! | 4 | CRC-32 of the `L` bytes: the manifest's CRC for this file |
+//! | `L` | the file's bytes (for the active segment: the prefix the snapshot covers) |
+//! | | then the trailer: |
+//! | 8 | end magic `RCBKDONE` ([`ARCHIVE_END_MAGIC`]) |
+//! | 4 | CRC-32 of every byte of the archive before this field |
+//!
+//! Nothing may follow the trailer. A reader refuses any difference between
+//! a file's header and the manifest, any file whose bytes do not match its
+//! CRC, a bad trailer, a truncation or trailing bytes.
+//!
+//! # Restore
+//!
+//! [`restore`] verifies the whole archive before it writes anything, refuses
+//! a non-empty data directory, and builds the member's directory under a
+//! temporary sibling name, renamed into place last (so an interrupted
+//! restore leaves no half-made data directory under the real name):
+//!
+//! 1. `state/`: the archive's files are installed as a snapshot at the
+//!    backup's last log id `L` (the state machine's own install path:
+//!    verify, fsync, switch `CURRENT`), with the manifest rewritten to the
+//!    new cluster id;
+//! 2. one membership entry at `L + 1` (same leader id as `L`) naming the new
+//!    members (all voters) is applied, then a snapshot at `L + 1` is built;
+//!    every member restored from the same archive with the same
+//!    `--initial-cluster` holds identical files;
+//! 3. `raft-log/`: empty, purged through `L + 1`, committed `L + 1`, and a
+//!    vote of `L`'s term (not committed), so the first election is in a
+//!    later term than every log id the state machine holds — openraft then
+//!    starts with `last_applied` = last log id = purge point = `L + 1`, the
+//!    new membership taken from the state machine, and no log before it (a
+//!    member that lags catches up by snapshot);
+//! 4. `IDENTITY`: a fresh incarnation and the new cluster id.
+//!
+//! The new cluster id is derived from the archive's manifest, the new
+//! membership and `--cluster-token` (so every member restored with the same
+//! arguments agrees on it without talking to the others; a different token
+//! makes a different cluster from the same backup). It is never the backup's
+//! own cluster id, so restored members and the old cluster refuse each
+//! other.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{self, File};
+use std::io::{self, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bitcask::io::RealFs;
+use openraft::storage::{RaftLogStorage, RaftStateMachine};
+use openraft::{EntryPayload, LogId, Membership, SnapshotMeta, Vote};
+
+use crate::identity::{Identity, IdentityError};
+use crate::log_store::LogStore;
+use crate::snapshot::{
+    self, FILE_NAME_BYTES_MAX, MANIFEST_BYTES_MAX, Manifest, ManifestFile, SnapshotError,
+    SnapshotHandle,
+};
+use crate::state_machine::{SmError, StateMachine, StateMachineOptions};
+use crate::types::{NodeInfo, NodeLogId, TypeConfig};
+
+/// Magic at the start of an archive.
+pub const ARCHIVE_MAGIC: [u8; 8] = *b"RCBACKUP";
+/// Archive format version this code writes and reads.
+pub const ARCHIVE_FORMAT_VERSION: u32 = 1;
+/// Magic that opens the trailer.
+pub const ARCHIVE_END_MAGIC: [u8; 8] = *b"RCBKDONE";
+/// Bytes read or written at a time when copying file contents (bounds the
+/// memory a backup or restore holds).
+pub const ARCHIVE_COPY_BYTES: usize = 1024 * 1024;
+/// Suffix of the sibling directory a restore builds before renaming it to
+/// the data directory.
+pub const RESTORE_TMP_SUFFIX: &str = ".restore-tmp";
+/// Name of the log directory inside a data directory (as `Node` uses it).
+pub const RAFT_LOG_DIR: &str = "raft-log";
+/// Name of the state-machine directory inside a data directory.
+pub const STATE_DIR: &str = "state";
+
+/// Why a backup could not be written, read or restored.
+#[derive(Debug, thiserror::Error)]
+pub enum BackupError {
+    /// A file operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The archive (or a stream being written into one) is malformed or
+    /// does not match its manifest.
+    #[error("archive: {0}")]
+    Format(String),
+    /// The restore's arguments are unusable (member not listed, data
+    /// directory not empty, ...).
+    #[error("{0}")]
+    Config(String),
+    /// The state machine refused the snapshot or failed.
+    #[error("state machine: {0}")]
+    StateMachine(#[from] SmError),
+    /// A snapshot file operation failed.
+    #[error("snapshot: {0}")]
+    Snapshot(#[from] SnapshotError),
+    /// The Raft log could not be prepared.
+    #[error("raft log: {0}")]
+    Log(String),
+    /// The identity file could not be written.
+    #[error("identity: {0}")]
+    Identity(#[from] IdentityError),
+}
+
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> BackupError {
+    let path = path.to_path_buf();
+    move |source| BackupError::Io { op, path, source }
+}
+
+fn format_err(reason: impl Into<String>) -> BackupError {
+    BackupError::Format(reason.into())
+}
+
+/// A writer that hashes everything passing through it.
+struct Hashing<W> {
+    inner: W,
+    hasher: crc32fast::Hasher,
+    written: u64,
+}
+
+impl<W: Write> Hashing<W> {
+    fn put(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.inner.write_all(bytes)?;
+        self.hasher.update(bytes);
+        self.written += bytes.len() as u64;
+        Ok(())
+    }
+}
+
+/// The file of the manifest being written and how far.
+struct Current {
+    index: usize,
+    written: u64,
+    hasher: crc32fast::Hasher,
+}
+
+/// Writes an archive from a manifest and the files' bytes in manifest
+/// order, as the `SaveSnapshot` stream delivers them (manifest, then
+/// chunks). Checks every chunk's file and offset and every file's length and
+/// CRC-32 against the manifest as it goes.
+pub struct ArchiveWriter<W: Write> {
+    out: Hashing<W>,
+    manifest: Manifest,
+    /// The file being written (header already out), if any.
+    current: Option<Current>,
+    /// Files completely written.
+    done: usize,
+}
+
+impl<W: Write> std::fmt::Debug for ArchiveWriter<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArchiveWriter")
+            .field("snapshot_id", &self.manifest.snapshot_id)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<W: Write> ArchiveWriter<W> {
+    /// Starts an archive with `manifest_bytes` (a member's `MANIFEST`, as
+    /// `SnapshotManifest.encoded` carries it): decoded first, refused if
+    /// malformed.
+    pub fn new(out: W, manifest_bytes: &[u8]) -> Result<ArchiveWriter<W>, BackupError> {
+        let manifest = Manifest::decode(manifest_bytes)
+            .map_err(|reason| format_err(format!("the manifest: {reason}")))?;
+        let mut out = Hashing {
+            inner: out,
+            hasher: crc32fast::Hasher::new(),
+            written: 0,
+        };
+        let write = |out: &mut Hashing<W>| -> io::Result<()> {
+            out.put(&ARCHIVE_MAGIC)?;
+            out.put(&ARCHIVE_FORMAT_VERSION.to_le_bytes())?;
+            out.put(&(manifest_bytes.len() as u32).to_le_bytes())?;
+            out.put(manifest_bytes)?;
+            out.put(&(manifest.files.len() as u32).to_le_bytes())
+        };
+        write(&mut out).map_err(write_err)?;
+        Ok(ArchiveWriter {
+            out,
+            manifest,
+            current: None,
+            done: 0,
+        })
+    }
+
+    /// The manifest being written.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Bytes of file contents the archive holds when complete (for a
+    /// progress bar).
+    pub fn file_bytes_total(&self) -> u64 {
+        self.manifest.files.iter().map(|f| f.len).sum()
+    }
+
+    /// Bytes of file contents written so far.
+    pub fn file_bytes_written(&self) -> u64 {
+        let whole: u64 = self.manifest.files[..self.done].iter().map(|f| f.len).sum();
+        whole + self.current.as_ref().map_or(0, |c| c.written)
+    }
+
+    fn start_next(&mut self) -> Result<(), BackupError> {
+        let index = self.done;
+        let file = self.manifest.files.get(index).ok_or_else(|| {
+            format_err(format!(
+                "data after the last of the manifest's {} files",
+                self.manifest.files.len()
+            ))
+        })?;
+        let header = file_header(file);
+        self.out.put(&header).map_err(write_err)?;
+        self.current = Some(Current {
+            index,
+            written: 0,
+            hasher: crc32fast::Hasher::new(),
+        });
+        Ok(())
+    }
+
+    /// Closes the current file if all its bytes are in (checking its CRC).
+    fn close_if_complete(&mut self) -> Result<(), BackupError> {
+        let Some(current) = &self.current else {
+            return Ok(());
+        };
+        let file = &self.manifest.files[current.index];
+        if current.written < file.len {
+            return Ok(());
+        }
+        let crc = current.hasher.clone().finalize();
+        if crc != file.crc {
+            return Err(format_err(format!(
+                "file {}: its {} bytes have crc32 {crc:08x}, the manifest says {:08x}",
+                file.name, file.len, file.crc
+            )));
+        }
+        self.current = None;
+        self.done += 1;
+        Ok(())
+    }
+
+    /// Appends `data` at `offset` of file `file_name`. Files come in
+    /// manifest order with consecutive offsets; an empty file may have no
+    /// chunk at all.
+    pub fn write_chunk(
+        &mut self,
+        file_name: &str,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), BackupError> {
+        loop {
+            if self.current.is_none() {
+                self.start_next()?;
+                self.close_if_complete()?;
+                if self.current.is_none() {
+                    // An empty file: it needs no chunk.
+                    if self.manifest.files[self.done - 1].name == file_name && data.is_empty() {
+                        return Ok(());
+                    }
+                    continue;
+                }
+            }
+            let Some(current) = self.current.as_mut() else {
+                continue;
+            };
+            let file = &self.manifest.files[current.index];
+            if file.name != file_name {
+                return Err(format_err(format!(
+                    "a chunk of {file_name} while {} ({} of {} bytes written) is not complete",
+                    file.name, current.written, file.len
+                )));
+            }
+            if offset != current.written {
+                return Err(format_err(format!(
+                    "file {file_name}: a chunk at offset {offset}, expected {}",
+                    current.written
+                )));
+            }
+            if current.written + data.len() as u64 > file.len {
+                return Err(format_err(format!(
+                    "file {file_name}: {} bytes would exceed its length {} in the manifest",
+                    current.written + data.len() as u64,
+                    file.len
+                )));
+            }
+            current.hasher.update(data);
+            current.written += data.len() as u64;
+            self.out.put(data).map_err(write_err)?;
+            return self.close_if_complete();
+        }
+    }
+
+    /// Writes the trailer once every file is complete; returns the output.
+    pub fn finish(mut self) -> Result<W, BackupError> {
+        while self.done < self.manifest.files.len() {
+            if self.current.is_none() {
+                self.start_next()?;
+                self.close_if_complete()?;
+            }
+            if let Some(current) = &self.current {
+                let file = &self.manifest.files[current.index];
+                return Err(format_err(format!(
+                    "the stream ended in file {} after {} of {} bytes",
+                    file.name, current.written, file.len
+                )));
+            }
+        }
+        self.out.put(&ARCHIVE_END_MAGIC).map_err(write_err)?;
+        let crc = self.out.hasher.clone().finalize();
+        self.out
+            .inner
+            .write_all(&crc.to_le_bytes())
+            .map_err(write_err)?;
+        self.out.inner.flush().map_err(write_err)?;
+        Ok(self.out.inner)
+    }
+}
+
+fn write_err(source: io::Error) -> BackupError {
+    BackupError::Io {
+        op: "write the archive",
+        path: PathBuf::from("<archive>"),
+        source,
+    }
+}
+
+fn file_header(file: &ManifestFile) -> Vec<u8> {
+    let mut header = Vec::with_capacity(14 + file.name.len());
+    header.extend_from_slice(&(file.name.len() as u16).to_le_bytes());
+    header.extend_from_slice(file.name.as_bytes());
+    header.extend_from_slice(&file.len.to_le_bytes());
+    header.extend_from_slice(&file.crc.to_le_bytes());
+    header
+}
+
+/// Writes a snapshot directory (its `MANIFEST` and files) as an archive.
+pub fn write_snapshot_dir<W: Write>(handle: &SnapshotHandle, out: W) -> Result<W, BackupError> {
+    let manifest_bytes = snapshot::read_capped(&handle.manifest_path(), MANIFEST_BYTES_MAX)?;
+    let mut writer = ArchiveWriter::new(out, &manifest_bytes)?;
+    let files = writer.manifest().files.clone();
+    let mut buf = vec![0u8; ARCHIVE_COPY_BYTES];
+    for file in &files {
+        let path = handle.file_path(&file.name)?;
+        let mut source = File::open(&path)
+            .map_err(io_err("open", &path))?
+            .take(file.len);
+        let mut offset = 0u64;
+        loop {
+            let n = source.read(&mut buf).map_err(io_err("read", &path))?;
+            if n == 0 {
+                break;
+            }
+            writer.write_chunk(&file.name, offset, &buf[..n])?;
+            offset += n as u64;
+        }
+        if offset == 0 {
+            writer.write_chunk(&file.name, 0, &[])?;
+        }
+    }
+    writer.finish()
+}
+
+/// What a verified archive holds.
+#[derive(Clone, Debug)]
+pub struct ArchiveSummary {
+    /// The manifest.
+    pub manifest: Manifest,
+    /// The manifest's bytes, as in the archive.
+    pub manifest_bytes: Vec<u8>,
+    /// Bytes of file contents.
+    pub file_bytes: u64,
+}
+
+/// A reader that hashes everything it returns and counts bytes.
+struct HashingReader<R> {
+    inner: R,
+    hasher: crc32fast::Hasher,
+    offset: u64,
+}
+
+impl<R: Read> HashingReader<R> {
+    fn exact(&mut self, buf: &mut [u8], what: &str) -> Result<(), BackupError> {
+        self.inner.read_exact(buf).map_err(|err| {
+            if err.kind() == io::ErrorKind::UnexpectedEof {
+                format_err(format!(
+                    "truncated at byte {}: {what} is missing",
+                    self.offset
+                ))
+            } else {
+                format_err(format!("read at byte {}: {err}", self.offset))
+            }
+        })?;
+        self.hasher.update(buf);
+        self.offset += buf.len() as u64;
+        Ok(())
+    }
+
+    fn u16(&mut self, what: &str) -> Result<u16, BackupError> {
+        let mut b = [0u8; 2];
+        self.exact(&mut b, what)?;
+        Ok(u16::from_le_bytes(b))
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32, BackupError> {
+        let mut b = [0u8; 4];
+        self.exact(&mut b, what)?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64, BackupError> {
+        let mut b = [0u8; 8];
+        self.exact(&mut b, what)?;
+        Ok(u64::from_le_bytes(b))
+    }
+}
+
+/// Receives each file's manifest entry and a piece of its bytes.
+type FileSink<'a> = dyn FnMut(&ManifestFile, &[u8]) -> Result<(), BackupError> + 'a;
+
+/// Reads an archive from `input`, checking every field; `sink` gets each
+/// file's manifest entry and its bytes in pieces of at most
+/// [`ARCHIVE_COPY_BYTES`] (an empty piece opens each file). Any error
+/// stops the read.
+fn read_archive(input: impl Read, sink: &mut FileSink<'_>) -> Result<ArchiveSummary, BackupError> {
+    let mut r = HashingReader {
+        inner: input,
+        hasher: crc32fast::Hasher::new(),
+        offset: 0,
+    };
+    let mut magic = [0u8; 8];
+    r.exact(&mut magic, "the magic")?;
+    if magic != ARCHIVE_MAGIC {
+        return Err(format_err("not a raftcask backup archive (bad magic)"));
+    }
+    let version = r.u32("the format version")?;
+    if version != ARCHIVE_FORMAT_VERSION {
+        return Err(format_err(format!(
+            "format version {version}; this kvnode reads version {ARCHIVE_FORMAT_VERSION}"
+        )));
+    }
+    let manifest_len = r.u32("the manifest length")? as usize;
+    if manifest_len > MANIFEST_BYTES_MAX {
+        return Err(format_err(format!(
+            "manifest length {manifest_len} exceeds MANIFEST_BYTES_MAX ({MANIFEST_BYTES_MAX})"
+        )));
+    }
+    let mut manifest_bytes = vec![0u8; manifest_len];
+    r.exact(&mut manifest_bytes, "the manifest")?;
+    let manifest = Manifest::decode(&manifest_bytes)
+        .map_err(|reason| format_err(format!("the manifest: {reason}")))?;
+    let count = r.u32("the file count")? as usize;
+    if count != manifest.files.len() {
+        return Err(format_err(format!(
+            "{count} files, the manifest lists {}",
+            manifest.files.len()
+        )));
+    }
+    let mut buf = vec![0u8; ARCHIVE_COPY_BYTES];
+    let mut file_bytes = 0u64;
+    for file in &manifest.files {
+        let name_len = r.u16("a file name length")? as usize;
+        if name_len > FILE_NAME_BYTES_MAX {
+            return Err(format_err(format!(
+                "file name of {name_len} bytes exceeds FILE_NAME_BYTES_MAX ({FILE_NAME_BYTES_MAX})"
+            )));
+        }
+        let mut name = vec![0u8; name_len];
+        r.exact(&mut name, "a file name")?;
+        if name != file.name.as_bytes() {
+            return Err(format_err(format!(
+                "file {:?} where the manifest lists {}",
+                String::from_utf8_lossy(&name),
+                file.name
+            )));
+        }
+        let len = r.u64("a file length")?;
+        let crc = r.u32("a file crc32")?;
+        if len != file.len || crc != file.crc {
+            return Err(format_err(format!(
+                "file {}: {len} bytes crc32 {crc:08x}, the manifest says {} bytes crc32 {:08x}",
+                file.name, file.len, file.crc
+            )));
+        }
+        sink(file, &[])?;
+        let mut hasher = crc32fast::Hasher::new();
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(ARCHIVE_COPY_BYTES as u64) as usize;
+            r.exact(&mut buf[..n], "file contents")?;
+            hasher.update(&buf[..n]);
+            sink(file, &buf[..n])?;
+            left -= n as u64;
+        }
+        let actual = hasher.finalize();
+        if actual != file.crc {
+            return Err(format_err(format!(
+                "file {}: its bytes have crc32 {actual:08x}, the archive says {:08x} (corrupted)",
+                file.name, file.crc
+            )));
+        }
+        file_bytes += len;
+    }
+    let mut end = [0u8; 8];
+    r.exact(&mut end, "the trailer")?;
+    if end != ARCHIVE_END_MAGIC {
+        return Err(format_err("bad trailer magic"));
+    }
+    let expected = r.hasher.clone().finalize();
+    let mut stored = [0u8; 4];
+    r.inner.read_exact(&mut stored).map_err(|_| {
+        format_err(format!(
+            "truncated at byte {}: the trailer crc32 is missing",
+            r.offset
+        ))
+    })?;
+    let stored = u32::from_le_bytes(stored);
+    if stored != expected {
+        return Err(format_err(format!(
+            "archive crc32 {expected:08x}, the trailer says {stored:08x} (corrupted)"
+        )));
+    }
+    let mut extra = [0u8; 1];
+    match r.inner.read(&mut extra) {
+        Ok(0) => {}
+        Ok(_) => return Err(format_err("bytes after the trailer")),
+        Err(err) => return Err(format_err(format!("read after the trailer: {err}"))),
+    }
+    Ok(ArchiveSummary {
+        manifest,
+        manifest_bytes,
+        file_bytes,
+    })
+}
+
+/// Reads and checks the whole archive at `path` (every header against the
+/// manifest, every file's CRC-32, the trailer), writing nothing.
+pub fn verify_archive(path: &Path) -> Result<ArchiveSummary, BackupError> {
+    let file = File::open(path).map_err(io_err("open", path))?;
+    read_archive(BufReader::new(file), &mut |_, _| Ok(())).map_err(|err| in_archive(path, err))
+}
+
+fn in_archive(path: &Path, err: BackupError) -> BackupError {
+    match err {
+        BackupError::Format(reason) => format_err(format!("{}: {reason}", path.display())),
+        other => other,
+    }
+}
+
+/// Reads the archive at `path` again and writes each file into `handle`'s
+/// directory (checking everything again: the archive may have changed since
+/// it was verified).
+fn extract(path: &Path, handle: &SnapshotHandle) -> Result<ArchiveSummary, BackupError> {
+    let file = File::open(path).map_err(io_err("open", path))?;
+    let mut out: Option<(String, File)> = None;
+    let summary = read_archive(BufReader::new(file), &mut |entry, bytes| {
+        if out.as_ref().is_none_or(|(name, _)| *name != entry.name) {
+            if let Some((name, file)) = out.take() {
+                file.sync_all()
+                    .map_err(io_err("fsync", &handle.dir().join(name)))?;
+            }
+            let target = handle.file_path(&entry.name)?;
+            let file = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&target)
+                .map_err(io_err("create", &target))?;
+            out = Some((entry.name.clone(), file));
+        }
+        if let Some((name, file)) = out.as_mut() {
+            file.write_all(bytes)
+                .map_err(io_err("write", &handle.dir().join(name.as_str())))?;
+        }
+        Ok(())
+    })
+    .map_err(|err| in_archive(path, err))?;
+    if let Some((name, file)) = out.take() {
+        file.sync_all()
+            .map_err(io_err("fsync", &handle.dir().join(name)))?;
+    }
+    Ok(summary)
+}
+
+/// What `kvnode restore` needs.
+#[derive(Clone, Debug)]
+pub struct RestoreOptions {
+    /// The archive.
+    pub archive: PathBuf,
+    /// The new member's data directory: must not exist or be empty.
+    pub data_dir: PathBuf,
+    /// The new member's id.
+    pub member_id: u64,
+    /// The new cluster's members (all voters), the same on every member.
+    pub initial_cluster: BTreeMap<u64, NodeInfo>,
+    /// Mixed into the new cluster id (the same on every member).
+    pub cluster_token: String,
+    /// State-machine options of the new member (segment size: the same on
+    /// every member, and as the backup's cluster used).
+    pub state_machine: StateMachineOptions,
+}
+
+/// What a restore made.
+#[derive(Clone, Debug)]
+pub struct Restored {
+    /// The new cluster id.
+    pub cluster_id: u64,
+    /// The backup's cluster id (0 if it did not know one).
+    pub source_cluster_id: u64,
+    /// The backup's last applied log id.
+    pub snapshot_last_log_id: NodeLogId,
+    /// The membership entry written after it: the restored member's
+    /// last applied log id.
+    pub last_log_id: NodeLogId,
+    /// Files restored.
+    pub files: usize,
+    /// Bytes of file contents restored.
+    pub file_bytes: u64,
+}
+
+/// The new cluster's id: derived from the backup's manifest, the new
+/// membership and the token, never 0 nor the backup's own id.
+pub fn derive_cluster_id(
+    manifest_bytes: &[u8],
+    members: &BTreeMap<u64, NodeInfo>,
+    token: &str,
+) -> u64 {
+    let mut material = b"raftcask restore cluster id\0".to_vec();
+    material.extend_from_slice(&(manifest_bytes.len() as u64).to_le_bytes());
+    material.extend_from_slice(manifest_bytes);
+    for (id, info) in members {
+        material.extend_from_slice(&id.to_le_bytes());
+        for addr in [&info.client_addr, &info.peer_addr] {
+            material.extend_from_slice(&(addr.len() as u64).to_le_bytes());
+            material.extend_from_slice(addr.as_bytes());
+        }
+    }
+    material.extend_from_slice(&(token.len() as u64).to_le_bytes());
+    material.extend_from_slice(token.as_bytes());
+    let low = crc32fast::hash(&material);
+    material.reverse();
+    let high = crc32fast::hash(&material);
+    let id = (u64::from(high) << 32) | u64::from(low);
+    let old = Manifest::decode(manifest_bytes)
+        .map(|m| m.cluster_id as u64)
+        .unwrap_or(0);
+    if id == 0 || id == old {
+        id ^ 0x5a5a
+    } else {
+        id
+    }
+}
+
+fn check_empty_or_missing(dir: &Path) -> Result<(), BackupError> {
+    match fs::read_dir(dir) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                return Err(BackupError::Config(format!(
+                    "the data directory {} is not empty: restore seeds a new member and never \
+                     overwrites one",
+                    dir.display()
+                )));
+            }
+            Ok(())
+        }
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(BackupError::Io {
+            op: "list",
+            path: dir.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, BackupError> + Send + 'static,
+) -> Result<T, BackupError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|err| BackupError::Config(format!("restore task: {err}")))?
+}
+
+/// Seeds `options.data_dir` as member `options.member_id` of a new cluster
+/// from the archive (steps in the module docs). Verifies the whole archive
+/// before writing anything.
+pub async fn restore(options: RestoreOptions) -> Result<Restored, BackupError> {
+    let RestoreOptions {
+        archive,
+        data_dir,
+        member_id,
+        initial_cluster,
+        cluster_token,
+        state_machine,
+    } = options;
+    if member_id == 0 {
+        return Err(BackupError::Config("member ids start at 1".to_string()));
+    }
+    if !initial_cluster.contains_key(&member_id) {
+        return Err(BackupError::Config(format!(
+            "the new cluster's members do not list member {member_id}"
+        )));
+    }
+    for (id, info) in &initial_cluster {
+        info.validate(*id).map_err(BackupError::Config)?;
+    }
+    check_empty_or_missing(&data_dir)?;
+    let Some(name) = data_dir.file_name() else {
+        return Err(BackupError::Config(format!(
+            "the data directory {} has no name",
+            data_dir.display()
+        )));
+    };
+    let mut tmp_name = name.to_os_string();
+    tmp_name.push(RESTORE_TMP_SUFFIX);
+    let tmp = data_dir.with_file_name(tmp_name);
+    if tmp.exists() {
+        return Err(BackupError::Config(format!(
+            "{} exists (left by an interrupted restore?): delete it and run again",
+            tmp.display()
+        )));
+    }
+
+    // 1. Verify everything before writing anything.
+    let summary = {
+        let archive = archive.clone();
+        blocking(move || verify_archive(&archive)).await?
+    };
+    let manifest = summary.manifest.clone();
+    let Some(snapshot_last) = manifest.last_log_id else {
+        return Err(format_err(
+            "the backup holds no applied entry: nothing to restore",
+        ));
+    };
+    let cluster_id = derive_cluster_id(&summary.manifest_bytes, &initial_cluster, &cluster_token);
+    let restore_log_id = LogId::new(snapshot_last.leader_id, snapshot_last.index + 1);
+    tracing::info!(
+        archive = %archive.display(),
+        snapshot = %manifest.snapshot_id,
+        last_log_id = %snapshot_last,
+        files = manifest.files.len(),
+        bytes = summary.file_bytes,
+        "archive verified"
+    );
+
+    let result = build(
+        &archive,
+        &tmp,
+        member_id,
+        &initial_cluster,
+        cluster_id,
+        &manifest,
+        restore_log_id,
+        state_machine,
+    )
+    .await;
+    if let Err(err) = result {
+        let doomed = tmp.clone();
+        let _ = tokio::task::spawn_blocking(move || fs::remove_dir_all(doomed)).await;
+        return Err(err);
+    }
+
+    // Last: the finished directory takes the data directory's name.
+    {
+        let (tmp, data_dir) = (tmp.clone(), data_dir.clone());
+        blocking(move || {
+            fs::rename(&tmp, &data_dir).map_err(io_err("rename", &tmp))?;
+            if let Some(parent) = data_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                snapshot::fsync_dir(parent)?;
+            }
+            Ok(())
+        })
+        .await?;
+    }
+    tracing::info!(
+        member = member_id,
+        cluster = format!("{cluster_id:016x}"),
+        last_log_id = %restore_log_id,
+        data_dir = %data_dir.display(),
+        "restored"
+    );
+    Ok(Restored {
+        cluster_id,
+        source_cluster_id: manifest.cluster_id as u64,
+        snapshot_last_log_id: snapshot_last,
+        last_log_id: restore_log_id,
+        files: manifest.files.len(),
+        file_bytes: summary.file_bytes,
+    })
+}
+
+/// Steps 1–4 of the module docs, in `dir` (the temporary directory).
+#[allow(clippy::too_many_arguments)]
+async fn build(
+    archive: &Path,
+    dir: &Path,
+    member_id: u64,
+    members: &BTreeMap<u64, NodeInfo>,
+    cluster_id: u64,
+    manifest: &Manifest,
+    restore_log_id: NodeLogId,
+    options: StateMachineOptions,
+) -> Result<(), BackupError> {
+    // State machine: install the archive's files as a snapshot.
+    let sm = {
+        let (archive, dir, manifest) = (archive.to_path_buf(), dir.to_path_buf(), manifest.clone());
+        blocking(move || {
+            snapshot::create_dir_durable(&dir)?;
+            let sm = StateMachine::open(dir.join(STATE_DIR), options)?;
+            let staging = sm.begin_receiving()?;
+            let extracted = extract(&archive, &staging)?;
+            if extracted.manifest != manifest {
+                return Err(format_err(
+                    "the archive changed between verifying and extracting it",
+                ));
+            }
+            let mut ours = manifest.clone();
+            ours.cluster_id = u128::from(cluster_id);
+            staging.write_manifest(&ours)?;
+            let meta = SnapshotMeta {
+                last_log_id: ours.last_log_id,
+                last_membership: ours.membership.clone(),
+                snapshot_id: ours.snapshot_id.clone(),
+            };
+            sm.install(&meta, &staging)?;
+            sm.set_cluster_id(cluster_id);
+            Ok(sm)
+        })
+        .await?
+    };
+    let (applied, _) = sm.applied();
+    if applied != manifest.last_log_id {
+        return Err(BackupError::Config(format!(
+            "after installing the backup the state machine is at {applied:?}, the manifest says {:?}",
+            manifest.last_log_id
+        )));
+    }
+
+    // The new membership, as an entry at L + 1, then a snapshot there.
+    let voters: BTreeSet<u64> = members.keys().copied().collect();
+    let membership = Membership::new(vec![voters], members.clone());
+    let entry = openraft::Entry::<TypeConfig> {
+        log_id: restore_log_id,
+        payload: EntryPayload::Membership(membership),
+    };
+    let mut applying = sm.clone();
+    applying
+        .apply(vec![entry])
+        .await
+        .map_err(|err| BackupError::Config(format!("applying the new membership: {err}")))?;
+    let sm = blocking(move || {
+        sm.build()?;
+        Ok(sm)
+    })
+    .await?;
+    let (applied, membership) = sm.applied();
+    if applied != Some(restore_log_id) || membership.log_id() != &Some(restore_log_id) {
+        return Err(BackupError::Config(format!(
+            "the new membership did not apply: the state machine is at {applied:?}"
+        )));
+    }
+    blocking(move || {
+        drop(sm);
+        Ok(())
+    })
+    .await?;
+
+    // The Raft log: empty, purged through L + 1, a vote of L's term.
+    let log_dir = dir.join(RAFT_LOG_DIR);
+    let mut log = blocking(move || {
+        LogStore::<TypeConfig>::open(Arc::new(RealFs), log_dir)
+            .map_err(|err| BackupError::Log(err.to_string()))
+    })
+    .await?;
+    let vote = Vote::new(
+        restore_log_id.leader_id.term,
+        restore_log_id.leader_id.node_id,
+    );
+    log.save_vote(&vote)
+        .await
+        .map_err(|err| BackupError::Log(format!("save the vote: {err}")))?;
+    log.save_committed(Some(restore_log_id))
+        .await
+        .map_err(|err| BackupError::Log(format!("save the committed log id: {err}")))?;
+    log.purge(restore_log_id)
+        .await
+        .map_err(|err| BackupError::Log(format!("purge through {restore_log_id}: {err}")))?;
+    blocking(move || {
+        drop(log);
+        Ok(())
+    })
+    .await?;
+
+    // Identity: a fresh incarnation, the new cluster id.
+    let dir = dir.to_path_buf();
+    blocking(move || {
+        let identity = Identity::load_or_create(&dir, member_id)?;
+        identity.adopt_cluster_id(cluster_id)?;
+        snapshot::fsync_dir(&dir)?;
+        Ok(())
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::{CommittedLeaderId, StoredMembership};
+
+    fn sample(files: &[(&str, &[u8])]) -> (Manifest, Vec<u8>) {
+        let log_id = LogId::new(CommittedLeaderId::new(3, 1), 42);
+        let nodes = BTreeMap::from([(1u64, NodeInfo::default())]);
+        let manifest = Manifest {
+            snapshot_id: "s".into(),
+            cluster_id: 7,
+            last_log_id: Some(log_id),
+            membership: StoredMembership::new(
+                Some(log_id),
+                Membership::new(vec![BTreeSet::from([1])], nodes),
+            ),
+            files: files
+                .iter()
+                .map(|(name, bytes)| ManifestFile {
+                    kind: snapshot::KIND_SEALED,
+                    name: name.to_string(),
+                    len: bytes.len() as u64,
+                    crc: crc32fast::hash(bytes),
+                })
+                .collect(),
+        };
+        let bytes = manifest.encode();
+        (manifest, bytes)
+    }
+
+    fn archive(files: &[(&str, &[u8])]) -> Vec<u8> {
+        let (_, manifest_bytes) = sample(files);
+        let mut writer = ArchiveWriter::new(Vec::new(), &manifest_bytes).unwrap();
+        for (name, bytes) in files {
+            for (i, chunk) in bytes.chunks(3).enumerate() {
+                writer.write_chunk(name, (i * 3) as u64, chunk).unwrap();
+            }
+        }
+        writer.finish().unwrap()
+    }
+
+    const FILES: &[(&str, &[u8])] = &[
+        ("seg-1.data", b"hello world"),
+        ("seg-1.hint", b""),
+        ("seg-2.data", b"abcdefgh"),
+    ];
+
+    #[test]
+    fn archive_round_trips_and_refuses_every_truncation_and_flip() {
+        let bytes = archive(FILES);
+        let mut seen = Vec::new();
+        let summary = read_archive(&bytes[..], &mut |file, data| {
+            seen.push((file.name.clone(), data.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(summary.manifest, sample(FILES).0);
+        assert_eq!(summary.file_bytes, 19);
+        let joined: Vec<u8> = seen
+            .iter()
+            .filter(|(n, _)| n == "seg-1.data")
+            .flat_map(|(_, d)| d.clone())
+            .collect();
+        assert_eq!(joined, b"hello world");
+        for cut in 0..bytes.len() {
+            assert!(
+                read_archive(&bytes[..cut], &mut |_, _| Ok(())).is_err(),
+                "cut at {cut}"
+            );
+        }
+        for at in 0..bytes.len() {
+            let mut flipped = bytes.clone();
+            flipped[at] ^= 0x01;
+            assert!(
+                read_archive(&flipped[..], &mut |_, _| Ok(())).is_err(),
+                "flip at {at}"
+            );
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(read_archive(&longer[..], &mut |_, _| Ok(())).is_err());
+    }
+
+    #[test]
+    fn writer_refuses_wrong_order_offsets_lengths_and_crcs() {
+        let (_, manifest_bytes) = sample(FILES);
+        let mut w = ArchiveWriter::new(Vec::new(), &manifest_bytes).unwrap();
+        assert!(w.write_chunk("seg-2.data", 0, b"abc").is_err(), "order");
+        let mut w = ArchiveWriter::new(Vec::new(), &manifest_bytes).unwrap();
+        assert!(w.write_chunk("seg-1.data", 1, b"ello").is_err(), "offset");
+        let mut w = ArchiveWriter::new(Vec::new(), &manifest_bytes).unwrap();
+        assert!(
+            w.write_chunk("seg-1.data", 0, b"hello world!").is_err(),
+            "length"
+        );
+        let mut w = ArchiveWriter::new(Vec::new(), &manifest_bytes).unwrap();
+        assert!(
+            w.write_chunk("seg-1.data", 0, b"hello_world").is_err(),
+            "crc"
+        );
+        let mut w = ArchiveWriter::new(Vec::new(), &manifest_bytes).unwrap();
+        w.write_chunk("seg-1.data", 0, b"hello world").unwrap();
+        assert!(w.finish().is_err(), "a missing file");
+        // The empty file needs no chunk.
+        let mut w = ArchiveWriter::new(Vec::new(), &manifest_bytes).unwrap();
+        w.write_chunk("seg-1.data", 0, b"hello world").unwrap();
+        w.write_chunk("seg-2.data", 0, b"abcdefgh").unwrap();
+        assert_eq!(w.file_bytes_written(), w.file_bytes_total());
+        assert!(w.finish().is_ok());
+    }
+
+    #[test]
+    fn cluster_ids_depend_on_token_and_members() {
+        let (_, manifest_bytes) = sample(FILES);
+        let members = BTreeMap::from([(1u64, NodeInfo::default())]);
+        let a = derive_cluster_id(&manifest_bytes, &members, "");
+        assert_eq!(a, derive_cluster_id(&manifest_bytes, &members, ""));
+        assert_ne!(a, derive_cluster_id(&manifest_bytes, &members, "x"));
+        let more = BTreeMap::from([(1u64, NodeInfo::default()), (2u64, NodeInfo::default())]);
+        assert_ne!(a, derive_cluster_id(&manifest_bytes, &more, ""));
+        assert_ne!(a, 0);
+        assert_ne!(a, 7);
+    }
+}
