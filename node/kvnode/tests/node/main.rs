@@ -15,6 +15,7 @@ mod log_store;
 mod power_loss;
 mod process;
 mod replica_files;
+mod snapshot_transfer;
 mod state_machine;
 mod suite;
 mod ttl;
