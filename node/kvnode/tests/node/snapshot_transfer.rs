@@ -550,3 +550,92 @@ async fn a_corrupted_chunk_or_file_is_fetched_again_and_never_installed() {
     }
     trio.shutdown().await;
 }
+
+/// Environment variable: MiB the catch-up benchmark writes (default
+/// [`BENCH_MIB_DEFAULT`]).
+const BENCH_MIB_VAR: &str = "RAFTCASK_CATCHUP_MIB";
+/// MiB the catch-up benchmark writes unless told otherwise.
+const BENCH_MIB_DEFAULT: usize = 1024;
+/// Share of the data the benchmark's incremental case adds, in percent.
+const BENCH_INCREMENT_PERCENT: usize = 5;
+
+/// Copies a directory with `cp -r` (the baseline); its duration.
+fn cp_r(from: &Path, to: &Path) -> Duration {
+    let started = Instant::now();
+    let status = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap_or_else(|err| panic!("this benchmark needs `cp` on the PATH: {err}"));
+    assert!(status.success(), "cp -r {} failed", from.display());
+    started.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark (minutes, GBs of disk): cargo test -p kvnode --test node catch_up_benchmark -- --ignored --nocapture; RAFTCASK_CATCHUP_MIB sets the size"]
+async fn catch_up_benchmark() {
+    let mib: usize = std::env::var(BENCH_MIB_VAR)
+        .ok()
+        .map(|v| v.parse().expect("RAFTCASK_CATCHUP_MIB is a number of MiB"))
+        .unwrap_or(BENCH_MIB_DEFAULT);
+    let mut trio = Trio::start(&[1, 2, 3]).await;
+    let follower = trio.follower().await;
+    trio.stop(follower).await;
+    let written = Instant::now();
+    let applied = trio.write_mib("bench", mib).await;
+    let write_took = written.elapsed();
+    let index = trio.snapshot_and_purge(applied).await;
+    let leader = trio.leader().await;
+    let engine_dir = trio
+        .node(leader)
+        .state_machine()
+        .engine()
+        .dir()
+        .to_path_buf();
+    let data_dir = dir_bytes(&engine_dir);
+    let scratch = tempfile::tempdir().unwrap();
+    let cp_took = cp_r(&engine_dir, &scratch.path().join("copy"));
+    drop(scratch);
+
+    let started = Instant::now();
+    trio.restart(follower).await;
+    trio.wait_applied(follower, index).await;
+    let full_took = started.elapsed();
+    let full_bytes = trio.node(follower).metrics().snapshot_bytes_received();
+
+    trio.stop(follower).await;
+    let applied = trio
+        .write_mib("bench-more", (mib * BENCH_INCREMENT_PERCENT / 100).max(1))
+        .await;
+    let index = trio.snapshot_and_purge(applied).await;
+    let data_dir_after = dir_bytes(&engine_dir);
+    let started = Instant::now();
+    trio.restart(follower).await;
+    trio.wait_applied(follower, index).await;
+    let incr_took = started.elapsed();
+    let metrics = trio.node(follower).metrics().clone();
+    let incr_bytes = metrics.snapshot_bytes_received();
+
+    let mbps = |bytes: u64, took: Duration| bytes as f64 / 1e6 / took.as_secs_f64();
+    println!("catch-up benchmark: {mib} MiB written in {write_took:.1?} (1 MiB segments)");
+    println!("| case | data dir bytes | bytes moved | seconds | MB/s |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    println!(
+        "| `cp -r` of the leader's engine dir | {data_dir} | {data_dir} | {:.2} | {:.0} |",
+        cp_took.as_secs_f64(),
+        mbps(data_dir, cp_took)
+    );
+    println!(
+        "| follower catch-up by snapshot (restart to applied) | {data_dir} | {full_bytes} | {:.2} | {:.0} |",
+        full_took.as_secs_f64(),
+        mbps(full_bytes, full_took)
+    );
+    println!(
+        "| incremental catch-up (+{BENCH_INCREMENT_PERCENT} %, {} files skipped) | {data_dir_after} | {incr_bytes} | {:.2} | {:.0} |",
+        metrics.snapshot_files_skipped(),
+        incr_took.as_secs_f64(),
+        mbps(incr_bytes, incr_took)
+    );
+    trio.shutdown().await;
+}
