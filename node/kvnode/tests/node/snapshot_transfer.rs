@@ -11,6 +11,11 @@
 //! and after the switch before clean-up restarts consistent and catches up;
 //! a chunk corrupted in flight (crc32 stale) or a file corrupted with a
 //! matching chunk crc32 is detected, fetched again, and never installed.
+//! At the state-machine level: a receiver stages by link every sealed file
+//! it holds and asks only for the tail of a segment it holds a prefix of
+//! (with that prefix's length and crc32), the assembled snapshot installs,
+//! and a sealed snapshot that is not installed (openraft skipped it) is
+//! deleted. An ignored benchmark times catch-up beside `cp -r`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -638,4 +643,114 @@ async fn catch_up_benchmark() {
         mbps(incr_bytes, incr_took)
     );
     trio.shutdown().await;
+}
+
+/// Segment size of the state-machine-level test: a few entries seal one.
+const SMALL_SEGMENT_BYTES: u64 = 4096;
+
+fn small_state_machine(dir: &Path) -> kvnode::StateMachine {
+    let options = StateMachineOptions {
+        engine: bitcask::Options {
+            segment_size_bytes: SMALL_SEGMENT_BYTES,
+            ..bitcask::Options::default()
+        },
+        ..StateMachineOptions::default()
+    };
+    kvnode::StateMachine::open(dir, options).expect("open state machine")
+}
+
+/// The membership entry at 0, then puts of 300-byte values at 1..=last.
+fn put_entries(from: u64, last: u64) -> Vec<openraft::Entry<kvnode::TypeConfig>> {
+    use kvnode::command::{Command, Op, Proposal, Request};
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Membership};
+    (from..=last)
+        .map(|index| Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: if index == 0 {
+                let nodes = BTreeMap::from([(1u64, NodeInfo::default())]);
+                EntryPayload::Membership(Membership::new(
+                    vec![std::collections::BTreeSet::from([1u64])],
+                    nodes,
+                ))
+            } else {
+                EntryPayload::Normal(Proposal {
+                    time_ms: index * 10,
+                    command: Command::Requests(vec![Request {
+                        session: None,
+                        conditions: Vec::new(),
+                        ops: vec![Op::Put {
+                            key: format!("key/{index:04}").into_bytes(),
+                            value: vec![index as u8; 300],
+                            ttl_ms: 0,
+                        }],
+                    }]),
+                })
+            },
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_receiver_stages_held_files_and_prefixes_and_discards_a_snapshot_it_does_not_install() {
+    use openraft::storage::RaftStateMachine;
+    let (leader_dir, follower_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut leader = small_state_machine(leader_dir.path());
+    let mut follower = small_state_machine(follower_dir.path());
+    leader.apply(put_entries(0, 80)).await.unwrap();
+    follower.apply(put_entries(0, 30)).await.unwrap();
+    let held = follower.engine().sealed_files();
+    let active = follower.engine().active_file().expect("an active segment");
+    let snapshot = leader.build().unwrap();
+    let manifest = snapshot.snapshot.read_manifest().unwrap();
+
+    // The follower reuses every sealed file it holds and asks for the tail
+    // of its active segment (sealed on the leader since).
+    let plan = follower.plan_receive(&manifest).unwrap();
+    assert_eq!(plan.files_reused, held.len() as u64, "{plan:?}");
+    let tail = plan
+        .needed
+        .iter()
+        .find(|n| n.name == active.name)
+        .expect("the active segment's tail is asked for");
+    assert_eq!((tail.offset, tail.prefix_crc), (active.len, active.crc));
+    assert!(
+        plan.needed
+            .iter()
+            .all(|n| n.name == active.name || n.offset == 0)
+    );
+    // Play the leader: copy just what was asked for.
+    for need in &plan.needed {
+        let from = std::fs::read(snapshot.snapshot.file_path(&need.name).unwrap()).unwrap();
+        let path = plan.staging.file_path(&need.name).unwrap();
+        let mut staged = if need.offset > 0 {
+            std::fs::read(&path).unwrap()
+        } else {
+            Vec::new()
+        };
+        assert_eq!(staged.len() as u64, need.offset);
+        staged.extend_from_slice(&from[need.offset as usize..]);
+        std::fs::write(&path, staged).unwrap();
+    }
+    assert!(kvnode::StateMachine::staged_mismatches(&plan.staging, &manifest).is_empty());
+    let sealed = follower.seal_received(&plan.staging, &manifest).unwrap();
+    follower
+        .install_snapshot(&snapshot.meta, Box::new(sealed))
+        .await
+        .unwrap();
+    assert_eq!(follower.applied().0, leader.applied().0);
+
+    // Offered the same snapshot again, it holds every file; a sealed
+    // snapshot openraft does not install is deleted.
+    let again = follower.plan_receive(&manifest).unwrap();
+    assert!(again.needed.is_empty(), "{again:?}");
+    assert_eq!(again.files_reused, manifest.files.len() as u64);
+    let sealed = follower.seal_received(&again.staging, &manifest).unwrap();
+    assert!(sealed.dir().exists());
+    follower.discard_received(&sealed);
+    assert!(!sealed.dir().exists(), "a skipped snapshot leaves nothing");
+    let current = follower.current_snapshot().unwrap();
+    assert!(
+        current.snapshot.dir().exists(),
+        "the installed snapshot stays"
+    );
 }
