@@ -801,7 +801,11 @@ impl StateMachine {
         }
         let current = self.lock().current.as_ref().map(|c| c.counter);
         let counter = self.own_counter(snap, SNAPSHOT_DIR_PREFIX);
-        if counter.is_some() && counter == current {
+        // Installed (now current, or older than a snapshot built since):
+        // kept; pruning deletes it in its turn.
+        if let (Some(counter), Some(current)) = (counter, current)
+            && counter <= current
+        {
             return;
         }
         tracing::info!(dir = %snap.dir().display(), "deleting a received snapshot that was not installed");
