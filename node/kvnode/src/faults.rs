@@ -4,7 +4,7 @@
 //! nothing outside the tests turns them on.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Shared switches; clones see the same state.
@@ -17,6 +17,9 @@ pub struct Faults {
 struct Inner {
     drop_write_replies: AtomicBool,
     cut_peers: Mutex<BTreeSet<u64>>,
+    /// 0 = off; 1 = flip a byte of the next snapshot chunk sent (its crc32
+    /// left stale); 2 = flip it and send the crc32 of the flipped bytes.
+    corrupt_snapshot_chunk: AtomicU8,
 }
 
 impl Faults {
@@ -50,5 +53,24 @@ impl Faults {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         !cut.is_empty() && cut.contains(&peer)
+    }
+
+    /// Flips one byte of the next snapshot chunk this member sends, once;
+    /// with `fix_crc` the chunk carries the crc32 of the flipped bytes, so
+    /// only the whole-file check can catch it.
+    pub fn corrupt_next_snapshot_chunk(&self, fix_crc: bool) {
+        let mode = if fix_crc { 2 } else { 1 };
+        self.inner
+            .corrupt_snapshot_chunk
+            .store(mode, Ordering::SeqCst);
+    }
+
+    /// Takes the chunk corruption armed by
+    /// [`Faults::corrupt_next_snapshot_chunk`]: `Some(fix_crc)` once.
+    pub fn take_snapshot_chunk_corruption(&self) -> Option<bool> {
+        match self.inner.corrupt_snapshot_chunk.swap(0, Ordering::SeqCst) {
+            0 => None,
+            mode => Some(mode == 2),
+        }
     }
 }

@@ -162,6 +162,7 @@ struct Inner {
     snapshot_bytes_sent: Counter,
     snapshot_bytes_received: Counter,
     snapshot_files_skipped: Counter,
+    snapshot_files_refetched: Counter,
     log_fsync_seconds: Histogram,
     proposal_batch_ops: Histogram,
     /// One histogram per [`RequestOp`] (in [`RequestOp::ALL`] order), all
@@ -250,6 +251,11 @@ impl Metrics {
             "snapshot_files_skipped",
             "Snapshot files a receiver already held and did not transfer",
         );
+        let snapshot_files_refetched = counter(
+            &mut registry,
+            "snapshot_files_refetched",
+            "Snapshot files a receiver asked for again because a chunk or the assembled file did not match its crc32",
+        );
         let log_fsync_seconds = Histogram::new(exponential_buckets(
             LOG_FSYNC_BUCKET_FIRST_SECONDS,
             2.0,
@@ -304,6 +310,7 @@ impl Metrics {
                 snapshot_bytes_sent,
                 snapshot_bytes_received,
                 snapshot_files_skipped,
+                snapshot_files_refetched,
                 log_fsync_seconds,
                 proposal_batch_ops,
                 request_seconds,
@@ -351,6 +358,17 @@ impl Metrics {
         self.inner.snapshot_files_skipped.inc_by(files);
     }
 
+    /// Counts snapshot files a receiver asked for again (a bad chunk or a
+    /// mismatching assembled file).
+    pub fn add_snapshot_files_refetched(&self, files: u64) {
+        self.inner.snapshot_files_refetched.inc_by(files);
+    }
+
+    /// Snapshot files asked for again so far.
+    pub fn snapshot_files_refetched(&self) -> u64 {
+        self.inner.snapshot_files_refetched.get()
+    }
+
     /// Snapshot bytes sent so far.
     pub fn snapshot_bytes_sent(&self) -> u64 {
         self.inner.snapshot_bytes_sent.get()
@@ -359,6 +377,11 @@ impl Metrics {
     /// Snapshot bytes received so far.
     pub fn snapshot_bytes_received(&self) -> u64 {
         self.inner.snapshot_bytes_received.get()
+    }
+
+    /// Snapshot files skipped (already held) so far.
+    pub fn snapshot_files_skipped(&self) -> u64 {
+        self.inner.snapshot_files_skipped.get()
     }
 
     /// The log-fsync hook for the log store.

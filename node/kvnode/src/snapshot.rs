@@ -546,6 +546,24 @@ pub fn crc_of_file(path: &Path) -> Result<(u64, u32), SnapshotError> {
     Ok((len, hasher.finalize()))
 }
 
+/// crc32 of the first `len` bytes of a file; `None` if it is shorter.
+pub fn crc_of_prefix(path: &Path, len: u64) -> Result<Option<u32>, SnapshotError> {
+    let file = File::open(path).map_err(io_err("open", path))?;
+    let mut reader = file.take(len);
+    let mut hasher = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut read = 0u64;
+    loop {
+        let n = reader.read(&mut buf).map_err(io_err("read", path))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        read += n as u64;
+    }
+    Ok((read == len).then(|| hasher.finalize()))
+}
+
 /// Copies the first `len` bytes of `from` into a new file `to` (which must
 /// not exist) and fsyncs it.
 pub fn copy_prefix(from: &Path, to: &Path, len: u64) -> Result<(), SnapshotError> {

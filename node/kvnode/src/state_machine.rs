@@ -15,6 +15,7 @@
 //! never fsyncs on apply (the Raft log is the write-ahead log) and never
 //! merges on its own; merges come as `Command::Merge` entries.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -74,6 +75,111 @@ pub struct StateMachineOptions {
     /// overridden (never, off, from `CURRENT`, real files). Options that
     /// shape files (segment size) must be equal on every replica.
     pub engine: Options,
+    /// Test-only crash points of a snapshot receive and install (off by
+    /// default).
+    pub failpoints: InstallFailpoints,
+}
+
+/// A point in receiving and installing a snapshot where a test can make the
+/// member "crash": the step stops there, leaving the disk as a crash would
+/// (no clean-up), and every later receive or install on this member fails,
+/// until the test drops the node and opens its directory again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InstallStep {
+    /// While staging: after the first received chunk was written.
+    Staging,
+    /// After the snapshot became a complete `snap-<n>` and openraft was told
+    /// (so it may have purged the log it covers), before the engine switch.
+    BeforeSwitch,
+    /// After `CURRENT` names the new engine, before the old engine directory
+    /// and old snapshots are deleted.
+    AfterSwitch,
+}
+
+/// Test-only crash points (see [`InstallStep`]); clones share one state.
+#[derive(Clone, Debug, Default)]
+pub struct InstallFailpoints {
+    inner: Arc<FailpointState>,
+}
+
+#[derive(Debug, Default)]
+struct FailpointState {
+    armed: Mutex<Option<InstallStep>>,
+    fired: Mutex<Option<InstallStep>>,
+}
+
+impl InstallFailpoints {
+    /// Arms one crash point (it fires once).
+    pub fn arm(&self, step: InstallStep) {
+        *self.inner.armed.lock().unwrap_or_else(|p| p.into_inner()) = Some(step);
+    }
+
+    /// The step at which this member "crashed", if it did.
+    pub fn fired(&self) -> Option<InstallStep> {
+        *self.inner.fired.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// True when `step` is armed (it then fires: disarmed, recorded) or a
+    /// crash point fired before (the member is "dead").
+    pub fn hit(&self, step: InstallStep) -> bool {
+        let mut armed = self.inner.armed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut fired = self.inner.fired.lock().unwrap_or_else(|p| p.into_inner());
+        if *armed == Some(step) {
+            *armed = None;
+            *fired = Some(step);
+            tracing::warn!(?step, "test crash point fired");
+        }
+        fired.is_some()
+    }
+
+    /// Disarms and forgets a fired crash point (before the test opens the
+    /// member's directory again).
+    pub fn reset(&self) {
+        *self.inner.armed.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.inner.fired.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// True once a crash point fired.
+    pub fn dead(&self) -> bool {
+        self.fired().is_some()
+    }
+}
+
+/// What a receiver asks the leader for: the file `name` from `offset` (0 =
+/// whole) to its manifest length; `prefix_crc` is the crc32 of the first
+/// `offset` bytes it holds already.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NeededRange {
+    /// File name from the manifest.
+    pub name: String,
+    /// Bytes already staged (a copy of a prefix this member holds).
+    pub offset: u64,
+    /// crc32 of those bytes.
+    pub prefix_crc: u32,
+}
+
+/// The outcome of matching an offered manifest against this member's files.
+#[derive(Debug)]
+pub struct ReceivePlan {
+    /// The staging directory: reused files are already in it.
+    pub staging: SnapshotHandle,
+    /// What to ask the leader for, in manifest order.
+    pub needed: Vec<NeededRange>,
+    /// Files reused whole (hard-linked or copied; not transferred).
+    pub files_reused: u64,
+    /// Bytes reused (whole files and staged prefixes).
+    pub bytes_reused: u64,
+}
+
+/// A file this member holds that may match a manifest entry.
+#[derive(Clone, Debug)]
+struct Candidate {
+    path: PathBuf,
+    len: u64,
+    crc: u32,
+    /// Never appended to (a sealed engine file or a snapshot's file): may be
+    /// hard-linked. The engine's active segment is copied instead.
+    immutable: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -482,14 +588,260 @@ impl StateMachine {
         Ok(SnapshotHandle::new(dir))
     }
 
-    /// Verifies the snapshot in `handle` against its manifest and `meta`,
-    /// and switches the engine to its files atomically.
+    /// The test crash points of this state machine.
+    pub fn failpoints(&self) -> &InstallFailpoints {
+        &self.shared.options.failpoints
+    }
+
+    /// Every file this member holds that an offered snapshot may reuse, by
+    /// name: the engine's sealed data and hint files, its active segment,
+    /// and the files of the complete snapshots it keeps.
+    fn candidates(&self) -> BTreeMap<String, Vec<Candidate>> {
+        let mut found: BTreeMap<String, Vec<Candidate>> = BTreeMap::new();
+        let engine = self.engine();
+        let mut add = |name: String, candidate: Candidate| {
+            found.entry(name).or_default().push(candidate);
+        };
+        for file in engine.sealed_files() {
+            let path = engine.dir().join(&file.name);
+            add(
+                file.name,
+                Candidate {
+                    path,
+                    len: file.len,
+                    crc: file.crc,
+                    immutable: true,
+                },
+            );
+        }
+        if let Some(file) = engine.active_file() {
+            let path = engine.dir().join(&file.name);
+            add(
+                file.name,
+                Candidate {
+                    path,
+                    len: file.len,
+                    crc: file.crc,
+                    immutable: false,
+                },
+            );
+        }
+        let snapshots = self.snapshots_dir();
+        for name in list_dir(&snapshots).unwrap_or_default() {
+            if parse_counter(&name, SNAPSHOT_DIR_PREFIX).is_none() {
+                continue;
+            }
+            let snap = SnapshotHandle::new(snapshots.join(&name));
+            let Ok(manifest) = snap.read_manifest() else {
+                continue;
+            };
+            for file in manifest.files {
+                if let Ok(path) = snap.file_path(&file.name) {
+                    add(
+                        file.name,
+                        Candidate {
+                            path,
+                            len: file.len,
+                            crc: file.crc,
+                            immutable: true,
+                        },
+                    );
+                }
+            }
+        }
+        found
+    }
+
+    /// Starts receiving the snapshot `manifest` describes: a new staging
+    /// directory, into which every file this member already holds whole
+    /// (same name, length and crc32) is hard-linked (a copy for the engine's
+    /// active segment) and, for a data file of which it holds a shorter
+    /// prefix, that prefix is copied. The links pin the reused files: a
+    /// merge deleting the engine's name leaves the staged one. Returns what
+    /// to ask the leader for. Every staged byte is checked again against the
+    /// manifest before the snapshot is sealed.
+    pub fn plan_receive(&self, manifest: &Manifest) -> Result<ReceivePlan, SmError> {
+        if self.failpoints().dead() {
+            return Err(SmError::Inconsistent(
+                "this member crashed at a test crash point".to_string(),
+            ));
+        }
+        let staging = self.begin_receiving()?;
+        match self.stage_local_files(&staging, manifest) {
+            Ok(plan) => Ok(plan),
+            Err(err) => {
+                remove_dir_logged(staging.dir());
+                Err(err)
+            }
+        }
+    }
+
+    fn stage_local_files(
+        &self,
+        staging: &SnapshotHandle,
+        manifest: &Manifest,
+    ) -> Result<ReceivePlan, SmError> {
+        let candidates = self.candidates();
+        let mut plan = ReceivePlan {
+            staging: staging.clone(),
+            needed: Vec::new(),
+            files_reused: 0,
+            bytes_reused: 0,
+        };
+        for file in &manifest.files {
+            let to = staging.file_path(&file.name)?;
+            let held = candidates.get(&file.name).map(Vec::as_slice).unwrap_or(&[]);
+            // The whole file, if held.
+            let whole = held
+                .iter()
+                .filter(|c| c.len == file.len && c.crc == file.crc)
+                .any(|c| {
+                    let staged = if c.immutable {
+                        fs::hard_link(&c.path, &to).is_ok()
+                    } else {
+                        snapshot::copy_prefix(&c.path, &to, file.len).is_ok()
+                    };
+                    if !staged {
+                        let _ = fs::remove_file(&to);
+                    }
+                    staged
+                });
+            if whole {
+                plan.files_reused += 1;
+                plan.bytes_reused += file.len;
+                continue;
+            }
+            // Else the longest shorter prefix of a data file (segments only
+            // grow; hints are written whole).
+            let prefix = held
+                .iter()
+                .filter(|c| {
+                    file.name.ends_with(bitcask::format::DATA_SUFFIX)
+                        && c.len > 0
+                        && c.len < file.len
+                })
+                .max_by_key(|c| c.len);
+            if let Some(c) = prefix
+                && snapshot::copy_prefix(&c.path, &to, c.len).is_ok()
+                && let Ok((len, crc)) = snapshot::crc_of_file(&to)
+                && len == c.len
+            {
+                plan.bytes_reused += len;
+                plan.needed.push(NeededRange {
+                    name: file.name.clone(),
+                    offset: len,
+                    prefix_crc: crc,
+                });
+                continue;
+            }
+            let _ = fs::remove_file(&to);
+            plan.needed.push(NeededRange {
+                name: file.name.clone(),
+                offset: 0,
+                prefix_crc: 0,
+            });
+        }
+        Ok(plan)
+    }
+
+    /// The files of a staging directory that do not match `manifest` (missing,
+    /// another length or crc32): the receiver fetches them again whole.
+    pub fn staged_mismatches(staging: &SnapshotHandle, manifest: &Manifest) -> Vec<String> {
+        manifest
+            .files
+            .iter()
+            .filter(|file| {
+                let held = staging
+                    .file_path(&file.name)
+                    .and_then(|path| snapshot::crc_of_file(&path));
+                !matches!(held, Ok((len, crc)) if len == file.len && crc == file.crc)
+            })
+            .map(|file| file.name.clone())
+            .collect()
+    }
+
+    /// Makes a fully received staging directory a complete snapshot: checks
+    /// every file against the manifest, fsyncs each, writes the manifest,
+    /// renames the directory to `snap-<n>` and fsyncs `snapshots/`. From
+    /// here on a crash leaves a snapshot that the next open switches to if
+    /// it is ahead of the engine (openraft may purge the log it covers as
+    /// soon as it is told), so this runs before openraft is told.
+    pub fn seal_received(
+        &self,
+        staging: &SnapshotHandle,
+        manifest: &Manifest,
+    ) -> Result<SnapshotHandle, SmError> {
+        if self.failpoints().dead() {
+            return Err(SmError::Inconsistent(
+                "this member crashed at a test crash point".to_string(),
+            ));
+        }
+        staging.verify(manifest)?;
+        for file in &manifest.files {
+            snapshot::fsync_file(&staging.file_path(&file.name)?)?;
+        }
+        staging.write_manifest(manifest)?;
+        let snapshots = self.snapshots_dir();
+        let counter = {
+            let mut inner = self.lock();
+            inner.next_counter += 1;
+            inner.next_counter - 1
+        };
+        let snap_dir = snapshots.join(counter_name(SNAPSHOT_DIR_PREFIX, counter));
+        fs::rename(staging.dir(), &snap_dir).map_err(io_err("rename", staging.dir()))?;
+        snapshot::fsync_dir(&snapshots)?;
+        Ok(SnapshotHandle::new(snap_dir))
+    }
+
+    /// Deletes a received snapshot that openraft did not install (not newer
+    /// than what this member committed): no staged garbage stays behind.
+    pub fn discard_received(&self, snap: &SnapshotHandle) {
+        if self.failpoints().dead() || !snap.dir().exists() {
+            return;
+        }
+        let current = self.lock().current.as_ref().map(|c| c.counter);
+        let counter = self.own_counter(snap, SNAPSHOT_DIR_PREFIX);
+        // Installed (now current, or older than a snapshot built since):
+        // kept; pruning deletes it in its turn.
+        if let (Some(counter), Some(current)) = (counter, current)
+            && counter <= current
+        {
+            return;
+        }
+        tracing::info!(dir = %snap.dir().display(), "deleting a received snapshot that was not installed");
+        remove_dir_logged(snap.dir());
+    }
+
+    /// The counter of `handle` if it is one of this state machine's
+    /// directories named `<prefix><counter>`.
+    fn own_counter(&self, handle: &SnapshotHandle, prefix: &str) -> Option<u64> {
+        if handle.dir().parent() != Some(self.snapshots_dir().as_path()) {
+            return None;
+        }
+        handle
+            .dir()
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| parse_counter(n, prefix))
+    }
+
+    /// Installs the snapshot in `handle`: one this member received and
+    /// sealed (`snap-<n>`, checked when sealed), one of its staging
+    /// directories, or another state machine's snapshot directory (linked
+    /// in); the latter two are checked against the manifest and sealed
+    /// first. Then the engine switches to its files atomically.
     pub fn install(
         &self,
         meta: &SnapshotMeta<u64, NodeInfo>,
         handle: &SnapshotHandle,
     ) -> Result<(), SmError> {
         let _work = self.snapshot_work();
+        let failpoints = self.failpoints().clone();
+        if failpoints.dead() {
+            return Err(SmError::Inconsistent(
+                "this member crashed at a test crash point".to_string(),
+            ));
+        }
         let manifest = handle.read_manifest()?;
         let ours = self.shared.cluster_id.load(Ordering::SeqCst);
         if manifest.cluster_id != 0 && ours != 0 && manifest.cluster_id != u128::from(ours) {
@@ -504,47 +856,46 @@ impl StateMachine {
                 manifest.last_log_id, meta.last_log_id
             )));
         }
-        // Bring the files into a staging directory of ours (a handle filled
-        // by the network layer already is one; another state machine's
-        // snapshot is linked in), verify, fsync.
-        let snapshots = self.snapshots_dir();
-        let own_staging = handle.dir().parent() == Some(snapshots.as_path())
-            && handle
-                .dir()
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| parse_counter(n, STAGING_DIR_PREFIX))
-                .is_some();
-        let staging = if own_staging {
+        let snap = if self.own_counter(handle, SNAPSHOT_DIR_PREFIX).is_some() {
             handle.clone()
         } else {
-            let staging = self.begin_receiving()?;
-            for file in &manifest.files {
-                let from = handle.file_path(&file.name)?;
-                let to = staging.file_path(&file.name)?;
-                if fs::hard_link(&from, &to).is_err() {
-                    fs::copy(&from, &to).map_err(io_err("copy", &to))?;
+            // Bring the files into a staging directory of ours (a handle
+            // filled by a test already is one; another state machine's
+            // snapshot is linked in), then check and seal.
+            let staging = if self.own_counter(handle, STAGING_DIR_PREFIX).is_some() {
+                handle.clone()
+            } else {
+                let staging = self.begin_receiving()?;
+                for file in &manifest.files {
+                    let from = handle.file_path(&file.name)?;
+                    let to = staging.file_path(&file.name)?;
+                    if fs::hard_link(&from, &to).is_err() {
+                        fs::copy(&from, &to).map_err(io_err("copy", &to))?;
+                    }
                 }
-            }
-            staging.write_manifest(&manifest)?;
-            staging
+                staging
+            };
+            self.seal_received(&staging, &manifest)?
         };
-        staging.verify(&manifest)?;
-        for file in &manifest.files {
-            snapshot::fsync_file(&staging.file_path(&file.name)?)?;
+        let Some(counter) = self.own_counter(&snap, SNAPSHOT_DIR_PREFIX) else {
+            return Err(SmError::Inconsistent(format!(
+                "{} is not a snapshot directory of this member",
+                snap.dir().display()
+            )));
+        };
+        if failpoints.hit(InstallStep::BeforeSwitch) {
+            return Err(SmError::Inconsistent(
+                "test crash point before the switch".to_string(),
+            ));
         }
-        snapshot::fsync_dir(staging.dir())?;
-
         let mut inner = self.lock();
-        let counter = inner.next_counter;
-        inner.next_counter += 1;
-        let snap_dir = snapshots.join(counter_name(SNAPSHOT_DIR_PREFIX, counter));
-        fs::rename(staging.dir(), &snap_dir).map_err(io_err("rename", staging.dir()))?;
-        snapshot::fsync_dir(&snapshots)?;
-        let snap = SnapshotHandle::new(&snap_dir);
-
         let old_dir = self.switch_to(&mut inner, counter, &snap, &manifest)?;
         drop(inner);
+        if failpoints.hit(InstallStep::AfterSwitch) {
+            return Err(SmError::Inconsistent(
+                "test crash point after the switch".to_string(),
+            ));
+        }
         remove_dir_logged(&old_dir);
         tracing::info!(snapshot = %manifest.snapshot_id, last_log_id = ?manifest.last_log_id, "snapshot installed");
         self.prune_snapshots();

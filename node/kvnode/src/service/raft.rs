@@ -1,6 +1,10 @@
 //! The peer `Raft` gRPC service: decodes openraft's AppendEntries and Vote
-//! and hands them to [`openraft::Raft`]; receives full snapshots over the
-//! `TransferSnapshot` stream (whole files) and installs them.
+//! and hands them to [`openraft::Raft`]; receives snapshots over the
+//! `TransferSnapshot` stream, incrementally: the offer's manifest is matched
+//! against this member's files (reused whole by hard link, or as a prefix
+//! copy), only the rest is asked for, chunks are checked by crc32, the
+//! assembled files against the manifest (a mismatch is fetched again whole),
+//! and the sealed snapshot is handed to openraft's `install_full_snapshot`.
 //!
 //! `ReadIndex` serves followers' linearizable reads from the leader's shared
 //! read-index rounds; `Identify` tells any caller who this member is.
@@ -19,13 +23,13 @@ use std::time::{Duration, Instant};
 use kvproto::raft::v1::raft_server::{Raft as RaftRpc, RaftServer};
 use kvproto::raft::v1::{
     AppendEntriesRequest, AppendEntriesResponse, FileRange, IdentifyRequest, IdentifyResponse,
-    Identity as PbIdentity, ReadIndexRequest, ReadIndexResponse, SnapshotInstalled, SnapshotNeed,
-    TransferSnapshotRequest, TransferSnapshotResponse, VoteRequest, VoteResponse,
+    Identity as PbIdentity, ReadIndexRequest, ReadIndexResponse, SnapshotChunk, SnapshotInstalled,
+    SnapshotNeed, TransferSnapshotRequest, TransferSnapshotResponse, VoteRequest, VoteResponse,
     transfer_snapshot_request, transfer_snapshot_response,
 };
 use openraft::raft::SnapshotResponse;
 use openraft::{Snapshot, SnapshotMeta, Vote};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
@@ -38,11 +42,17 @@ use crate::metrics::Metrics;
 use crate::network::PEER_MESSAGE_BYTES_MAX;
 use crate::read_index::{ReadIndexError, ReadRounds};
 use crate::snapshot::{Manifest, SnapshotHandle};
-use crate::state_machine::StateMachine;
+use crate::state_machine::{InstallStep, NeededRange, StateMachine};
 use crate::types::TypeConfig;
 
 /// How often a refused peer is logged at most (it retries every heartbeat).
 pub const MISMATCH_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// How long a receiver waits for the leader's next snapshot message before
+/// it abandons the transfer (deletes its staging, drops its pins).
+pub const SNAPSHOT_RECEIVE_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Rounds of "these staged files do not match, send them again" a receiver
+/// asks for before it abandons the transfer.
+pub const SNAPSHOT_REFETCH_ROUNDS_MAX: usize = 3;
 
 /// The peer service of one member.
 #[derive(Clone)]
@@ -218,55 +228,82 @@ impl RaftRpc for PeerService {
             ));
         };
         self.check_identity(offer.identity.as_ref(), Adopt::FromLeader)?;
+        let failpoints = self.state_machine.failpoints().clone();
+        if failpoints.dead() {
+            return Err(Status::unavailable(
+                "this member crashed at a test crash point",
+            ));
+        }
         let vote: Vote<u64> = decode(&offer.vote, "snapshot vote")?;
         let manifest_pb = offer
             .manifest
             .ok_or_else(|| Status::invalid_argument("the offer carries no manifest"))?;
         let manifest = Manifest::decode(&manifest_pb.encoded)
             .map_err(|err| Status::invalid_argument(format!("snapshot manifest: {err}")))?;
-        let handle = self
-            .state_machine
-            .begin_receiving()
+        // Match the offer against our files (links, prefix copies): off the
+        // async threads.
+        let sm = self.state_machine.clone();
+        let offered = manifest.clone();
+        let plan = tokio::task::spawn_blocking(move || sm.plan_receive(&offered))
+            .await
+            .map_err(|err| Status::internal(format!("snapshot plan task: {err}")))?
             .map_err(|err| Status::internal(format!("begin receiving a snapshot: {err}")))?;
+        tracing::info!(
+            snapshot = %manifest.snapshot_id,
+            files = manifest.files.len(),
+            reused = plan.files_reused,
+            reused_bytes = plan.bytes_reused,
+            needed = plan.needed.len(),
+            "snapshot offered"
+        );
+        if let Some(metrics) = &self.metrics {
+            metrics.add_snapshot_files_skipped(plan.files_reused);
+        }
         let (tx, rx) = mpsc::channel(2);
-        let need = TransferSnapshotResponse {
-            step: Some(transfer_snapshot_response::Step::Need(SnapshotNeed {
-                ranges: manifest
-                    .files
-                    .iter()
-                    .map(|f| FileRange {
-                        name: f.name.clone(),
-                        offset_bytes: 0,
-                        prefix_crc32: 0,
-                    })
-                    .collect(),
-            })),
-        };
+        let need = need_message(plan.needed.iter().map(|n| FileRange {
+            name: n.name.clone(),
+            offset_bytes: n.offset,
+            prefix_crc32: n.prefix_crc,
+        }));
         let _ = tx.send(Ok(need)).await;
         let raft = self.raft.clone();
         let metrics = self.metrics.clone();
+        let sm = self.state_machine.clone();
         tokio::spawn(async move {
-            let result = receive(&mut incoming, &handle, &manifest, metrics.as_ref()).await;
-            let answer: Result<SnapshotResponse<u64>, String> = match result {
-                Err(status) => {
-                    let _ = tokio::fs::remove_dir_all(handle.dir()).await;
+            let receiver = Receiver {
+                sm: &sm,
+                manifest: &manifest,
+                staging: &plan.staging,
+                metrics: metrics.as_ref(),
+                tx: &tx,
+            };
+            let snap = match receiver.run(&mut incoming, &plan.needed).await {
+                Ok(snap) => snap,
+                Err(Abandon::Crashed) => return,
+                Err(Abandon::Failed(status)) => {
+                    tracing::warn!(error = %status.message(), "snapshot transfer abandoned");
+                    let _ = tokio::fs::remove_dir_all(plan.staging.dir()).await;
                     let _ = tx.send(Err(status)).await;
                     return;
                 }
-                Ok(()) => {
-                    let snapshot = Snapshot {
-                        meta: SnapshotMeta {
-                            last_log_id: manifest.last_log_id,
-                            last_membership: manifest.membership.clone(),
-                            snapshot_id: manifest.snapshot_id.clone(),
-                        },
-                        snapshot: Box::new(handle),
-                    };
-                    raft.install_full_snapshot(vote, snapshot)
-                        .await
-                        .map_err(|err| err.to_string())
-                }
             };
+            let snapshot = Snapshot {
+                meta: SnapshotMeta {
+                    last_log_id: manifest.last_log_id,
+                    last_membership: manifest.membership.clone(),
+                    snapshot_id: manifest.snapshot_id.clone(),
+                },
+                snapshot: Box::new(snap.clone()),
+            };
+            let installed = raft.install_full_snapshot(vote, snapshot).await;
+            if installed.is_ok() {
+                // openraft skips a snapshot not newer than its committed
+                // index: delete it then.
+                let sm = sm.clone();
+                let _ = tokio::task::spawn_blocking(move || sm.discard_received(&snap)).await;
+            }
+            let answer: Result<SnapshotResponse<u64>, String> =
+                installed.map_err(|err| err.to_string());
             let _ = tx
                 .send(Ok(TransferSnapshotResponse {
                     step: Some(transfer_snapshot_response::Step::Installed(
@@ -281,84 +318,255 @@ impl RaftRpc for PeerService {
     }
 }
 
-/// Receives whole files into `handle` until `done`, then writes the manifest
-/// and checks every file against it.
-async fn receive(
-    incoming: &mut Streaming<TransferSnapshotRequest>,
-    handle: &SnapshotHandle,
-    manifest: &Manifest,
-    metrics: Option<&Metrics>,
-) -> Result<(), Status> {
-    let expected: BTreeMap<&str, u64> = manifest
-        .files
-        .iter()
-        .map(|f| (f.name.as_str(), f.len))
-        .collect();
-    let mut received: BTreeMap<String, (u64, tokio::fs::File)> = BTreeMap::new();
-    // Bounded: the leader sends at most one chunk per (file, chunk) pair;
-    // the stream ends (or errors) when the leader goes away.
-    while let Some(message) = incoming.message().await? {
-        match message.step {
-            Some(transfer_snapshot_request::Step::Chunk(chunk)) => {
-                let Some(&len) = expected.get(chunk.file_name.as_str()) else {
-                    return Err(Status::invalid_argument(format!(
-                        "chunk of unknown file {:?}",
-                        chunk.file_name
-                    )));
+fn need_message(ranges: impl Iterator<Item = FileRange>) -> TransferSnapshotResponse {
+    TransferSnapshotResponse {
+        step: Some(transfer_snapshot_response::Step::Need(SnapshotNeed {
+            ranges: ranges.collect(),
+        })),
+    }
+}
+
+/// Why a receive stopped without a sealed snapshot.
+enum Abandon {
+    /// A test crash point fired: leave everything as a crash would.
+    Crashed,
+    /// The transfer failed: the staging directory is deleted and the leader
+    /// told.
+    Failed(Status),
+}
+
+impl From<Status> for Abandon {
+    fn from(status: Status) -> Abandon {
+        Abandon::Failed(status)
+    }
+}
+
+/// One file being received in the current round.
+struct Incoming {
+    /// Length the manifest gives.
+    len: u64,
+    /// Bytes staged so far (a reused prefix counts).
+    written: u64,
+    /// Whether a chunk of it arrived in this round (the first one may
+    /// restart the file at offset 0).
+    started: bool,
+    /// A chunk failed its crc32: the rest of the file is ignored and it is
+    /// fetched again whole.
+    bad: bool,
+}
+
+/// The receiving side of one transfer.
+struct Receiver<'a> {
+    sm: &'a StateMachine,
+    manifest: &'a Manifest,
+    staging: &'a SnapshotHandle,
+    metrics: Option<&'a Metrics>,
+    tx: &'a mpsc::Sender<Result<TransferSnapshotResponse, Status>>,
+}
+
+impl Receiver<'_> {
+    /// Receives the needed ranges (and any refetch rounds) until every
+    /// staged file matches the manifest, then seals the snapshot.
+    async fn run(
+        &self,
+        incoming: &mut Streaming<TransferSnapshotRequest>,
+        needed: &[NeededRange],
+    ) -> Result<SnapshotHandle, Abandon> {
+        let lens: BTreeMap<&str, u64> = self
+            .manifest
+            .files
+            .iter()
+            .map(|f| (f.name.as_str(), f.len))
+            .collect();
+        let mut files: BTreeMap<String, Incoming> = needed
+            .iter()
+            .map(|n| {
+                let len = lens.get(n.name.as_str()).copied().unwrap_or(0);
+                let file = Incoming {
+                    len,
+                    written: n.offset,
+                    started: false,
+                    bad: false,
                 };
-                if !received.contains_key(&chunk.file_name) {
-                    let path = handle
-                        .file_path(&chunk.file_name)
-                        .map_err(|err| Status::invalid_argument(err.to_string()))?;
-                    let file = tokio::fs::File::create(&path).await.map_err(|err| {
-                        Status::internal(format!("create {}: {err}", path.display()))
-                    })?;
-                    received.insert(chunk.file_name.clone(), (0, file));
+                (n.name.clone(), file)
+            })
+            .collect();
+        let mut open: Option<(String, tokio::fs::File)> = None;
+        let mut refetches = 0usize;
+        let failpoints = self.sm.failpoints().clone();
+        loop {
+            let message = match tokio::time::timeout(
+                SNAPSHOT_RECEIVE_IDLE_TIMEOUT,
+                incoming.message(),
+            )
+            .await
+            {
+                Err(_) => {
+                    return Err(Status::deadline_exceeded(format!(
+                        "no snapshot message within SNAPSHOT_RECEIVE_IDLE_TIMEOUT ({SNAPSHOT_RECEIVE_IDLE_TIMEOUT:?})"
+                    ))
+                    .into());
                 }
-                let Some((written, file)) = received.get_mut(&chunk.file_name) else {
-                    return Err(Status::internal("file vanished"));
-                };
-                if chunk.offset_bytes != *written || *written + chunk.data.len() as u64 > len {
-                    return Err(Status::invalid_argument(format!(
-                        "chunk of {:?} at offset {} ({} bytes) does not follow {} bytes of {}",
-                        chunk.file_name,
-                        chunk.offset_bytes,
-                        chunk.data.len(),
-                        written,
-                        len
-                    )));
+                Ok(Err(status)) => return Err(status.into()),
+                Ok(Ok(None)) => {
+                    return Err(
+                        Status::cancelled("the leader closed the snapshot stream early").into(),
+                    );
                 }
-                file.write_all(&chunk.data)
-                    .await
-                    .map_err(|err| Status::internal(format!("write snapshot file: {err}")))?;
-                *written += chunk.data.len() as u64;
-                if let Some(metrics) = metrics {
-                    metrics.add_snapshot_bytes_received(chunk.data.len() as u64);
-                }
-            }
-            Some(transfer_snapshot_request::Step::Done(_)) => {
-                for (name, (written, file)) in received.iter_mut() {
-                    file.sync_all()
-                        .await
-                        .map_err(|err| Status::internal(format!("fsync {name}: {err}")))?;
-                    if expected.get(name.as_str()).copied() != Some(*written) {
-                        return Err(Status::invalid_argument(format!("file {name} incomplete")));
+                Ok(Ok(Some(message))) => message,
+            };
+            match message.step {
+                Some(transfer_snapshot_request::Step::Chunk(chunk)) => {
+                    self.chunk(&mut files, &mut open, chunk).await?;
+                    if failpoints.hit(InstallStep::Staging) {
+                        return Err(Abandon::Crashed);
                     }
                 }
-                let handle = handle.clone();
-                let manifest = manifest.clone();
-                return tokio::task::spawn_blocking(move || {
-                    handle.write_manifest(&manifest)?;
-                    handle.verify(&manifest)
-                })
-                .await
-                .map_err(|err| Status::internal(format!("snapshot check task: {err}")))?
-                .map_err(|err| Status::invalid_argument(format!("received snapshot: {err}")));
+                Some(transfer_snapshot_request::Step::Done(_)) => {
+                    if let Some((name, mut file)) = open.take() {
+                        file.flush()
+                            .await
+                            .map_err(|err| Status::internal(format!("write {name}: {err}")))?;
+                    }
+                    let staging = self.staging.clone();
+                    let manifest = self.manifest.clone();
+                    let mismatched = tokio::task::spawn_blocking(move || {
+                        StateMachine::staged_mismatches(&staging, &manifest)
+                    })
+                    .await
+                    .map_err(|err| Status::internal(format!("snapshot check task: {err}")))?;
+                    if mismatched.is_empty() {
+                        let sm = self.sm.clone();
+                        let staging = self.staging.clone();
+                        let manifest = self.manifest.clone();
+                        return tokio::task::spawn_blocking(move || {
+                            sm.seal_received(&staging, &manifest)
+                        })
+                        .await
+                        .map_err(|err| Status::internal(format!("snapshot seal task: {err}")))?
+                        .map_err(|err| {
+                            Status::internal(format!("seal the received snapshot: {err}")).into()
+                        });
+                    }
+                    refetches += 1;
+                    if refetches > SNAPSHOT_REFETCH_ROUNDS_MAX {
+                        return Err(Status::data_loss(format!(
+                            "snapshot files {mismatched:?} still do not match the manifest after SNAPSHOT_REFETCH_ROUNDS_MAX ({SNAPSHOT_REFETCH_ROUNDS_MAX}) refetch rounds"
+                        ))
+                        .into());
+                    }
+                    tracing::warn!(files = ?mismatched, round = refetches, "staged snapshot files do not match the manifest: fetching them again");
+                    if let Some(metrics) = self.metrics {
+                        metrics.add_snapshot_files_refetched(mismatched.len() as u64);
+                    }
+                    files.clear();
+                    for name in &mismatched {
+                        if let Ok(path) = self.staging.file_path(name) {
+                            let _ = tokio::fs::remove_file(path).await;
+                        }
+                        let len = lens.get(name.as_str()).copied().unwrap_or(0);
+                        files.insert(
+                            name.clone(),
+                            Incoming {
+                                len,
+                                written: 0,
+                                started: false,
+                                bad: false,
+                            },
+                        );
+                    }
+                    let need = need_message(mismatched.into_iter().map(|name| FileRange {
+                        name,
+                        offset_bytes: 0,
+                        prefix_crc32: 0,
+                    }));
+                    if self.tx.send(Ok(need)).await.is_err() {
+                        return Err(Status::cancelled("the snapshot stream closed").into());
+                    }
+                }
+                _ => return Err(Status::invalid_argument("expected a chunk or done").into()),
             }
-            _ => return Err(Status::invalid_argument("expected a chunk or done")),
         }
     }
-    Err(Status::cancelled(
-        "the leader closed the snapshot stream early",
-    ))
+
+    /// Writes one chunk into its staged file (checked: crc32, a file asked
+    /// for, the next offset, within the manifest length).
+    async fn chunk(
+        &self,
+        files: &mut BTreeMap<String, Incoming>,
+        open: &mut Option<(String, tokio::fs::File)>,
+        chunk: SnapshotChunk,
+    ) -> Result<(), Abandon> {
+        let Some(file) = files.get_mut(&chunk.file_name) else {
+            return Err(Status::invalid_argument(format!(
+                "chunk of file {:?}, which was not asked for",
+                chunk.file_name
+            ))
+            .into());
+        };
+        if file.bad {
+            return Ok(());
+        }
+        if crc32fast::hash(&chunk.data) != chunk.crc32 {
+            tracing::warn!(file = %chunk.file_name, offset = chunk.offset_bytes, "snapshot chunk fails its crc32: the file will be fetched again");
+            file.bad = true;
+            return Ok(());
+        }
+        // The first chunk of a file may restart it at 0: the leader found
+        // our prefix differs from its own.
+        let restart = !file.started && chunk.offset_bytes == 0;
+        let at = if restart { 0 } else { file.written };
+        let data_len = chunk.data.len() as u64;
+        if chunk.offset_bytes != at || at + data_len > file.len {
+            return Err(Status::invalid_argument(format!(
+                "chunk of {:?} at offset {} ({data_len} bytes) does not follow {} bytes of {}",
+                chunk.file_name, chunk.offset_bytes, file.written, file.len
+            ))
+            .into());
+        }
+        let reopen = open
+            .as_ref()
+            .is_none_or(|(name, _)| *name != chunk.file_name);
+        if reopen || restart {
+            if let Some((name, mut previous)) = open.take() {
+                previous
+                    .flush()
+                    .await
+                    .map_err(|err| Status::internal(format!("write {name}: {err}")))?;
+            }
+            let path = self
+                .staging
+                .file_path(&chunk.file_name)
+                .map_err(|err| Status::invalid_argument(err.to_string()))?;
+            let mut handle = tokio::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .await
+                .map_err(|err| Status::internal(format!("open {}: {err}", path.display())))?;
+            handle
+                .set_len(at)
+                .await
+                .map_err(|err| Status::internal(format!("truncate {}: {err}", path.display())))?;
+            handle
+                .seek(std::io::SeekFrom::Start(at))
+                .await
+                .map_err(|err| Status::internal(format!("seek {}: {err}", path.display())))?;
+            *open = Some((chunk.file_name.clone(), handle));
+        }
+        let Some((_, handle)) = open.as_mut() else {
+            return Err(Status::internal("no open staged file").into());
+        };
+        handle
+            .write_all(&chunk.data)
+            .await
+            .map_err(|err| Status::internal(format!("write snapshot file: {err}")))?;
+        file.written = at + data_len;
+        file.started = true;
+        if let Some(metrics) = self.metrics {
+            metrics.add_snapshot_bytes_received(data_len);
+        }
+        Ok(())
+    }
 }

@@ -19,6 +19,7 @@ mod merges;
 mod power_loss;
 mod process;
 mod replica_files;
+mod snapshot_transfer;
 mod state_machine;
 mod suite;
 mod ttl;

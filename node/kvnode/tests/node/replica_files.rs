@@ -47,6 +47,7 @@ fn options(segment_size_bytes: u64) -> StateMachineOptions {
             segment_size_bytes,
             ..Options::default()
         },
+        ..StateMachineOptions::default()
     }
 }
 

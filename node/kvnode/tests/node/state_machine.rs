@@ -30,6 +30,7 @@ fn options() -> StateMachineOptions {
             segment_size_bytes: 4096,
             ..Options::default()
         },
+        ..StateMachineOptions::default()
     }
 }
 
