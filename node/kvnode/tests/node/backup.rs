@@ -54,6 +54,7 @@ pub fn small_segments() -> StateMachineOptions {
             segment_size_bytes: SEGMENT_SIZE_BYTES,
             ..Options::default()
         },
+        ..StateMachineOptions::default()
     }
 }
 
