@@ -146,10 +146,42 @@ async fn calls_and_errors() {
             ..
         })
     ));
-    assert!(matches!(
-        client.save_snapshot(false).await.map(|_| ()),
-        Err(Error::Unimplemented { .. })
-    ));
+    // A saved snapshot: the manifest first, then every listed file's bytes
+    // in order, chunk offsets contiguous.
+    {
+        use kvclient::kvproto::cluster::v1::save_snapshot_response::Part;
+        use tokio_stream::StreamExt as _;
+        let mut stream = client.save_snapshot(true).await.expect("save snapshot");
+        let first = stream.next().await.expect("a first message").expect("ok");
+        let Some(Part::Manifest(manifest)) = first.part else {
+            panic!("the first message is not the manifest: {first:?}");
+        };
+        assert!(!manifest.files.is_empty() && !manifest.encoded.is_empty());
+        let mut received: Vec<(String, u64)> = Vec::new();
+        while let Some(message) = stream.next().await {
+            let Some(Part::Chunk(chunk)) = message.expect("chunk").part else {
+                panic!("a second manifest");
+            };
+            match received.last_mut() {
+                Some((name, len)) if *name == chunk.file_name => {
+                    assert_eq!(chunk.offset_bytes, *len, "chunks of {name} in order");
+                    *len += chunk.data.len() as u64;
+                }
+                _ => {
+                    assert_eq!(chunk.offset_bytes, 0, "{} starts at 0", chunk.file_name);
+                    received.push((chunk.file_name.clone(), chunk.data.len() as u64));
+                }
+            }
+        }
+        let listed: Vec<(String, u64)> = manifest
+            .files
+            .iter()
+            .map(|f| (f.name.clone(), f.length_bytes))
+            .filter(|(_, len)| *len > 0)
+            .collect();
+        received.retain(|(_, len)| *len > 0);
+        assert_eq!(received, listed, "every listed file, whole, in order");
+    }
 
     let status = client.status().await.expect("status");
     assert_eq!(status.members.len(), MEMBERS as usize);
