@@ -215,8 +215,8 @@ pub enum SnapshotCommand {
         #[arg(long)]
         purge_log: bool,
     },
-    /// Stream a member's snapshot into one archive file (see
-    /// `kvctl::archive` for the format).
+    /// Stream a member's snapshot into one archive file (the format of
+    /// `kvnode::backup`, which `kvnode restore` reads).
     Save {
         /// The archive to write (written to FILE.partial, renamed when
         /// complete and verified).

@@ -13,10 +13,10 @@ use prost::bytes::Bytes;
 use serde_json::{Map, Value, json};
 use tokio_stream::StreamExt as _;
 
-use crate::archive::{ArchiveHeader, ArchiveWriter, FileEntry};
 use crate::cli::{Cli, Command, ConsistencyArg, MemberCommand, PutArgs, ScanArgs, SnapshotCommand};
 use crate::exit::{Exit, Failure};
 use crate::output::{Printer, Style, insert_bytes, millis, ttl_text};
+use kvnode::backup::{ArchiveWriter, verify_archive};
 
 /// Largest key, in bytes: the cluster's limit (DESIGN §4), checked before
 /// sending so the message comes at once.
@@ -707,8 +707,8 @@ async fn snapshot(context: &Context, command: SnapshotCommand) -> Result<(), Fai
                     "snapshot_id": header.snapshot_id,
                     "last_log_index": header.last_log_index,
                     "last_log_term": header.last_log_term,
-                    "files": header.files.len(),
-                    "data_bytes": header.data_bytes(),
+                    "files": header.files,
+                    "data_bytes": header.data_bytes,
                 }));
             } else {
                 println!(
@@ -717,8 +717,8 @@ async fn snapshot(context: &Context, command: SnapshotCommand) -> Result<(), Fai
                     header.snapshot_id,
                     header.last_log_index,
                     header.last_log_term,
-                    header.files.len(),
-                    header.data_bytes(),
+                    header.files,
+                    header.data_bytes,
                     file.display()
                 );
             }
@@ -741,13 +741,28 @@ impl Drop for PartialFile<'_> {
     }
 }
 
+/// What `snapshot save` wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Saved {
+    /// The snapshot's id.
+    pub snapshot_id: String,
+    /// Last log index the snapshot covers.
+    pub last_log_index: u64,
+    /// Its term.
+    pub last_log_term: u64,
+    /// Files in the archive.
+    pub files: usize,
+    /// Bytes of file contents in the archive.
+    pub data_bytes: u64,
+}
+
 /// Writes a SaveSnapshot stream into the archive `file` (through
 /// `FILE.partial`, verified, then renamed), with a progress bar on a
 /// terminal.
 pub async fn save_stream(
     mut stream: impl tokio_stream::Stream<Item = kvclient::Result<cpb::SaveSnapshotResponse>> + Unpin,
     file: &Path,
-) -> Result<ArchiveHeader, Failure> {
+) -> Result<Saved, Failure> {
     use cpb::save_snapshot_response::Part;
     let local = |what: &str, err: &dyn std::fmt::Display| {
         Failure::usage(format!("{what} {}: {err}", file.display()))
@@ -771,21 +786,6 @@ pub async fn save_stream(
             ));
         }
     };
-    let header = ArchiveHeader {
-        snapshot_id: manifest.snapshot_id.clone(),
-        last_log_index: manifest.last_log_index,
-        last_log_term: manifest.last_log_term,
-        manifest: manifest.encoded.to_vec(),
-        files: manifest
-            .files
-            .iter()
-            .map(|f| FileEntry {
-                name: f.name.clone(),
-                length_bytes: f.length_bytes,
-                crc32: f.crc32,
-            })
-            .collect(),
-    };
     let partial_path = {
         let mut name = file.as_os_str().to_owned();
         name.push(".partial");
@@ -796,10 +796,23 @@ pub async fn save_stream(
         path: &partial_path,
         armed: true,
     };
-    let mut writer = ArchiveWriter::new(std::io::BufWriter::new(out), &header)
-        .map_err(|err| local("cannot write", &err))?;
-    let bar = crate::bench::progress_bar(header.data_bytes(), true);
-    bar.set_message(format!("snapshot {}", header.snapshot_id));
+    // The writer decodes the manifest and checks every chunk against it.
+    let mut writer =
+        ArchiveWriter::new(std::io::BufWriter::new(out), &manifest.encoded).map_err(|err| {
+            Failure::new(
+                Exit::Unavailable,
+                format!("the snapshot stream's manifest is not valid: {err}"),
+            )
+        })?;
+    let saved = Saved {
+        snapshot_id: manifest.snapshot_id.clone(),
+        last_log_index: manifest.last_log_index,
+        last_log_term: manifest.last_log_term,
+        files: writer.manifest().files.len(),
+        data_bytes: writer.file_bytes_total(),
+    };
+    let bar = crate::bench::progress_bar(saved.data_bytes, true);
+    bar.set_message(format!("snapshot {}", saved.snapshot_id));
     while let Some(item) = stream.next().await {
         match item.map_err(remote)?.part {
             Some(Part::Chunk(chunk)) => {
@@ -840,12 +853,10 @@ pub async fn save_stream(
     out.sync_all().map_err(|err| local("cannot sync", &err))?;
     drop(out);
     // Read it back: the file on disk must be a valid archive.
-    let reread = std::fs::File::open(&partial_path).map_err(|err| local("cannot reopen", &err))?;
-    crate::archive::verify(std::io::BufReader::new(reread))
-        .map_err(|err| local("verification failed for", &err))?;
+    verify_archive(&partial_path).map_err(|err| local("verification failed for", &err))?;
     std::fs::rename(&partial_path, file).map_err(|err| local("cannot rename to", &err))?;
     guard.armed = false;
-    Ok(header)
+    Ok(saved)
 }
 
 #[cfg(test)]
@@ -854,6 +865,22 @@ mod tests {
     use cpb::save_snapshot_response::Part;
 
     fn manifest(files: &[(&str, &[u8])]) -> cpb::SaveSnapshotResponse {
+        use kvnode::snapshot::{KIND_SEALED, Manifest, ManifestFile};
+        let real = Manifest {
+            snapshot_id: "2-9-x".into(),
+            cluster_id: 7,
+            last_log_id: None,
+            membership: Default::default(),
+            files: files
+                .iter()
+                .map(|(name, bytes)| ManifestFile {
+                    kind: KIND_SEALED,
+                    name: name.to_string(),
+                    len: bytes.len() as u64,
+                    crc: crc32fast::hash(bytes),
+                })
+                .collect(),
+        };
         cpb::SaveSnapshotResponse {
             part: Some(Part::Manifest(cpb::SnapshotManifest {
                 header: None,
@@ -868,7 +895,7 @@ mod tests {
                         crc32: crc32fast::hash(bytes),
                     })
                     .collect(),
-                encoded: Bytes::from_static(b"manifest"),
+                encoded: Bytes::from(real.encode()),
             })),
         }
     }
@@ -892,12 +919,11 @@ mod tests {
             Ok(chunk("a.data", 0, b"hello ")),
             Ok(chunk("a.data", 6, b"world")),
         ];
-        let header = save_stream(tokio_stream::iter(items), &path).await.unwrap();
-        assert_eq!(header.files.len(), 2);
-        let file = std::fs::File::open(&path).unwrap();
-        let read = crate::archive::verify(file).unwrap();
-        assert_eq!(read, header);
-        assert_eq!(read.manifest, b"manifest");
+        let saved = save_stream(tokio_stream::iter(items), &path).await.unwrap();
+        assert_eq!((saved.files, saved.data_bytes), (2, 11));
+        let read = verify_archive(&path).unwrap();
+        assert_eq!(read.manifest.files.len(), 2);
+        assert_eq!(read.file_bytes, 11);
         assert!(!dir.path().join("snap.rcs.partial").exists());
     }
 

@@ -29,7 +29,6 @@
 //! - [`commands`]: each command's calls and output.
 //! - [`bench`]: `kvctl bench` on `kvbench::load`, with a progress bar.
 //! - [`plot`]: the bench's SVG (latency over time, latency histogram).
-//! - [`archive`]: the snapshot archive format (writer, reader, verifier).
 //! - [`output`]: tables, JSON, binary-safe bytes, colours.
 //! - [`exit`]: exit codes and the error mapping above.
 //!
@@ -49,7 +48,6 @@
 //! assert_eq!(code, Exit::Unavailable.code());
 //! ```
 
-pub mod archive;
 pub mod bench;
 pub mod cli;
 pub mod commands;

@@ -2,9 +2,9 @@
 //! three-member cluster: `status` shows every member (id, address, role,
 //! term, last log index, applied index, lag) with exactly one leader
 //! marked, in a table and in JSON; `member list` lists the three voters;
-//! `snapshot trigger` builds one; `snapshot save` writes an archive that
-//! verifies (or, while the server answers UNIMPLEMENTED, exits 2 saying
-//! so); membership changes the server does not implement exit 2;
+//! `member promote` of a voter is an idempotent success and of a
+//! non-member a refusal (exit 4); `snapshot trigger` builds one; `snapshot
+//! save` writes an archive that `kvnode::backup::verify_archive` accepts;
 //! `bench put --total 200` prints percentiles and writes a valid SVG.
 
 use crate::harness::Cluster;
@@ -90,13 +90,16 @@ fn cluster_commands_and_bench() {
         .collect();
     assert_eq!(ids, [1, 2, 3]);
 
-    // A membership change: done by the server, or UNIMPLEMENTED → exit 2.
-    // Promoting member 1, a voter already, is never a success.
+    // Membership: promoting a voter is an idempotent no-op (exit 0, the
+    // list); promoting or removing a non-member is refused (exit 4).
     let run = cluster.kvctl(&["member", "promote", "1"]);
-    assert!(run.code == 2 || run.code == 4, "{run:?}");
-    if run.code == 2 {
-        assert!(run.stderr.contains("UNIMPLEMENTED"), "{run:?}");
-    }
+    run.expect_code(0);
+    assert_eq!(run.out().matches("voter").count(), 3, "{run:?}");
+    let run = cluster.kvctl(&["member", "promote", "9"]);
+    run.expect_code(4);
+    assert!(run.stderr.contains("member 9"), "{run:?}");
+    let run = cluster.kvctl(&["member", "remove", "9"]);
+    run.expect_code(4);
 
     // snapshot trigger.
     let run = cluster.kvctl(&["-o", "json", "snapshot", "trigger"]);
@@ -107,24 +110,21 @@ fn cluster_commands_and_bench() {
         run.out()
     );
 
-    // snapshot save: an archive that verifies, or UNIMPLEMENTED → exit 2.
+    // snapshot save: an archive that verifies, no partial file left.
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("backup.rcs");
     let file_arg = file.display().to_string();
-    let run = cluster.kvctl(&["snapshot", "save", &file_arg]);
-    if run.code == 2 && run.stderr.contains("UNIMPLEMENTED") {
-        eprintln!(
-            "NOTE: the server does not implement SaveSnapshot yet: only the exit code and message were checked ({})",
-            run.stderr.trim()
-        );
-        assert!(!file.exists());
-    } else {
-        run.expect_code(0);
-        let header = kvctl::archive::verify(std::fs::File::open(&file).expect("archive"))
-            .expect("a valid archive");
-        assert!(header.last_log_index > 0);
-        assert!(!header.files.is_empty());
-    }
+    let run = cluster.kvctl(&["-o", "json", "snapshot", "save", &file_arg]);
+    run.expect_code(0);
+    let saved = run.json();
+    let summary = kvnode::backup::verify_archive(&file).expect("a valid archive");
+    assert!(summary.manifest.last_log_id.is_some_and(|l| l.index > 0));
+    assert_eq!(
+        saved["files"].as_u64(),
+        Some(summary.manifest.files.len() as u64)
+    );
+    assert_eq!(saved["data_bytes"].as_u64(), Some(summary.file_bytes));
+    assert!(!dir.path().join("backup.rcs.partial").exists());
 
     // bench: percentiles, and a plot that is an SVG.
     let plot = dir.path().join("bench.svg");
