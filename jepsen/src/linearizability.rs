@@ -190,10 +190,9 @@ fn prepare<M: Model>(
     model: &M,
     operations: &[Operation],
     cut: usize,
-) -> Result<(Vec<Prepared<M::Input>>, Vec<usize>), Error> {
+) -> Result<Vec<Prepared<M::Input>>, Error> {
     let mut values = Interner::default();
     let mut prepared = Vec::new();
-    let mut ids = Vec::new();
     for operation in operations {
         if operation.invoke_position >= cut {
             continue;
@@ -217,9 +216,8 @@ fn prepare<M: Model>(
             input,
             unknown: operation.outcome == Outcome::Unknown,
         });
-        ids.push(operation.id);
     }
-    Ok((prepared, ids))
+    Ok(prepared)
 }
 
 /// The outcome of one search.
@@ -361,7 +359,7 @@ pub fn check_key<M: Model>(
     settings: Settings,
     cancel: &AtomicBool,
 ) -> Result<KeyResult, Error> {
-    let (prepared, _) = prepare(model, operations, usize::MAX)?;
+    let prepared = prepare(model, operations, usize::MAX)?;
     let mut steps = 0;
     let mut furthest = 0;
     let outcome = search(
@@ -419,7 +417,7 @@ fn shortest_failing_prefix<M: Model>(
 ) -> Result<Failure, Error> {
     let never = AtomicBool::new(false);
     let probe = |cut: usize| -> Result<Search, Error> {
-        let (prepared, _) = prepare(model, operations, cut)?;
+        let prepared = prepare(model, operations, cut)?;
         let (mut steps, mut ignored) = (0, 0);
         Ok(search(
             model,

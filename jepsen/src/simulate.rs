@@ -78,6 +78,10 @@ struct Planned {
     expected_version: Option<u64>,
 }
 
+/// A planned operation's completion: event type, value read, version and
+/// applied index.
+type Completion = (EventType, Option<String>, Option<u64>, Option<u64>);
+
 /// Runs the simulation; the events come in real-time order.
 pub fn simulate(settings: Settings) -> Vec<Event> {
     let mut random = SplitMix64::new(settings.seed);
@@ -127,9 +131,7 @@ pub fn simulate(settings: Settings) -> Vec<Event> {
     let mut state: BTreeMap<String, (Option<String>, u64)> = BTreeMap::new();
     let mut history_of: BTreeMap<String, Vec<(u64, u64)>> = BTreeMap::new();
     let mut index = 0u64;
-    // (planned, event type, value, version, applied index)
-    let mut results: Vec<(EventType, Option<String>, Option<u64>, Option<u64>)> =
-        vec![(EventType::Info, None, None, None); planned.len()];
+    let mut results: Vec<Completion> = vec![(EventType::Info, None, None, None); planned.len()];
     for &i in &order {
         let operation = &mut planned[i];
         let current = state

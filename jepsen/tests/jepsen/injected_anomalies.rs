@@ -119,8 +119,7 @@ fn an_injected_stale_read_is_flagged() {
         let invoked = invocation_of(&events, target);
         let older = acked_before(&events, &events[target].key, invoked)
             .into_iter()
-            .filter(|(_, version)| Some(*version) < events[target].version)
-            .next_back()
+            .rfind(|(_, version)| Some(*version) < events[target].version)
             .unwrap_or((None, 0));
         events[target].value = older.0;
         events[target].version = Some(older.1);

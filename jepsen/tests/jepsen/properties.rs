@@ -128,11 +128,14 @@ fn sequential_kv_histories_are_linearizable() {
     }
 }
 
+/// An open invocation: function, value, expected value.
+type Invoked = (Function, Option<String>, Option<String>);
+
 /// A small concurrent history: each step starts or finishes an operation of
 /// one of three processes, with random (often wrong) results.
 fn concurrent_cas_register(steps: &[Step]) -> Vec<Event> {
     let mut events = Vec::new();
-    let mut open: [Option<(Function, Option<String>, Option<String>)>; 3] = [None, None, None];
+    let mut open: [Option<Invoked>; 3] = [None, None, None];
     let mut process_id = [0u64, 1, 2];
     for &(f, a, b, choice) in steps {
         let slot = (a as usize + b as usize + choice as usize) % 3;
