@@ -103,19 +103,17 @@ fn simulated_histories_pass_every_checker() {
 fn an_injected_stale_read_is_flagged() {
     for seed in SEEDS {
         let mut events = history(seed);
-        // A read whose version's write was acknowledged before the read began:
-        // make it return the write before that one (or absent).
+        // A read of the newest write acknowledged before it began, with at
+        // least two older ones: make it return the one just before (stale,
+        // yet newer than the key's first write).
         let target = ok_completions(&events, Function::Read, false)
             .into_iter()
             .find(|&r| {
                 let read = &events[r];
-                let invoked = invocation_of(&events, r);
-                read.version.is_some_and(|v| v > 0)
-                    && acked_before(&events, &read.key, invoked)
-                        .iter()
-                        .any(|(_, version)| Some(*version) == read.version)
+                let acked = acked_before(&events, &read.key, invocation_of(&events, r));
+                acked.len() >= 3 && acked.last().map(|(_, v)| *v) == read.version
             })
-            .expect("a read of an acknowledged write");
+            .expect("a read of the newest of three acknowledged writes");
         let invoked = invocation_of(&events, target);
         let older = acked_before(&events, &events[target].key, invoked)
             .into_iter()
@@ -223,4 +221,23 @@ fn a_phantom_value_and_an_index_behind_its_version_are_flagged() {
         "{}",
         report.summary()
     );
+}
+
+#[test]
+fn a_read_of_the_right_value_at_the_wrong_version_is_not_linearizable() {
+    for seed in SEEDS {
+        let mut events = history(seed);
+        let target = ok_completions(&events, Function::Read, false)
+            .into_iter()
+            .find(|&r| events[r].version.is_some_and(|v| v > 0))
+            .expect("a read of a written value");
+        events[target].version = events[target].version.map(|v| v + 1);
+        let report = run(&events);
+        assert_eq!(
+            report.linearizability.as_ref().map(|l| l.verdict),
+            Some(Verdict::NotLinearizable),
+            "seed {seed}: the register model must compare versions\n{}",
+            report.summary()
+        );
+    }
 }
