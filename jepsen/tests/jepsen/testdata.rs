@@ -47,7 +47,9 @@ fn etcd_logs_agree_with_every_published_verdict() {
         let (got, elapsed, events) =
             run(&root.join("jepsen-etcd").join(file), ModelName::CasRegister);
         table.push_str(&format!(
-            "{file:<15} {events:>6}  {expected:<18?}  {got:<16?} {:>4}\n",
+            "{file:<15} {events:>6}  {:<18}  {:<16} {:>4}\n",
+            format!("{expected:?}"),
+            format!("{got:?}"),
             elapsed.as_millis()
         ));
         assert_eq!(got, expected, "{file}: checker disagrees with VERDICTS.txt");
@@ -109,7 +111,9 @@ fn kv_files_agree_with_their_names() {
         };
         let (got, elapsed, events) = run(&path, ModelName::Kv);
         table.push_str(&format!(
-            "{name:<15} {events:>6}  {expected:<18?}  {got:<16?} {:>4}\n",
+            "{name:<15} {events:>6}  {:<18}  {:<16} {:>4}\n",
+            format!("{expected:?}"),
+            format!("{got:?}"),
             elapsed.as_millis()
         ));
         assert_eq!(
