@@ -1,7 +1,91 @@
 //! # jepsen
 //!
-//! Fault-injection harness, history checkers and reports.
+//! raftcask's fault suite (DESIGN §7). So far: the history of a run and its
+//! checkers; the harness that starts nodes and injects faults comes later.
 //!
-//! This crate is an empty shell in the workspace layout: its work is tracked
-//! by issue 7 of the project tracker and has not landed yet. Nothing here is
-//! exported, so nothing can depend on it by accident.
+//! ## Modules
+//!
+//! - [`history`]: [`history::Event`] (one JSON line: invoke / ok / fail /
+//!   info with process, times, key, value, version and index), pairing into
+//!   [`history::Operation`]s, the JSON-lines reader and writer.
+//! - [`formats`]: readers of Jepsen log lines (jepsen-etcd `.log`) and EDN
+//!   operation maps (kv `.txt`), the Jepsen log export, format detection.
+//! - [`model`]: the sequential specifications — cas-register, kv, and
+//!   raftcask's versioned register.
+//! - [`linearizability`]: per-key Wing–Gong search with Lowe's memoization,
+//!   keys in parallel, a step budget, shortest failing prefix.
+//! - [`index_checks`]: stale read, phantom value, duplicate apply, index
+//!   behind version (histories with versions and indexes).
+//! - [`set`]: every acknowledged add present at the end, nothing unexpected.
+//! - [`lost_writes`]: acknowledged writes missing from a final healed read.
+//! - [`check`]: the checkers a model calls for, one verdict, the exit code.
+//! - [`simulate`]: a seeded simulator of a correct concurrent register
+//!   (test histories).
+//!
+//! The binary `jepsen check --model cas-register|kv|register|set FILE` runs
+//! [`check::check`] (exit 0 valid, 1 not, 2 error or undecided).
+//!
+//! ## Limits
+//!
+//! [`linearizability::STEP_BUDGET_DEFAULT`] search steps per key (then the
+//! key is "unknown", never "linearizable"), [`linearizability::CACHE_ENTRIES_MAX`]
+//! memo entries per key, [`history::LINE_BYTES_MAX`] per JSON line.
+//!
+//! ## Example
+//!
+//! ```
+//! use jepsen::check::{check, ModelName};
+//! use jepsen::formats::read_jepsen_log;
+//! use jepsen::linearizability::{Settings, Verdict};
+//!
+//! let log = "INFO  jepsen.util - 0\t:invoke\t:write\t1\n\
+//!            INFO  jepsen.util - 0\t:ok\t:write\t1\n\
+//!            INFO  jepsen.util - 1\t:invoke\t:read\tnil\n\
+//!            INFO  jepsen.util - 1\t:ok\t:read\tnil\n";
+//! let events = read_jepsen_log(log).unwrap();
+//! let report = check(ModelName::CasRegister, &events, Settings::default()).unwrap();
+//! // The read started after the write finished, yet saw nothing.
+//! assert_eq!(report.verdict, Verdict::NotLinearizable);
+//! ```
+
+pub mod check;
+pub mod formats;
+pub mod history;
+pub mod index_checks;
+pub mod linearizability;
+pub mod lost_writes;
+pub mod model;
+pub mod set;
+pub mod simulate;
+
+/// The errors of reading and checking a history.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Reading or writing a file failed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// A line of a history could not be parsed.
+    #[error("line {line}: {reason}")]
+    Parse {
+        /// 1-based line number (0 when writing).
+        line: usize,
+        /// What was wrong.
+        reason: String,
+    },
+    /// Events that do not pair into operations.
+    #[error("event {position}: {reason}")]
+    Pairing {
+        /// 0-based event position.
+        position: usize,
+        /// What was wrong.
+        reason: String,
+    },
+    /// An operation the model cannot take.
+    #[error("operation {operation}: {reason}")]
+    Model {
+        /// The operation's id.
+        operation: usize,
+        /// What was wrong.
+        reason: String,
+    },
+}

@@ -1,0 +1,109 @@
+//! The `jepsen` command line: `jepsen check` runs the checkers on a recorded
+//! history; `jepsen export` converts a history to Jepsen log lines.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use jepsen::check::{EXIT_ERROR, ModelName, check};
+use jepsen::formats::{self, Format};
+use jepsen::linearizability::{STEP_BUDGET_DEFAULT, Settings};
+
+/// raftcask's fault suite.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// How to print the verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    /// A short human verdict.
+    Text,
+    /// The whole report as JSON.
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check a recorded history. Exit 0 valid (linearizable), 1 not, 2 error
+    /// or undecided (budget exhausted).
+    Check {
+        /// The model, which picks the checkers.
+        #[arg(long, value_enum)]
+        model: ModelName,
+        /// The file's format (detected from its first line if not given).
+        #[arg(long, value_enum)]
+        format: Option<Format>,
+        /// Search steps allowed per key.
+        #[arg(long, default_value_t = STEP_BUDGET_DEFAULT)]
+        step_budget: u64,
+        /// Check every key even after one fails (slower on bad histories).
+        #[arg(long)]
+        all_keys: bool,
+        /// Output: text or json.
+        #[arg(short = 'o', long, value_enum, default_value = "text")]
+        output: Output,
+        /// The history file.
+        file: PathBuf,
+    },
+    /// Print a history as Jepsen log lines.
+    Export {
+        /// The file's format (detected if not given).
+        #[arg(long, value_enum)]
+        format: Option<Format>,
+        /// The history file.
+        file: PathBuf,
+    },
+}
+
+fn read(file: &PathBuf, format: Option<Format>) -> anyhow::Result<Vec<jepsen::history::Event>> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|error| anyhow::anyhow!("reading {}: {error}", file.display()))?;
+    let format = format.unwrap_or_else(|| formats::detect(&text));
+    formats::read(&text, format).map_err(|error| anyhow::anyhow!("{}: {error}", file.display()))
+}
+
+fn run(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        Command::Check {
+            model,
+            format,
+            step_budget,
+            all_keys,
+            output,
+            file,
+        } => {
+            let events = read(&file, format)?;
+            let settings = Settings {
+                step_budget,
+                stop_at_first_failure: !all_keys,
+            };
+            let report = check(model, &events, settings)?;
+            match output {
+                Output::Text => print!("{}", report.summary()),
+                Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+            }
+            Ok(report.exit_code())
+        }
+        Command::Export { format, file } => {
+            let events = read(&file, format)?;
+            print!("{}", formats::export_jepsen_log(&events));
+            Ok(0)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(2)),
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(EXIT_ERROR as u8)
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! Shared helpers: where the recorded test histories live, and small history
+//! builders.
+
+use std::path::PathBuf;
+
+use jepsen::history::{Event, EventType, Function};
+
+/// The folder of recorded histories: `RAFTCASK_TESTDATA`, else
+/// `../shared/testdata` beside the workspace. `None` (after a loud SKIPPED
+/// line) when absent outside CI; in CI (`CI=true`) an absent folder fails.
+pub fn testdata() -> Option<PathBuf> {
+    let path = std::env::var_os("RAFTCASK_TESTDATA").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata"),
+        PathBuf::from,
+    );
+    if path.join("jepsen-etcd").is_dir() && path.join("kv").is_dir() {
+        return Some(path);
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!(
+            "the recorded histories are missing at {} (CI=true: .ci/run must provide them; \
+             set RAFTCASK_TESTDATA to override)",
+            path.display()
+        );
+    }
+    eprintln!(
+        "SKIPPED: recorded histories not found at {} (set RAFTCASK_TESTDATA); \
+         the testdata checks did NOT run",
+        path.display()
+    );
+    None
+}
+
+/// An event with a value.
+pub fn event(
+    process: u64,
+    event_type: EventType,
+    f: Function,
+    key: &str,
+    value: Option<&str>,
+) -> Event {
+    let mut event = Event::new(process, event_type, f, key);
+    event.value = value.map(str::to_string);
+    event
+}
