@@ -39,8 +39,14 @@ pub const CLOCK_JUMP_SECONDS: i64 = 3600;
 /// Shortest SIGSTOP of `pause`: above kvnode's largest election timeout
 /// (3 s), so the others elect a new leader while it is stopped.
 pub const PAUSE_HOLD_MIN: Duration = Duration::from_secs(5);
-/// Time a leader lookup may take before the fault picks a member at random.
-const LEADER_LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);
+/// Time a leader lookup may take before the fault picks a member at random
+/// (a failover takes about 5 s; a lookup right after a heal may wait out
+/// the end of an election).
+const LEADER_LOOKUP_TIMEOUT: Duration = Duration::from_secs(6);
+/// Time one probe of the leader lookup may take.
+const LEADER_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Pause between two probes of the leader lookup.
+const LEADER_PROBE_PAUSE: Duration = Duration::from_millis(250);
 /// Members `partition-bridge` and `partition-ring` need.
 pub const BRIDGE_RING_NODES_MIN: u64 = 5;
 
@@ -202,7 +208,7 @@ impl Nemesis {
         let lookup = kvclient::Client::builder(cluster.client_addrs())
             .connect_timeout(Duration::from_secs(1))
             .request_timeout(Duration::from_secs(1))
-            .operation_timeout(LEADER_LOOKUP_TIMEOUT)
+            .operation_timeout(LEADER_PROBE_TIMEOUT)
             .build()
             .context("building the nemesis's client")?;
         Ok(Self {
@@ -243,7 +249,13 @@ impl Nemesis {
             }
             let started = self.start(*fault).await;
             if started.is_ok() {
-                tokio::time::sleep(hold).await;
+                // A slow leader lookup delays the start; the heal and its
+                // quiet period must still fit before the end.
+                let latest = schedule
+                    .end
+                    .checked_sub(schedule.quiet)
+                    .unwrap_or(schedule.end);
+                tokio::time::sleep_until((Instant::now() + hold).min(latest)).await;
             }
             let stopped = self.stop().await;
             started?;
@@ -424,15 +436,20 @@ impl Nemesis {
     }
 
     /// The current leader, or a random member if none is known in time;
-    /// with a word saying which.
+    /// with a word saying which. Asks again (bounded) while the cluster is
+    /// between leaders, e.g. just after a heal.
     async fn leader_or_random(&mut self) -> (u64, String) {
-        let found =
-            tokio::time::timeout(LEADER_LOOKUP_TIMEOUT, self.lookup.discover_leader()).await;
-        if let Ok(Ok(Some(addr))) = found
-            && let Some(id) = self.cluster.id_of_client_addr(&addr)
-            && self.cluster.is_running(id)
-        {
-            return (id, "leader".to_string());
+        let started = Instant::now();
+        while started.elapsed() < LEADER_LOOKUP_TIMEOUT {
+            let found =
+                tokio::time::timeout(LEADER_PROBE_TIMEOUT, self.lookup.discover_leader()).await;
+            if let Ok(Ok(Some(addr))) = found
+                && let Some(id) = self.cluster.id_of_client_addr(&addr)
+                && self.cluster.is_running(id)
+            {
+                return (id, "leader".to_string());
+            }
+            tokio::time::sleep(LEADER_PROBE_PAUSE).await;
         }
         let ids = self.cluster.ids();
         (

@@ -1,5 +1,8 @@
 //! The set workload: workers add unique elements (each element is a key of
-//! its own, `s/<element>`, written once), and once the run is over and
+//! its own, `s/<element>`, written once) and, one operation in
+//! [`READ_EVERY`], read back a random element added earlier (linearizable
+//! `get`: absent is a valid answer only for an add not yet acknowledged);
+//! once the run is over and
 //! healed a final linearizable scan reads every element. A set checker then
 //! compares: every acknowledged add must be in the final read, and nothing
 //! that was never added may be.
@@ -10,6 +13,11 @@ use std::time::Duration;
 
 use super::{Function, History, Outcome, WorkloadConfig, client, write_error_outcome};
 use kvclient::{Consistency, Scan};
+use rand::rngs::SmallRng;
+use rand::{Rng as _, SeedableRng as _};
+
+/// One operation in this many is a read of an earlier element.
+pub const READ_EVERY: u64 = 5;
 
 /// The prefix of every element's key.
 pub const PREFIX: &str = "s/";
@@ -21,7 +29,12 @@ const FINAL_READ_PAUSE: Duration = Duration::from_secs(1);
 /// Elements a final read accepts at most (a bound on memory).
 pub const ELEMENTS_MAX: usize = 1_000_000;
 
-/// Runs the adds until the deadline; every operation goes into `history`.
+/// The key of an element.
+pub fn element_key(element: &str) -> String {
+    format!("{PREFIX}{element:0>10}")
+}
+
+/// Runs the adds (and reads) until the deadline; every operation goes into `history`.
 pub async fn run(config: WorkloadConfig, history: Arc<History>) -> anyhow::Result<()> {
     let next = Arc::new(AtomicU64::new(0));
     let mut workers = tokio::task::JoinSet::new();
@@ -43,9 +56,32 @@ async fn worker_loop(
     let client = client(&config.endpoints)?;
     let mut process = history.new_process();
     let pause = config.worker_pause();
+    let mut rng = SmallRng::seed_from_u64(config.seed ^ process.wrapping_mul(0x9e37_79b9));
+    let mut count = 0_u64;
     while tokio::time::Instant::now() < config.deadline {
+        count += 1;
+        let added = next.load(Ordering::Relaxed);
+        if count.is_multiple_of(READ_EVERY) && added > 0 {
+            let key = element_key(&rng.random_range(0..added).to_string());
+            let mut pending = history.invoke(process, Function::Read, &key);
+            match client.get_with(key, Consistency::Linearizable).await {
+                Ok(entry) => {
+                    let op = pending.op_mut();
+                    op.version = Some(entry.as_ref().map_or(0, |e| e.version));
+                    op.index = entry.as_ref().map(|e| e.applied_index);
+                    op.value = entry.map(|e| String::from_utf8_lossy(&e.value).into_owned());
+                    history.complete(pending, Outcome::Ok)?;
+                }
+                Err(err) => {
+                    pending.op_mut().error = Some(err.to_string());
+                    history.complete(pending, Outcome::Fail)?;
+                }
+            }
+            tokio::time::sleep(pause).await;
+            continue;
+        }
         let element = next.fetch_add(1, Ordering::Relaxed).to_string();
-        let key = format!("{PREFIX}{element:0>10}");
+        let key = element_key(&element);
         let mut pending = history.invoke(process, Function::Add, &key);
         pending.op_mut().value = Some(element.clone());
         let outcome = match client.put(key, element).await {

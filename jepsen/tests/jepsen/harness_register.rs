@@ -16,9 +16,16 @@ use jepsen::nemesis::{Fault, FaultList};
 use jepsen::run::{RunArgs, WorkloadKind, check_minimums};
 use jepsen::workload::{Outcome, Phase, Record, check_well_formed, read_history};
 
-/// Ok writes and reads the test run must reach (the run is ~16 s at 50
+/// Ok writes and reads the test run must reach (the run is 20 s at 50
 /// ops/s; even with two faults this leaves a wide margin).
 const MIN_OK: usize = 30;
+/// How long each fault lasts: kvnode's followers elect a new leader about
+/// 5 s after losing the old one (election timeout plus the leader lease),
+/// so a shorter partition would end before it forced a failover.
+const FAULT_HOLD: Duration = Duration::from_secs(6);
+/// An operation this slow (or not ok) during the leader's partition shows
+/// the partition cut something: unfaulted operations take milliseconds.
+const STALLED: Duration = Duration::from_secs(1);
 
 /// Child processes of this test process, by pid (from /proc).
 fn children_of_this_process() -> Vec<u32> {
@@ -61,20 +68,24 @@ async fn register_run_with_leader_partition_and_kill_does_enough() {
             Fault::from_str("partition-leader").expect("known fault"),
             Fault::Kill,
         ]),
-        time: Duration::from_secs(16),
+        time: Duration::from_secs(20),
         nodes: Some(3),
         out: out.clone(),
         kvnode_bin: std::env::var_os("KVNODE_BIN").map(PathBuf::from),
         concurrency: 4,
         rate: 50,
         seed: Some(7),
-        fault_hold: Duration::from_secs(3),
+        fault_hold: FAULT_HOLD,
         quiet: Duration::from_secs(2),
         min_ok_writes: MIN_OK,
         min_ok_reads: MIN_OK,
     };
     let code = jepsen::run::run(args).await.expect("the run ran");
     let summary = std::fs::read_to_string(out.join("summary.txt")).expect("summary.txt");
+    let summary = format!(
+        "{summary}(run directory, kept on failure: {})",
+        out.display()
+    );
     assert_eq!(
         code,
         ExitCode::SUCCESS,
@@ -120,6 +131,24 @@ async fn register_run_with_leader_partition_and_kill_does_enough() {
         .filter(|r| matches!(r, Record::Op(op) if op.outcome == Outcome::Ok))
         .count();
     assert!(oks >= 2 * MIN_OK && ops >= oks, "{summary}");
+    // The partition bit: some operation overlapping it stalled or failed.
+    let (cut, healed) = history
+        .iter()
+        .filter_map(|r| match r {
+            Record::Nemesis(e) if e.fault == "partition-leader" => Some(e.time_ns),
+            _ => None,
+        })
+        .fold((u64::MAX, 0), |(lo, hi), t| (lo.min(t), hi.max(t)));
+    let stalled = history.iter().any(|r| {
+        matches!(r, Record::Op(op)
+            if op.invoke_ns < healed && op.complete_ns > cut
+                && (op.outcome != Outcome::Ok
+                    || op.complete_ns - op.invoke_ns >= STALLED.as_nanos() as u64))
+    });
+    assert!(
+        stalled,
+        "no operation was slowed or failed by the leader's partition:\n{summary}"
+    );
     // The members are gone (killed by pid, reaped).
     let left = children_of_this_process();
     assert!(left.is_empty(), "child processes left behind: {left:?}");
