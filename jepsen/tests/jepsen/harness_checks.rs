@@ -111,3 +111,39 @@ fn malformed_histories_are_flagged() {
     duplicate.push(op(3, 2, Function::Read, Outcome::Ok, 80, 90));
     assert!(!check_well_formed(&duplicate).is_empty());
 }
+
+/// The `jepsen run` flags as the binary will parse them (the lead wires
+/// `RunArgs` into the binary's subcommands).
+#[derive(Debug, clap::Parser)]
+struct RunCli {
+    #[command(flatten)]
+    run: jepsen::run::RunArgs,
+}
+
+#[test]
+fn run_flags_parse_and_bad_ones_are_refused() {
+    use clap::Parser as _;
+    use jepsen::nemesis::Fault;
+    let cli = RunCli::try_parse_from([
+        "run",
+        "--workload",
+        "register",
+        "--nemesis",
+        "partition-leader,kill",
+        "--time",
+        "30s",
+        "--nodes",
+        "3",
+        "--out",
+        "/tmp/x",
+    ])
+    .expect("the brief's example parses");
+    assert_eq!(cli.run.nemesis.0, [Fault::PartitionLeader, Fault::Kill]);
+    assert_eq!(cli.run.time, std::time::Duration::from_secs(30));
+    assert_eq!(cli.run.nodes, Some(3));
+    let err = RunCli::try_parse_from(["run", "--nemesis", "partition-sideways", "--out", "/tmp/x"])
+        .expect_err("an unknown nemesis is refused");
+    assert!(err.to_string().contains("partition-sideways"), "{err}");
+    assert!(RunCli::try_parse_from(["run", "--time", "2d", "--out", "/tmp/x"]).is_err());
+    assert!(RunCli::try_parse_from(["run", "--time", "2h", "--out", "/tmp/x"]).is_err());
+}
