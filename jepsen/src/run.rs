@@ -82,8 +82,10 @@ pub struct RunArgs {
     /// Seed of every random choice (default: from the clock).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// How long each fault lasts (pauses: at least 5 s).
-    #[arg(long, default_value = "4s", value_parser = parse_duration)]
+    /// How long each fault lasts (pauses: at least 5 s). The default
+    /// outlasts a kvnode failover (about 5 s: election timeout plus the
+    /// leader lease), so a leader fault forces a new election.
+    #[arg(long, default_value = "6s", value_parser = parse_duration)]
     pub fault_hold: Duration,
     /// Calm before the first fault and after each heal.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
