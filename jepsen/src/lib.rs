@@ -1,7 +1,8 @@
 //! # jepsen
 //!
-//! raftcask's fault suite (DESIGN §7). So far: the history of a run and its
-//! checkers; the harness that starts nodes and injects faults comes later.
+//! raftcask's fault suite (DESIGN §7): the harness that runs real `kvnode`
+//! members in a private network namespace, drives them through kvclient and
+//! injects faults (`jepsen run`), and the history checkers (`jepsen check`).
 //!
 //! ## Modules
 //!
@@ -21,6 +22,17 @@
 //! - [`check`]: the checkers a model calls for, one verdict, the exit code.
 //! - [`simulate`]: a seeded simulator of a correct concurrent register
 //!   (test histories).
+//! - [`control`]: the private network namespace, the `kvnode` members in it
+//!   (127.0.0.(10+i)), the iptables firewall inside it.
+//! - [`nemesis`]: faults with start/stop records — partitions (leader,
+//!   half, one-way, bridge, ring), packet loss, SIGKILL + restart,
+//!   SIGSTOP/SIGCONT, wall-clock jumps (libfaketime).
+//! - [`workload`]: the `register` and `set` workloads and their operation
+//!   records (JSON lines), well-formedness.
+//! - [`run`]: `jepsen run`: one bounded scenario, its history, summary and
+//!   the "did enough" minimums.
+//! - [`verdict`]: a run's records as the checkers' history, and the
+//!   workload's checker (register: linearizability + version checks; set).
 //!
 //! The binary `jepsen check --model cas-register|kv|register|set FILE` runs
 //! [`check::check`] (exit 0 valid, 1 not, 2 error or undecided).
@@ -49,14 +61,19 @@
 //! ```
 
 pub mod check;
+pub mod control;
 pub mod formats;
 pub mod history;
 pub mod index_checks;
 pub mod linearizability;
 pub mod lost_writes;
 pub mod model;
+pub mod nemesis;
+pub mod run;
 pub mod set;
 pub mod simulate;
+pub mod verdict;
+pub mod workload;
 
 /// The errors of reading and checking a history.
 #[derive(Debug, thiserror::Error)]

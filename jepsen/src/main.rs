@@ -50,6 +50,11 @@ enum Command {
         /// The history file.
         file: PathBuf,
     },
+    /// Run one fault-injection scenario (needs root: a private network
+    /// namespace): real kvnode members, a workload, faults; writes
+    /// history.jsonl, summary.txt and checker.json to --out. Exit 0 when the
+    /// run did enough and the checker passes, 1 otherwise.
+    Run(jepsen::run::RunArgs),
     /// Print a history as Jepsen log lines.
     Export {
         /// The file's format (detected if not given).
@@ -88,6 +93,13 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
             }
             Ok(report.exit_code())
+        }
+        Command::Run(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let code = runtime.block_on(jepsen::run::run(args))?;
+            Ok(if code == ExitCode::SUCCESS { 0 } else { 1 })
         }
         Command::Export { format, file } => {
             let events = read(&file, format)?;

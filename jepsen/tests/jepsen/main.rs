@@ -2,6 +2,8 @@
 
 mod cli;
 mod common;
+mod harness_checks;
+mod harness_register;
 mod injected_anomalies;
 mod properties;
 mod set_and_lost;

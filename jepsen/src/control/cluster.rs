@@ -1,0 +1,311 @@
+//! The cluster under test: N real `kvnode run` child processes, member i
+//! on its own loopback address 127.0.0.(10+i) (client port
+//! [`CLIENT_PORT`], peer port [`PEER_PORT`]), data in `DIR/node<i>/data`,
+//! output appended to `DIR/node<i>/kvnode.log`.
+//!
+//! Faults on processes go through here: SIGKILL and restart (same data
+//! directory, same addresses), SIGSTOP / SIGCONT, and the wall-clock offset
+//! of a member started under libfaketime. Every child is killed by its pid
+//! when the [`Cluster`] is dropped, and each asks the kernel for SIGTERM if
+//! the thread that started it dies.
+
+use std::fs::{self, OpenOptions};
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{Context as _, bail};
+use rustix::process::{Pid, Signal};
+
+/// Port of every member's client service (each member has its own address).
+pub const CLIENT_PORT: u16 = 7001;
+/// Port of every member's peer (Raft) service.
+pub const PEER_PORT: u16 = 7101;
+/// Most members a run starts (addresses 127.0.0.11 ..= 127.0.0.19).
+pub const NODES_MAX: u64 = 9;
+/// Where Debian's libfaketime lives (package `libfaketime`).
+pub const LIBFAKETIME_PATH: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+/// How often (seconds) a member under libfaketime re-reads its offset file;
+/// re-reading it on every clock call would cost too much CPU on two cores.
+const FAKETIME_CACHE_SECONDS: u32 = 1;
+/// kvnode's variable naming the process that started it: the member asks for
+/// SIGTERM when that parent goes away (kvnode's `follow_parent`).
+const PARENT_PID_ENV: &str = "KVNODE_LOCAL_PARENT_PID";
+
+/// The loopback address of member `id` (from 1).
+pub fn node_ip(id: u64) -> Ipv4Addr {
+    let last = u8::try_from(10 + id.min(NODES_MAX)).unwrap_or(u8::MAX);
+    Ipv4Addr::new(127, 0, 0, last)
+}
+
+/// The client address (`ip:port`) of member `id`.
+pub fn client_addr(id: u64) -> String {
+    format!("{}:{CLIENT_PORT}", node_ip(id))
+}
+
+/// The peer address (`ip:port`) of member `id`.
+pub fn peer_addr(id: u64) -> String {
+    format!("{}:{PEER_PORT}", node_ip(id))
+}
+
+/// How to start the cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// The `kvnode` executable.
+    pub kvnode_bin: PathBuf,
+    /// The run's directory; members get `node<i>/` under it.
+    pub dir: PathBuf,
+    /// Number of members (1 ..= [`NODES_MAX`]).
+    pub nodes: u64,
+    /// Start every member under libfaketime, with a per-member offset file
+    /// (for the clock nemesis).
+    pub faketime: bool,
+}
+
+/// One member's process state.
+#[derive(Debug)]
+struct Member {
+    id: u64,
+    child: Option<Child>,
+    paused: bool,
+}
+
+/// The running members.
+#[derive(Debug)]
+pub struct Cluster {
+    config: ClusterConfig,
+    members: Vec<Member>,
+}
+
+impl Cluster {
+    /// Starts every member (node 1 bootstraps the cluster).
+    pub fn start(config: ClusterConfig) -> anyhow::Result<Self> {
+        if config.nodes == 0 || config.nodes > NODES_MAX {
+            bail!(
+                "nodes = {}: must be 1 ..= NODES_MAX ({NODES_MAX})",
+                config.nodes
+            );
+        }
+        if !config.kvnode_bin.is_file() {
+            bail!(
+                "the kvnode binary {} does not exist: build it (`cargo build -p kvnode`) or \
+                 pass --kvnode-bin / KVNODE_BIN",
+                config.kvnode_bin.display()
+            );
+        }
+        if config.faketime && !Path::new(LIBFAKETIME_PATH).exists() {
+            bail!(
+                "the clock nemesis needs libfaketime at {LIBFAKETIME_PATH} \
+                 (apt-get install libfaketime)"
+            );
+        }
+        let mut cluster = Self {
+            members: (1..=config.nodes)
+                .map(|id| Member {
+                    id,
+                    child: None,
+                    paused: false,
+                })
+                .collect(),
+            config,
+        };
+        for id in 1..=cluster.config.nodes {
+            let dir = cluster.node_dir(id);
+            fs::create_dir_all(dir.join("data"))
+                .with_context(|| format!("creating {}", dir.display()))?;
+            if cluster.config.faketime {
+                cluster.set_clock_offset(id, 0)?;
+            }
+            cluster.restart(id)?;
+        }
+        Ok(cluster)
+    }
+
+    /// Member ids, ascending.
+    pub fn ids(&self) -> Vec<u64> {
+        self.members.iter().map(|m| m.id).collect()
+    }
+
+    /// Every member's client address.
+    pub fn client_addrs(&self) -> Vec<String> {
+        self.members.iter().map(|m| client_addr(m.id)).collect()
+    }
+
+    /// The member whose client address is `addr`.
+    pub fn id_of_client_addr(&self, addr: &str) -> Option<u64> {
+        self.members
+            .iter()
+            .map(|m| m.id)
+            .find(|&id| client_addr(id) == addr.trim_start_matches("http://"))
+    }
+
+    /// Whether member `id`'s process is running (not killed).
+    pub fn is_running(&self, id: u64) -> bool {
+        self.member(id).is_some_and(|m| m.child.is_some())
+    }
+
+    /// The members whose process exited without being killed by us.
+    pub fn exited_on_their_own(&mut self) -> Vec<(u64, String)> {
+        let mut exited = Vec::new();
+        for member in &mut self.members {
+            if let Some(child) = member.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                exited.push((member.id, status.to_string()));
+                member.child = None;
+            }
+        }
+        exited
+    }
+
+    /// Starts member `id` if it is not running (same data and addresses).
+    pub fn restart(&mut self, id: u64) -> anyhow::Result<()> {
+        if self.is_running(id) {
+            return Ok(());
+        }
+        let child = self.spawn(id)?;
+        let member = self.member_mut(id)?;
+        member.child = Some(child);
+        member.paused = false;
+        Ok(())
+    }
+
+    /// SIGKILLs member `id` and reaps it (a no-op if it is not running).
+    pub fn kill(&mut self, id: u64) -> anyhow::Result<()> {
+        let member = self.member_mut(id)?;
+        if let Some(mut child) = member.child.take() {
+            kill_child(&mut child);
+        }
+        member.paused = false;
+        Ok(())
+    }
+
+    /// SIGSTOPs member `id`.
+    pub fn pause(&mut self, id: u64) -> anyhow::Result<()> {
+        self.signal(id, Signal::STOP)?;
+        self.member_mut(id)?.paused = true;
+        Ok(())
+    }
+
+    /// SIGCONTs member `id` if paused.
+    pub fn resume(&mut self, id: u64) -> anyhow::Result<()> {
+        if self.member(id).is_some_and(|m| m.paused) {
+            self.signal(id, Signal::CONT)?;
+            self.member_mut(id)?.paused = false;
+        }
+        Ok(())
+    }
+
+    /// Sets member `id`'s wall-clock offset (libfaketime reads the file
+    /// within [`FAKETIME_CACHE_SECONDS`]); monotonic clocks are not faked.
+    pub fn set_clock_offset(&self, id: u64, offset_seconds: i64) -> anyhow::Result<()> {
+        if !self.config.faketime {
+            bail!("member {id} was not started under libfaketime");
+        }
+        let path = self.clock_file(id);
+        let tmp = path.with_extension("tmp");
+        fs::write(&tmp, format!("{offset_seconds:+}\n"))
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        fs::rename(&tmp, &path).with_context(|| format!("renaming to {}", path.display()))
+    }
+
+    /// Resumes every paused member and restarts every stopped one.
+    pub fn heal_processes(&mut self) -> anyhow::Result<()> {
+        for id in self.ids() {
+            self.resume(id)?;
+            self.restart(id)?;
+        }
+        Ok(())
+    }
+
+    fn node_dir(&self, id: u64) -> PathBuf {
+        self.config.dir.join(format!("node{id}"))
+    }
+
+    fn clock_file(&self, id: u64) -> PathBuf {
+        self.node_dir(id).join("faketime")
+    }
+
+    fn member(&self, id: u64) -> Option<&Member> {
+        self.members.iter().find(|m| m.id == id)
+    }
+
+    fn member_mut(&mut self, id: u64) -> anyhow::Result<&mut Member> {
+        self.members
+            .iter_mut()
+            .find(|m| m.id == id)
+            .with_context(|| format!("no member {id}"))
+    }
+
+    fn signal(&self, id: u64, signal: Signal) -> anyhow::Result<()> {
+        let pid = self
+            .member(id)
+            .and_then(|m| m.child.as_ref())
+            .and_then(|c| i32::try_from(c.id()).ok())
+            .and_then(Pid::from_raw)
+            .with_context(|| format!("member {id} is not running"))?;
+        rustix::process::kill_process(pid, signal)
+            .with_context(|| format!("sending {signal:?} to member {id} (pid {pid:?})"))
+    }
+
+    fn spawn(&self, id: u64) -> anyhow::Result<Child> {
+        let dir = self.node_dir(id);
+        let log_path = dir.join("kvnode.log");
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("opening {}", log_path.display()))?;
+        let log_err = log.try_clone()?;
+        let initial_cluster = (1..=self.config.nodes)
+            .map(|m| format!("{m}={}/{}", client_addr(m), peer_addr(m)))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut command = Command::new(&self.config.kvnode_bin);
+        command
+            .arg("run")
+            .args(["--id", &id.to_string()])
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .args(["--client-addr", &client_addr(id)])
+            .args(["--peer-addr", &peer_addr(id)])
+            .args(["--initial-cluster", &initial_cluster])
+            .env(PARENT_PID_ENV, std::process::id().to_string())
+            .env("RUST_LOG", "info,openraft=warn")
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err);
+        if id == 1 {
+            command.arg("--bootstrap");
+        }
+        if self.config.faketime {
+            command
+                .env("LD_PRELOAD", LIBFAKETIME_PATH)
+                .env("FAKETIME_TIMESTAMP_FILE", self.clock_file(id))
+                .env(
+                    "FAKETIME_CACHE_DURATION",
+                    FAKETIME_CACHE_SECONDS.to_string(),
+                )
+                .env("DONT_FAKE_MONOTONIC", "1");
+        }
+        command
+            .spawn()
+            .with_context(|| format!("starting member {id}: {}", self.config.kvnode_bin.display()))
+    }
+}
+
+/// SIGKILLs a child and reaps it.
+fn kill_child(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for member in &mut self.members {
+            if let Some(mut child) = member.child.take() {
+                kill_child(&mut child);
+            }
+        }
+    }
+}

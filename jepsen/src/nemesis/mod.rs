@@ -1,0 +1,460 @@
+//! Nemeses: the faults a run injects, each with a start and a stop recorded
+//! in the history.
+//!
+//! - Partitions with iptables inside the run's namespace:
+//!   `partition-leader` (the leader cut off from everyone),
+//!   `partition-half` (a random minority from the majority),
+//!   `partition-one-way` (the leader's packets to the others dropped, theirs
+//!   to it delivered), `partition-bridge` and `partition-ring` (five or more
+//!   members: two halves joined only through one member; each member sees
+//!   only its two ring neighbours).
+//! - `loss`: a fraction of the packets between every two members dropped.
+//! - `kill` / `kill-leader`: SIGKILL, restarted at the stop.
+//! - `pause` / `pause-leader`: SIGSTOP for longer than the election
+//!   timeout, SIGCONT at the stop.
+//! - `clock`: one member's wall clock jumps by an hour (libfaketime; its
+//!   monotonic clock is untouched), back at the stop.
+//!
+//! [`Nemesis::run_schedule`] alternates quiet periods and faults, in the
+//! order given, and never starts a fault that could not be healed and
+//! followed by a quiet period before the deadline.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom as _;
+use rand::{Rng as _, SeedableRng as _};
+use tokio::time::Instant;
+
+use crate::control::{Cluster, Firewall};
+use crate::workload::{History, Phase};
+
+/// Share of packets the `loss` fault drops on every member-to-member link.
+pub const LOSS_PROBABILITY: f64 = 0.3;
+/// How far the `clock` fault moves a member's wall clock.
+pub const CLOCK_JUMP_SECONDS: i64 = 3600;
+/// Shortest SIGSTOP of `pause`: above kvnode's largest election timeout
+/// (3 s), so the others elect a new leader while it is stopped.
+pub const PAUSE_HOLD_MIN: Duration = Duration::from_secs(5);
+/// Time a leader lookup may take before the fault picks a member at random
+/// (a failover takes about 5 s; a lookup right after a heal may wait out
+/// the end of an election).
+const LEADER_LOOKUP_TIMEOUT: Duration = Duration::from_secs(6);
+/// Time one probe of the leader lookup may take.
+const LEADER_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Pause between two probes of the leader lookup.
+const LEADER_PROBE_PAUSE: Duration = Duration::from_millis(250);
+/// Members `partition-bridge` and `partition-ring` need.
+pub const BRIDGE_RING_NODES_MIN: u64 = 5;
+
+/// One kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The leader cut off from every other member.
+    PartitionLeader,
+    /// A random minority cut off from the majority.
+    PartitionHalf,
+    /// Packets from the leader to the others dropped (one way).
+    PartitionOneWay,
+    /// Two halves connected only through one bridge member (5+ members).
+    PartitionBridge,
+    /// Each member connected only to its two ring neighbours (5+ members).
+    PartitionRing,
+    /// Random packet loss between every two members.
+    Loss,
+    /// SIGKILL a random member; restart it at the stop.
+    Kill,
+    /// SIGKILL the leader; restart it at the stop.
+    KillLeader,
+    /// SIGSTOP a random member; SIGCONT at the stop.
+    Pause,
+    /// SIGSTOP the leader; SIGCONT at the stop.
+    PauseLeader,
+    /// Jump one member's wall clock; back at the stop.
+    Clock,
+}
+
+/// Every fault, in the order `--help` lists them.
+pub const ALL_FAULTS: [Fault; 11] = [
+    Fault::PartitionLeader,
+    Fault::PartitionHalf,
+    Fault::PartitionOneWay,
+    Fault::PartitionBridge,
+    Fault::PartitionRing,
+    Fault::Loss,
+    Fault::Kill,
+    Fault::KillLeader,
+    Fault::Pause,
+    Fault::PauseLeader,
+    Fault::Clock,
+];
+
+impl Fault {
+    /// The fault's name on the command line and in the history.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::PartitionLeader => "partition-leader",
+            Self::PartitionHalf => "partition-half",
+            Self::PartitionOneWay => "partition-one-way",
+            Self::PartitionBridge => "partition-bridge",
+            Self::PartitionRing => "partition-ring",
+            Self::Loss => "loss",
+            Self::Kill => "kill",
+            Self::KillLeader => "kill-leader",
+            Self::Pause => "pause",
+            Self::PauseLeader => "pause-leader",
+            Self::Clock => "clock",
+        }
+    }
+
+    /// Members the fault needs at least.
+    pub fn nodes_min(self) -> u64 {
+        match self {
+            Self::PartitionBridge | Self::PartitionRing => BRIDGE_RING_NODES_MIN,
+            _ => 2,
+        }
+    }
+
+    /// Whether the members must run under libfaketime.
+    pub fn needs_faketime(self) -> bool {
+        self == Self::Clock
+    }
+
+    /// How long the fault lasts, given the run's default hold.
+    pub fn hold(self, hold: Duration) -> Duration {
+        match self {
+            Self::Pause | Self::PauseLeader => hold.max(PAUSE_HOLD_MIN),
+            _ => hold,
+        }
+    }
+}
+
+impl FromStr for Fault {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        // `partition-majority` is the tracker's name for the same fault.
+        if name == "partition-majority" || name == "partition-minority" {
+            return Ok(Self::PartitionHalf);
+        }
+        ALL_FAULTS
+            .into_iter()
+            .find(|f| f.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<_> = ALL_FAULTS.iter().map(|f| f.name()).collect();
+                format!("unknown nemesis {name:?}; known: {}", names.join(", "))
+            })
+    }
+}
+
+/// The faults of a run, injected in this order (round robin).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FaultList(pub Vec<Fault>);
+
+impl FaultList {
+    /// Parses a comma-separated list of faults (`none` or empty = no fault).
+    pub fn parse(list: &str) -> Result<Self, String> {
+        list.split(',')
+            .map(str::trim)
+            .filter(|name| !name.is_empty() && *name != "none")
+            .map(Fault::from_str)
+            .collect::<Result<Vec<_>, _>>()
+            .map(Self)
+    }
+}
+
+/// What stopping the current fault must undo.
+#[derive(Debug)]
+enum Undo {
+    Firewall,
+    Restart(u64),
+    Resume(u64),
+    Clock(u64),
+}
+
+/// Timing of [`Nemesis::run_schedule`].
+#[derive(Debug, Clone, Copy)]
+pub struct Schedule {
+    /// Default fault length (pauses last at least [`PAUSE_HOLD_MIN`]).
+    pub hold: Duration,
+    /// Calm before the first fault and after every heal.
+    pub quiet: Duration,
+    /// No fault may still be on (nor its quiet period running) after this.
+    pub end: Instant,
+}
+
+/// Injects and heals faults on a cluster, recording each in the history.
+#[derive(Debug)]
+pub struct Nemesis {
+    cluster: Cluster,
+    firewall: Firewall,
+    history: Arc<History>,
+    rng: SmallRng,
+    lookup: kvclient::Client,
+    active: Option<(Fault, Undo)>,
+}
+
+impl Nemesis {
+    /// A nemesis over this cluster.
+    pub fn new(
+        cluster: Cluster,
+        firewall: Firewall,
+        history: Arc<History>,
+        seed: u64,
+    ) -> anyhow::Result<Self> {
+        let lookup = kvclient::Client::builder(cluster.client_addrs())
+            .connect_timeout(Duration::from_secs(1))
+            .request_timeout(Duration::from_secs(1))
+            .operation_timeout(LEADER_PROBE_TIMEOUT)
+            .build()
+            .context("building the nemesis's client")?;
+        Ok(Self {
+            cluster,
+            firewall,
+            history,
+            rng: SmallRng::seed_from_u64(seed),
+            lookup,
+            active: None,
+        })
+    }
+
+    /// The cluster (to check on members).
+    pub fn cluster_mut(&mut self) -> &mut Cluster {
+        &mut self.cluster
+    }
+
+    /// Gives the cluster back (dropping it stops every member).
+    pub fn into_cluster(self) -> Cluster {
+        self.cluster
+    }
+
+    /// Faults in `faults`' order, round robin, each followed by a heal and
+    /// a quiet period, until the schedule's end.
+    pub async fn run_schedule(
+        &mut self,
+        faults: &[Fault],
+        schedule: Schedule,
+    ) -> anyhow::Result<()> {
+        if faults.is_empty() {
+            return Ok(());
+        }
+        tokio::time::sleep_until((Instant::now() + schedule.quiet).min(schedule.end)).await;
+        for fault in faults.iter().cycle() {
+            let hold = fault.hold(schedule.hold);
+            if Instant::now() + hold + schedule.quiet > schedule.end {
+                break;
+            }
+            let started = self.start(*fault).await;
+            if started.is_ok() {
+                // A slow leader lookup delays the start; the heal and its
+                // quiet period must still fit before the end.
+                let latest = schedule
+                    .end
+                    .checked_sub(schedule.quiet)
+                    .unwrap_or(schedule.end);
+                tokio::time::sleep_until((Instant::now() + hold).min(latest)).await;
+            }
+            let stopped = self.stop().await;
+            started?;
+            stopped?;
+            tokio::time::sleep(schedule.quiet).await;
+        }
+        Ok(())
+    }
+
+    /// Injects one fault (none may be active).
+    pub async fn start(&mut self, fault: Fault) -> anyhow::Result<()> {
+        if let Some((active, _)) = &self.active {
+            bail!("fault {} is still active", active.name());
+        }
+        let ids = self.cluster.ids();
+        if (ids.len() as u64) < fault.nodes_min() {
+            bail!(
+                "nemesis {} needs at least {} members, the run has {}",
+                fault.name(),
+                fault.nodes_min(),
+                ids.len()
+            );
+        }
+        let (undo, detail) = match fault {
+            Fault::PartitionLeader => {
+                let (leader, how) = self.leader_or_random().await;
+                for &other in ids.iter().filter(|&&id| id != leader) {
+                    self.firewall.cut(leader, other)?;
+                    self.firewall.cut(other, leader)?;
+                }
+                (Undo::Firewall, format!("isolated member {leader} ({how})"))
+            }
+            Fault::PartitionHalf => {
+                let mut shuffled = ids.clone();
+                shuffled.shuffle(&mut self.rng);
+                let (minority, majority) = shuffled.split_at(ids.len() / 2);
+                self.cut_between(minority, majority)?;
+                (
+                    Undo::Firewall,
+                    format!("minority {minority:?} | majority {majority:?}"),
+                )
+            }
+            Fault::PartitionOneWay => {
+                let (leader, how) = self.leader_or_random().await;
+                for &other in ids.iter().filter(|&&id| id != leader) {
+                    self.firewall.cut(leader, other)?;
+                }
+                (
+                    Undo::Firewall,
+                    format!("packets from member {leader} ({how}) to the others dropped"),
+                )
+            }
+            Fault::PartitionBridge => {
+                let mut shuffled = ids.clone();
+                shuffled.shuffle(&mut self.rng);
+                let half = ids.len() / 2;
+                let (left, rest) = shuffled.split_at(half);
+                let (bridge, right) = rest.split_at(1);
+                self.cut_between(left, right)?;
+                (
+                    Undo::Firewall,
+                    format!("{left:?} | bridge {bridge:?} | {right:?}"),
+                )
+            }
+            Fault::PartitionRing => {
+                let mut ring = ids.clone();
+                ring.shuffle(&mut self.rng);
+                let n = ring.len();
+                for i in 0..n {
+                    for j in 0..n {
+                        let adjacent = (i + 1) % n == j || (j + 1) % n == i;
+                        if i != j && !adjacent {
+                            self.firewall.cut(ring[i], ring[j])?;
+                        }
+                    }
+                }
+                (Undo::Firewall, format!("ring {ring:?} (neighbours only)"))
+            }
+            Fault::Loss => {
+                for &a in &ids {
+                    for &b in ids.iter().filter(|&&b| b != a) {
+                        self.firewall.lossy(a, b, LOSS_PROBABILITY)?;
+                    }
+                }
+                (
+                    Undo::Firewall,
+                    format!("{LOSS_PROBABILITY} of packets dropped between every two members"),
+                )
+            }
+            Fault::Kill | Fault::KillLeader => {
+                let (victim, how) = if fault == Fault::Kill {
+                    (self.random_member(&ids), "random".to_string())
+                } else {
+                    self.leader_or_random().await
+                };
+                self.cluster.kill(victim)?;
+                (
+                    Undo::Restart(victim),
+                    format!("SIGKILL member {victim} ({how})"),
+                )
+            }
+            Fault::Pause | Fault::PauseLeader => {
+                let (victim, how) = if fault == Fault::Pause {
+                    (self.random_member(&ids), "random".to_string())
+                } else {
+                    self.leader_or_random().await
+                };
+                self.cluster.pause(victim)?;
+                (
+                    Undo::Resume(victim),
+                    format!("SIGSTOP member {victim} ({how})"),
+                )
+            }
+            Fault::Clock => {
+                let victim = self.random_member(&ids);
+                let offset = if self.rng.random_bool(0.5) {
+                    CLOCK_JUMP_SECONDS
+                } else {
+                    -CLOCK_JUMP_SECONDS
+                };
+                self.cluster.set_clock_offset(victim, offset)?;
+                (
+                    Undo::Clock(victim),
+                    format!("member {victim}'s wall clock {offset:+} s"),
+                )
+            }
+        };
+        self.active = Some((fault, undo));
+        self.history.nemesis(fault.name(), Phase::Start, detail)
+    }
+
+    /// Heals the active fault, if any.
+    pub async fn stop(&mut self) -> anyhow::Result<()> {
+        let Some((fault, undo)) = self.active.take() else {
+            return Ok(());
+        };
+        let detail = match undo {
+            Undo::Firewall => {
+                self.firewall.heal()?;
+                "every link restored".to_string()
+            }
+            Undo::Restart(id) => {
+                self.cluster.restart(id)?;
+                format!("member {id} restarted")
+            }
+            Undo::Resume(id) => {
+                self.cluster.resume(id)?;
+                format!("SIGCONT member {id}")
+            }
+            Undo::Clock(id) => {
+                self.cluster.set_clock_offset(id, 0)?;
+                format!("member {id}'s wall clock back")
+            }
+        };
+        self.history.nemesis(fault.name(), Phase::Stop, detail)
+    }
+
+    /// Heals everything, whatever state a failure left behind.
+    pub async fn heal_all(&mut self) -> anyhow::Result<()> {
+        let stopped = self.stop().await;
+        self.firewall.heal()?;
+        self.cluster.heal_processes()?;
+        stopped
+    }
+
+    fn cut_between(&self, a: &[u64], b: &[u64]) -> anyhow::Result<()> {
+        for &x in a {
+            for &y in b {
+                self.firewall.cut(x, y)?;
+                self.firewall.cut(y, x)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn random_member(&mut self, ids: &[u64]) -> u64 {
+        ids[self.rng.random_range(0..ids.len())]
+    }
+
+    /// The current leader, or a random member if none is known in time;
+    /// with a word saying which. Asks again (bounded) while the cluster is
+    /// between leaders, e.g. just after a heal.
+    async fn leader_or_random(&mut self) -> (u64, String) {
+        let started = Instant::now();
+        while started.elapsed() < LEADER_LOOKUP_TIMEOUT {
+            let found =
+                tokio::time::timeout(LEADER_PROBE_TIMEOUT, self.lookup.discover_leader()).await;
+            if let Ok(Ok(Some(addr))) = found
+                && let Some(id) = self.cluster.id_of_client_addr(&addr)
+                && self.cluster.is_running(id)
+            {
+                return (id, "leader".to_string());
+            }
+            tokio::time::sleep(LEADER_PROBE_PAUSE).await;
+        }
+        let ids = self.cluster.ids();
+        (
+            self.random_member(&ids),
+            "no leader known: random".to_string(),
+        )
+    }
+}

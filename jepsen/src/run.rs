@@ -1,0 +1,493 @@
+//! `jepsen run`: one fault-injection run.
+//!
+//! In a private network namespace (needs root), starts N real `kvnode`
+//! members, waits until the cluster takes a write, then runs a workload
+//! for `--time` while the nemeses inject and heal faults; heals everything,
+//! does the workload's final read, stops every member, and writes
+//! `OUT/history.jsonl` and `OUT/summary.txt`.
+//!
+//! The exit code says whether the run did enough to prove anything
+//! (DESIGN §7): at least `--min-ok-writes` acknowledged writes and
+//! `--min-ok-reads` ok reads, an ok operation invoked after every heal, a
+//! well-formed history, and no member that exited on its own. Whether the
+//! history is correct is the checkers' verdict, not this one's.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use tokio::time::Instant;
+
+use crate::control::cluster::NODES_MAX;
+use crate::control::{Cluster, ClusterConfig, Firewall, Namespace};
+use crate::nemesis::{FaultList, Nemesis, Schedule};
+use crate::workload::{
+    self, Function, History, Outcome, Phase, Record, WorkloadConfig, check_well_formed,
+};
+
+/// Longest `--time` accepted.
+pub const RUN_TIME_MAX: Duration = Duration::from_secs(3600);
+/// Most concurrent workers (the machine has two cores).
+pub const CONCURRENCY_MAX: usize = 64;
+/// Highest total rate accepted (ops per second).
+pub const RATE_PER_SECOND_MAX: u32 = 10_000;
+/// How long the cluster may take to elect a leader and take a first write.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Pause between two readiness probes.
+const READY_PROBE_PAUSE: Duration = Duration::from_millis(200);
+/// Members when `--nodes` is not given and no fault needs more.
+pub const NODES_DEFAULT: u64 = 3;
+
+/// Which workload a run drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WorkloadKind {
+    /// Reads, writes and compare-and-sets over many keys.
+    Register,
+    /// Unique adds, then a final read of every element.
+    Set,
+}
+
+/// Flags of `jepsen run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// The workload.
+    #[arg(long, value_enum, default_value = "register")]
+    pub workload: WorkloadKind,
+    /// Faults, comma-separated, injected in turn: partition-leader,
+    /// partition-half, partition-one-way, partition-bridge, partition-ring,
+    /// loss, kill, kill-leader, pause, pause-leader, clock; `none` for none.
+    #[arg(long, default_value = "none", value_parser = FaultList::parse)]
+    pub nemesis: FaultList,
+    /// How long the workload runs (e.g. 30s, 2m, 500ms).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub time: Duration,
+    /// Members (default 3, or 5 when a bridge or ring partition is asked).
+    #[arg(long)]
+    pub nodes: Option<u64>,
+    /// Output directory (created; must not hold an earlier run).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The kvnode executable (default: `kvnode` next to this executable, or
+    /// one directory up from a test binary in `deps/`).
+    #[arg(long, env = "KVNODE_BIN")]
+    pub kvnode_bin: Option<PathBuf>,
+    /// Concurrent client workers.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// Total operations per second, all workers together, at most.
+    #[arg(long, default_value_t = 100)]
+    pub rate: u32,
+    /// Seed of every random choice (default: from the clock).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// How long each fault lasts (pauses: at least 5 s). The default
+    /// outlasts a kvnode failover (about 5 s: election timeout plus the
+    /// leader lease), so a leader fault forces a new election.
+    #[arg(long, default_value = "6s", value_parser = parse_duration)]
+    pub fault_hold: Duration,
+    /// Calm before the first fault and after each heal.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub quiet: Duration,
+    /// Acknowledged writes the run needs to count.
+    #[arg(long, default_value_t = 20)]
+    pub min_ok_writes: usize,
+    /// Ok reads the run needs to count.
+    #[arg(long, default_value_t = 20)]
+    pub min_ok_reads: usize,
+}
+
+/// Parses `500ms`, `30s`, `2m`, `1h`, or bare seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("duration {text:?}: expected a number then ms, s, m or h"))?;
+    let duration = match unit {
+        "ms" => Duration::from_millis(number),
+        "s" => Duration::from_secs(number),
+        "m" => Duration::from_secs(number.saturating_mul(60)),
+        "h" => Duration::from_secs(number.saturating_mul(3600)),
+        _ => return Err(format!("duration {text:?}: unit must be ms, s, m or h")),
+    };
+    if duration > RUN_TIME_MAX {
+        return Err(format!(
+            "duration {text:?} is over RUN_TIME_MAX ({} s)",
+            RUN_TIME_MAX.as_secs()
+        ));
+    }
+    Ok(duration)
+}
+
+/// Runs `jepsen run`: exit 0 when the run did enough, 1 when it did not.
+/// The work happens on a thread of its own inside a private network
+/// namespace (namespaces belong to threads), with its own runtime.
+pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("jepsen-run".into())
+        .spawn(move || {
+            let _ = tx.send(run_on_own_thread(args));
+        })
+        .context("starting the run thread")?;
+    rx.await.context("the run thread panicked")?
+}
+
+fn run_on_own_thread(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let args = Checked::new(args)?;
+    let namespace = Namespace::create()?;
+    namespace.enter_current_thread()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("building the run's runtime")?;
+    runtime.block_on(run_inside(args))
+}
+
+/// The flags, checked, with defaults filled in.
+#[derive(Debug)]
+struct Checked {
+    args: RunArgs,
+    nodes: u64,
+    seed: u64,
+    kvnode_bin: PathBuf,
+}
+
+impl Checked {
+    fn new(args: RunArgs) -> anyhow::Result<Self> {
+        let nodes_needed = args
+            .nemesis
+            .0
+            .iter()
+            .map(|f| f.nodes_min())
+            .max()
+            .unwrap_or(1);
+        let nodes = args.nodes.unwrap_or(NODES_DEFAULT.max(nodes_needed));
+        if nodes == 0 || nodes > NODES_MAX {
+            bail!("--nodes {nodes}: must be 1 ..= NODES_MAX ({NODES_MAX})");
+        }
+        for fault in &args.nemesis.0 {
+            if nodes < fault.nodes_min() {
+                bail!(
+                    "--nemesis {} needs --nodes >= {}, got {nodes}",
+                    fault.name(),
+                    fault.nodes_min()
+                );
+            }
+        }
+        if args.concurrency == 0 || args.concurrency > CONCURRENCY_MAX {
+            bail!(
+                "--concurrency {}: must be 1 ..= CONCURRENCY_MAX ({CONCURRENCY_MAX})",
+                args.concurrency
+            );
+        }
+        if args.rate == 0 || args.rate > RATE_PER_SECOND_MAX {
+            bail!(
+                "--rate {}: must be 1 ..= RATE_PER_SECOND_MAX ({RATE_PER_SECOND_MAX})",
+                args.rate
+            );
+        }
+        if args.time.is_zero() {
+            bail!("--time must be above zero");
+        }
+        let kvnode_bin = match &args.kvnode_bin {
+            Some(path) => path.clone(),
+            None => default_kvnode_bin()?,
+        };
+        let seed = args.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        });
+        Ok(Self {
+            args,
+            nodes,
+            seed,
+            kvnode_bin,
+        })
+    }
+}
+
+/// `kvnode` next to the current executable, or one directory up (a test
+/// binary lives in `target/<profile>/deps/`).
+fn default_kvnode_bin() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("finding the current executable")?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    let candidates = [dir.join("kvnode"), dir.join("..").join("kvnode")];
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .with_context(|| {
+            format!(
+                "no kvnode binary at {:?}: build it (`cargo build -p kvnode`) or pass \
+                 --kvnode-bin / KVNODE_BIN",
+                candidates
+            )
+        })
+}
+
+async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
+    let Checked {
+        args,
+        nodes,
+        seed,
+        kvnode_bin,
+    } = checked;
+    if args.out.join("history.jsonl").exists() || args.out.join("node1").exists() {
+        bail!(
+            "--out {} holds an earlier run: give a new directory",
+            args.out.display()
+        );
+    }
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let firewall = Firewall::new()?;
+    let cluster = Cluster::start(ClusterConfig {
+        kvnode_bin,
+        dir: args.out.clone(),
+        nodes,
+        faketime: args.nemesis.0.iter().any(|f| f.needs_faketime()),
+    })?;
+    let endpoints = cluster.client_addrs();
+    wait_ready(&endpoints).await?;
+
+    let history = History::create(&args.out.join("history.jsonl"))?;
+    let deadline = Instant::now() + args.time;
+    let mut nemesis = Nemesis::new(cluster, firewall, history.clone(), seed)?;
+    let config = WorkloadConfig {
+        endpoints: endpoints.clone(),
+        concurrency: args.concurrency,
+        rate_per_second: args.rate,
+        deadline,
+        seed,
+    };
+    let schedule = Schedule {
+        hold: args.fault_hold,
+        quiet: args.quiet,
+        end: deadline,
+    };
+    let workload_run = async {
+        match args.workload {
+            WorkloadKind::Register => workload::register::run(config, history.clone()).await,
+            WorkloadKind::Set => workload::set::run(config, history.clone()).await,
+        }
+    };
+    let (worked, nemesis_ran) = tokio::join!(
+        workload_run,
+        nemesis.run_schedule(&args.nemesis.0, schedule)
+    );
+    let healed = nemesis.heal_all().await;
+    let final_read_ok = match args.workload {
+        WorkloadKind::Set => Some(workload::set::final_read(&endpoints, &history).await?),
+        WorkloadKind::Register => None,
+    };
+    let exited = nemesis.cluster_mut().exited_on_their_own();
+    drop(nemesis.into_cluster());
+    history.flush()?;
+    worked.context("the workload failed")?;
+    nemesis_ran.context("the nemesis failed")?;
+    healed.context("healing the faults failed")?;
+
+    let records = history.records();
+    let mut problems = check_minimums(&records, args.min_ok_writes, args.min_ok_reads);
+    problems.extend(check_well_formed(&records));
+    for (id, status) in &exited {
+        problems.push(format!("member {id} exited on its own: {status}"));
+    }
+    if final_read_ok == Some(false) {
+        problems.push("the set's final read never succeeded".to_string());
+    }
+    // The verdict: the workload's checker on the run's history.
+    let report = crate::verdict::check_run(&records, args.workload)?;
+    std::fs::write(
+        args.out.join("checker.json"),
+        serde_json::to_string_pretty(&report)?,
+    )
+    .context("writing checker.json")?;
+    let checker_text = report.summary();
+    if report.exit_code() != 0 {
+        problems.push(format!(
+            "the {:?} checker does not pass: {}",
+            crate::verdict::model_of(args.workload),
+            checker_text.lines().next().unwrap_or("")
+        ));
+    }
+    let mut summary = summary(&args, nodes, seed, &records, &problems);
+    summary.push_str("\nchecker:\n");
+    summary.push_str(&checker_text);
+    std::fs::write(args.out.join("summary.txt"), &summary).context("writing summary.txt")?;
+    print!("{summary}");
+    Ok(if problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Waits until the cluster takes a write (not recorded in the history).
+async fn wait_ready(endpoints: &[String]) -> anyhow::Result<()> {
+    let client = workload::client(endpoints)?;
+    let started = Instant::now();
+    let mut last = String::new();
+    while started.elapsed() < READY_TIMEOUT {
+        match client.put("jepsen/ready", "1").await {
+            Ok(_) => return Ok(()),
+            Err(err) => last = err.to_string(),
+        }
+        tokio::time::sleep(READY_PROBE_PAUSE).await;
+    }
+    bail!(
+        "the cluster took no write within READY_TIMEOUT ({} s): {last}",
+        READY_TIMEOUT.as_secs()
+    )
+}
+
+/// Item 7 of the fault suite: a run proves something only if it did
+/// something. Returns the shortfalls: fewer than `min_ok_writes`
+/// acknowledged writes or `min_ok_reads` ok reads, or a heal (fault stop)
+/// with no ok operation invoked after it.
+pub fn check_minimums(
+    records: &[Record],
+    min_ok_writes: usize,
+    min_ok_reads: usize,
+) -> Vec<String> {
+    let ok_ops: Vec<_> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Op(op) if op.outcome == Outcome::Ok => Some(op),
+            _ => None,
+        })
+        .collect();
+    let ok_writes = ok_ops.iter().filter(|op| op.f.is_write()).count();
+    let ok_reads = ok_ops.len() - ok_writes;
+    let mut problems = Vec::new();
+    if ok_writes < min_ok_writes {
+        problems.push(format!(
+            "{ok_writes} ok writes, fewer than min_ok_writes ({min_ok_writes})"
+        ));
+    }
+    if ok_reads < min_ok_reads {
+        problems.push(format!(
+            "{ok_reads} ok reads, fewer than min_ok_reads ({min_ok_reads})"
+        ));
+    }
+    for record in records {
+        if let Record::Nemesis(event) = record
+            && event.phase == Phase::Stop
+            && !ok_ops.iter().any(|op| op.invoke_ns >= event.time_ns)
+        {
+            problems.push(format!(
+                "no ok operation after the heal of {} at +{:.2} s",
+                event.fault,
+                seconds(event.time_ns)
+            ));
+        }
+    }
+    problems
+}
+
+fn seconds(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// The human summary: operations per function and outcome, faults with
+/// times, and the shortfalls.
+fn summary(
+    args: &RunArgs,
+    nodes: u64,
+    seed: u64,
+    records: &[Record],
+    problems: &[String],
+) -> String {
+    let mut out = String::new();
+    let faults: Vec<_> = args.nemesis.0.iter().map(|f| f.name()).collect();
+    let _ = writeln!(
+        out,
+        "jepsen run: workload {:?}, nemesis {}, nodes {nodes}, time {} s, concurrency {}, rate {}/s, seed {seed}",
+        args.workload,
+        if faults.is_empty() {
+            "none".to_string()
+        } else {
+            faults.join(",")
+        },
+        args.time.as_secs_f64(),
+        args.concurrency,
+        args.rate,
+    );
+    let _ = writeln!(
+        out,
+        "\n{:<10} {:>8} {:>8} {:>8} {:>8}",
+        "f", "invoked", "ok", "fail", "unknown"
+    );
+    for f in [
+        Function::Read,
+        Function::Write,
+        Function::Cas,
+        Function::Add,
+        Function::ReadAll,
+    ] {
+        let ops: Vec<_> = records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Op(op) if op.f == f => Some(op),
+                _ => None,
+            })
+            .collect();
+        if ops.is_empty() {
+            continue;
+        }
+        let count = |o: Outcome| ops.iter().filter(|op| op.outcome == o).count();
+        let name = serde_json::to_value(f)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{name:<10} {:>8} {:>8} {:>8} {:>8}",
+            ops.len(),
+            count(Outcome::Ok),
+            count(Outcome::Fail),
+            count(Outcome::Info)
+        );
+    }
+    let _ = writeln!(out, "\nfaults (seconds since the workload started):");
+    let mut any_fault = false;
+    for record in records {
+        if let Record::Nemesis(event) = record {
+            any_fault = true;
+            let phase = if event.phase == Phase::Start {
+                "start"
+            } else {
+                "stop "
+            };
+            let _ = writeln!(
+                out,
+                "  +{:>7.2}  {phase} {:<18} {}",
+                seconds(event.time_ns),
+                event.fault,
+                event.detail
+            );
+        }
+    }
+    if !any_fault {
+        let _ = writeln!(out, "  none");
+    }
+    if problems.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nenough: yes (minimums met, an ok op after every heal, history well-formed)"
+        );
+    } else {
+        let _ = writeln!(out, "\nenough: NO");
+        for problem in problems {
+            let _ = writeln!(out, "  - {problem}");
+        }
+    }
+    out
+}

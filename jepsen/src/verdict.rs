@@ -1,0 +1,102 @@
+//! From a run's records to the checkers' verdict: each harness operation
+//! becomes an invoke and a completion [`Event`] in the checkers' history
+//! format, in monotonic time order, and the workload's checker runs on them.
+//!
+//! - `register`: reads, writes and version compare-and-sets map one to one
+//!   onto the `register` model (linearizability per key, plus the cheap
+//!   version checks: stale read, phantom value, duplicate apply).
+//! - `set`: every element is its own key in the cluster, but the checker
+//!   sees one set: each add is an `add` of the element to the set, the final
+//!   prefix scan (`read-all`) is the set's final read with the elements it
+//!   returned. Reads of single elements are left out (the set checker
+//!   judges adds against the final read).
+//!
+//! Ties in time put invocations before completions, which never makes a
+//! history stricter than what happened.
+
+use crate::check::{CheckReport, ModelName, check};
+use crate::history::{Event, EventType, Function as CheckFunction};
+use crate::linearizability::Settings;
+use crate::run::WorkloadKind;
+use crate::workload::{Function, Op, Outcome, Record};
+
+/// The key the set workload's checker history uses for the whole set.
+pub const SET_KEY: &str = "set";
+
+/// The checker's model for a workload.
+pub fn model_of(workload: WorkloadKind) -> ModelName {
+    match workload {
+        WorkloadKind::Register => ModelName::Register,
+        WorkloadKind::Set => ModelName::Set,
+    }
+}
+
+fn completion_type(outcome: Outcome) -> EventType {
+    match outcome {
+        Outcome::Ok => EventType::Ok,
+        Outcome::Fail => EventType::Fail,
+        Outcome::Info => EventType::Info,
+    }
+}
+
+/// The two events of one operation, or none when the checker does not
+/// look at it.
+fn events_of(op: &Op, workload: WorkloadKind) -> Option<[(u64, u8, Event); 2]> {
+    let (f, key) = match (workload, op.f) {
+        (WorkloadKind::Register, Function::Read) => (CheckFunction::Read, op.key.as_str()),
+        (WorkloadKind::Register, Function::Write) => (CheckFunction::Write, op.key.as_str()),
+        (WorkloadKind::Register, Function::Cas) => (CheckFunction::Cas, op.key.as_str()),
+        (WorkloadKind::Set, Function::Add) => (CheckFunction::Add, SET_KEY),
+        (WorkloadKind::Set, Function::ReadAll) => (CheckFunction::Read, SET_KEY),
+        _ => return None,
+    };
+    let mut invoke = Event::new(op.process, EventType::Invoke, f, key);
+    invoke.monotonic_ns = Some(op.invoke_ns);
+    invoke.wall_time_unix_ms = Some(op.invoke_wall_us / 1000);
+    let mut done = Event::new(op.process, completion_type(op.outcome), f, key);
+    done.monotonic_ns = Some(op.complete_ns);
+    done.wall_time_unix_ms = Some(op.complete_wall_us / 1000);
+    done.error = op.error.clone();
+    match f {
+        CheckFunction::Read if workload == WorkloadKind::Set => {
+            done.values = op.values.clone();
+        }
+        CheckFunction::Read => {
+            done.value = op.value.clone();
+            done.version = op.version;
+            done.index = op.index;
+        }
+        _ => {
+            invoke.value = op.value.clone();
+            invoke.expected_version = op.expected_version;
+            done.value = op.value.clone();
+            done.expected_version = op.expected_version;
+            if op.outcome == Outcome::Ok {
+                done.version = op.version;
+                done.index = op.index;
+            }
+        }
+    }
+    Some([(op.invoke_ns, 0, invoke), (op.complete_ns, 1, done)])
+}
+
+/// The checkers' history of a run's records.
+pub fn to_events(records: &[Record], workload: WorkloadKind) -> Vec<Event> {
+    let mut timeline: Vec<(u64, u8, Event)> = records
+        .iter()
+        .filter_map(|record| match record {
+            Record::Op(op) => events_of(op, workload),
+            Record::Nemesis(_) => None,
+        })
+        .flatten()
+        .collect();
+    timeline.sort_by_key(|(time, phase, _)| (*time, *phase));
+    timeline.into_iter().map(|(_, _, event)| event).collect()
+}
+
+/// Runs the workload's checker on a run's records.
+pub fn check_run(records: &[Record], workload: WorkloadKind) -> anyhow::Result<CheckReport> {
+    let events = to_events(records, workload);
+    check(model_of(workload), &events, Settings::default())
+        .map_err(|err| anyhow::anyhow!("checking the history: {err}"))
+}

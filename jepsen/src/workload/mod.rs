@@ -1,0 +1,399 @@
+//! Workloads and the history they record.
+//!
+//! A run's history is a JSON-lines file of [`Record`]s: one [`Op`] per
+//! client operation (its invoke and completion times, wall and monotonic,
+//! and its outcome) and one [`NemesisEvent`] per fault start or stop. An
+//! operation whose fate is unknown (a write that may or may not have
+//! applied) is `info`; its process never issues another operation (the
+//! worker continues as a new process), as in Jepsen.
+//!
+//! Workloads ([`register`], [`set`]) run a bounded number of concurrent
+//! workers, each one kvclient session, paced to a total rate sized for two
+//! cores, until a deadline.
+//!
+//! This record type is the harness's own until it is mapped onto the
+//! checker's history type.
+
+pub mod register;
+pub mod set;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::File;
+use std::io::{BufWriter, Write as _};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+
+/// What an operation does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Function {
+    /// A linearizable read of one key.
+    Read,
+    /// An unconditional write of a unique value.
+    Write,
+    /// A write of a unique value if the key has `expected_version`.
+    Cas,
+    /// A set workload's add of one unique element (a key of its own).
+    Add,
+    /// The set workload's final read of every element.
+    ReadAll,
+}
+
+impl Function {
+    /// Whether the operation writes.
+    pub fn is_write(self) -> bool {
+        matches!(self, Self::Write | Self::Cas | Self::Add)
+    }
+}
+
+/// How an operation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    /// It took effect (or, for a read, returned this).
+    Ok,
+    /// It definitely did not take effect.
+    Fail,
+    /// Unknown: a write that may take effect, now or later.
+    Info,
+}
+
+/// One client operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Op {
+    /// Unique in the run, in invoke order.
+    pub id: u64,
+    /// The logical process: sequential; retired after an `info`.
+    pub process: u64,
+    /// What it does.
+    pub f: Function,
+    /// The key (for `read-all`: the prefix).
+    pub key: String,
+    /// Written value (write, cas, add), or the value read (`None` = absent).
+    pub value: Option<String>,
+    /// The version a `cas` required (0 = absent).
+    pub expected_version: Option<u64>,
+    /// Elements a `read-all` returned.
+    pub values: Option<Vec<String>>,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Version written or read (0 = the key was absent).
+    pub version: Option<u64>,
+    /// Applied index the answer carried.
+    pub index: Option<u64>,
+    /// The client's error, for fail / info.
+    pub error: Option<String>,
+    /// Invoke time, microseconds since the Unix epoch.
+    pub invoke_wall_us: u64,
+    /// Invoke time, nanoseconds since the run started (monotonic).
+    pub invoke_ns: u64,
+    /// Completion time, microseconds since the Unix epoch.
+    pub complete_wall_us: u64,
+    /// Completion time, nanoseconds since the run started (monotonic).
+    pub complete_ns: u64,
+}
+
+/// Whether a nemesis event starts or ends a fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// The fault was injected.
+    Start,
+    /// The fault was healed.
+    Stop,
+}
+
+/// A fault injected or healed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NemesisEvent {
+    /// The fault's name (`partition-leader`, `kill`, ...).
+    pub fault: String,
+    /// Start or stop.
+    pub phase: Phase,
+    /// What exactly was done (which members, which links).
+    pub detail: String,
+    /// When (done), microseconds since the Unix epoch.
+    pub wall_us: u64,
+    /// When (done), nanoseconds since the run started (monotonic).
+    pub time_ns: u64,
+}
+
+/// One line of `history.jsonl`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum Record {
+    /// A client operation.
+    Op(Op),
+    /// A fault start or stop.
+    Nemesis(NemesisEvent),
+}
+
+/// An operation in flight: [`History::invoke`] makes it,
+/// [`History::complete`] records it.
+#[derive(Debug)]
+pub struct Pending {
+    op: Op,
+}
+
+impl Pending {
+    /// The operation's fields so far.
+    pub fn op_mut(&mut self) -> &mut Op {
+        &mut self.op
+    }
+}
+
+/// The run's history: kept in memory and appended to `history.jsonl` as
+/// records complete.
+#[derive(Debug)]
+pub struct History {
+    started: Instant,
+    next_op_id: AtomicU64,
+    next_process: AtomicU64,
+    inner: Mutex<HistoryInner>,
+}
+
+#[derive(Debug)]
+struct HistoryInner {
+    records: Vec<Record>,
+    file: BufWriter<File>,
+}
+
+impl History {
+    /// A new history written to `path`.
+    pub fn create(path: &Path) -> anyhow::Result<Arc<Self>> {
+        let file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(Arc::new(Self {
+            started: Instant::now(),
+            next_op_id: AtomicU64::new(0),
+            next_process: AtomicU64::new(0),
+            inner: Mutex::new(HistoryInner {
+                records: Vec::new(),
+                file: BufWriter::new(file),
+            }),
+        }))
+    }
+
+    /// A fresh logical process id.
+    pub fn new_process(&self) -> u64 {
+        self.next_process.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Nanoseconds since the run started.
+    pub fn now_ns(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Starts an operation now.
+    pub fn invoke(&self, process: u64, f: Function, key: impl Into<String>) -> Pending {
+        Pending {
+            op: Op {
+                id: self.next_op_id.fetch_add(1, Ordering::Relaxed),
+                process,
+                f,
+                key: key.into(),
+                value: None,
+                expected_version: None,
+                values: None,
+                outcome: Outcome::Info,
+                version: None,
+                index: None,
+                error: None,
+                invoke_wall_us: wall_us(),
+                invoke_ns: self.now_ns(),
+                complete_wall_us: 0,
+                complete_ns: 0,
+            },
+        }
+    }
+
+    /// Completes an operation now with this outcome.
+    pub fn complete(&self, mut pending: Pending, outcome: Outcome) -> anyhow::Result<Op> {
+        pending.op.outcome = outcome;
+        pending.op.complete_wall_us = wall_us();
+        pending.op.complete_ns = self.now_ns();
+        let op = pending.op;
+        self.append(Record::Op(op.clone()))?;
+        Ok(op)
+    }
+
+    /// Records a nemesis event now.
+    pub fn nemesis(&self, fault: &str, phase: Phase, detail: String) -> anyhow::Result<()> {
+        self.append(Record::Nemesis(NemesisEvent {
+            fault: fault.to_string(),
+            phase,
+            detail,
+            wall_us: wall_us(),
+            time_ns: self.now_ns(),
+        }))
+    }
+
+    /// Every record so far, in completion order.
+    pub fn records(&self) -> Vec<Record> {
+        self.inner
+            .lock()
+            .map(|inner| inner.records.clone())
+            .unwrap_or_default()
+    }
+
+    /// Flushes the file.
+    pub fn flush(&self) -> anyhow::Result<()> {
+        let mut inner = self
+            .inner
+            .lock()
+            .map_err(|_| anyhow::anyhow!("history lock poisoned"))?;
+        inner.file.flush().context("flushing history.jsonl")
+    }
+
+    fn append(&self, record: Record) -> anyhow::Result<()> {
+        let line = serde_json::to_string(&record)?;
+        let mut inner = self
+            .inner
+            .lock()
+            .map_err(|_| anyhow::anyhow!("history lock poisoned"))?;
+        writeln!(inner.file, "{line}").context("writing history.jsonl")?;
+        inner.records.push(record);
+        Ok(())
+    }
+}
+
+fn wall_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// Reads a `history.jsonl`.
+pub fn read_history(path: &Path) -> anyhow::Result<Vec<Record>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(n, line)| {
+            serde_json::from_str(line).with_context(|| format!("{} line {}", path.display(), n + 1))
+        })
+        .collect()
+}
+
+/// Structural problems of a history: duplicate op ids, a completion before
+/// its invoke, overlapping operations of one process, an operation of a
+/// process after its `info`, a fault stopped that was not started or
+/// started twice, a fault left unhealed. Empty = well-formed.
+pub fn check_well_formed(records: &[Record]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut ids = BTreeSet::new();
+    let mut by_process: BTreeMap<u64, Vec<&Op>> = BTreeMap::new();
+    let mut open_faults: HashMap<&str, u64> = HashMap::new();
+    for record in records {
+        match record {
+            Record::Op(op) => {
+                if !ids.insert(op.id) {
+                    problems.push(format!("op id {} appears twice", op.id));
+                }
+                if op.complete_ns < op.invoke_ns || op.complete_wall_us < op.invoke_wall_us {
+                    problems.push(format!("op {} completes before it was invoked", op.id));
+                }
+                by_process.entry(op.process).or_default().push(op);
+            }
+            Record::Nemesis(event) => {
+                let open = open_faults.entry(event.fault.as_str()).or_default();
+                match event.phase {
+                    Phase::Start if *open > 0 => {
+                        problems.push(format!("fault {} started twice", event.fault));
+                    }
+                    Phase::Start => *open += 1,
+                    Phase::Stop if *open == 0 => {
+                        problems.push(format!("fault {} stopped but not started", event.fault));
+                    }
+                    Phase::Stop => *open -= 1,
+                }
+            }
+        }
+    }
+    for (fault, open) in open_faults {
+        if open > 0 {
+            problems.push(format!("fault {fault} never healed"));
+        }
+    }
+    for (process, mut ops) in by_process {
+        ops.sort_by_key(|op| op.invoke_ns);
+        for pair in ops.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            if b.invoke_ns < a.complete_ns {
+                problems.push(format!(
+                    "process {process}: op {} invoked before op {} completed",
+                    b.id, a.id
+                ));
+            }
+            if a.outcome == Outcome::Info {
+                problems.push(format!(
+                    "process {process}: op {} follows op {} whose outcome was unknown",
+                    b.id, a.id
+                ));
+            }
+        }
+    }
+    problems
+}
+
+/// Settings every workload shares.
+#[derive(Debug, Clone)]
+pub struct WorkloadConfig {
+    /// Member client addresses.
+    pub endpoints: Vec<String>,
+    /// Concurrent workers.
+    pub concurrency: usize,
+    /// Total operations per second, all workers together (at most).
+    pub rate_per_second: u32,
+    /// When workers stop invoking new operations.
+    pub deadline: tokio::time::Instant,
+    /// Seed of the workers' random choices.
+    pub seed: u64,
+}
+
+impl WorkloadConfig {
+    /// The pause each worker takes between two of its operations.
+    pub fn worker_pause(&self) -> Duration {
+        let per_worker = f64::from(self.rate_per_second.max(1)) / self.concurrency.max(1) as f64;
+        Duration::from_secs_f64(1.0 / per_worker)
+    }
+}
+
+/// Time one client call may take in total, retries included: short, so a
+/// run ends soon after its deadline and unknown outcomes are recorded.
+pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time one attempt (one RPC) may take.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// Time to open a connection to one member (a partitioned or paused member
+/// should not hold a worker long).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A client for one worker (its own session).
+pub fn client(endpoints: &[String]) -> anyhow::Result<kvclient::Client> {
+    kvclient::Client::builder(endpoints.iter().cloned())
+        .operation_timeout(OPERATION_TIMEOUT)
+        .request_timeout(REQUEST_TIMEOUT)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .build()
+        .context("building a kvclient")
+}
+
+/// The outcome of a failed write: definitely not applied (`fail`) only when
+/// the client says so; otherwise unknown (`info`).
+pub fn write_error_outcome(err: &kvclient::Error) -> Outcome {
+    use kvclient::Error;
+    match err {
+        Error::VersionMismatch { .. }
+        | Error::Unavailable { .. }
+        | Error::InvalidArgument { .. }
+        | Error::InvalidConfig(_)
+        | Error::KeyNotFound { .. }
+        | Error::Unimplemented { .. } => Outcome::Fail,
+        _ => Outcome::Info,
+    }
+}

@@ -1,0 +1,155 @@
+//! The register workload: linearizable reads, unconditional writes and
+//! compare-and-set (a write conditioned on the version the worker last
+//! saw) over many keys. Every written value is unique (`p<process>-<n>`),
+//! and each key takes at most [`KEY_OPS_MAX`] operations before it is
+//! retired for a fresh one, so per-key checks stay small.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use kvclient::{Consistency, PutOptions};
+use rand::rngs::SmallRng;
+use rand::{Rng as _, SeedableRng as _};
+
+use super::{Function, History, Outcome, WorkloadConfig, client, write_error_outcome};
+
+/// Operations one key takes before it is retired.
+pub const KEY_OPS_MAX: u64 = 200;
+/// Keys in use at a time (spread enough to be independent, few enough that
+/// workers contend on them).
+pub const KEYS_ACTIVE: usize = 8;
+/// Percentage of operations that are reads (the rest split between writes
+/// and compare-and-sets).
+const READ_PERCENT: u32 = 40;
+/// Percentage of operations that are unconditional writes.
+const WRITE_PERCENT: u32 = 30;
+
+/// The keys in use and how many operations each has taken.
+#[derive(Debug)]
+struct Keys {
+    slots: Vec<(u64, u64)>,
+    next_key: u64,
+}
+
+impl Keys {
+    fn new() -> Self {
+        Self {
+            slots: (0..KEYS_ACTIVE as u64).map(|k| (k, 0)).collect(),
+            next_key: KEYS_ACTIVE as u64,
+        }
+    }
+
+    /// Picks a slot's key and counts one operation on it, retiring it when
+    /// it reached [`KEY_OPS_MAX`].
+    fn pick(&mut self, slot: usize) -> u64 {
+        let slot = slot % self.slots.len();
+        if self.slots[slot].1 >= KEY_OPS_MAX {
+            self.slots[slot] = (self.next_key, 0);
+            self.next_key += 1;
+        }
+        self.slots[slot].1 += 1;
+        self.slots[slot].0
+    }
+}
+
+/// The key name of register `k`.
+pub fn key_name(k: u64) -> String {
+    format!("r/{k:06}")
+}
+
+/// Runs the workload until the deadline; every operation goes into
+/// `history`.
+pub async fn run(config: WorkloadConfig, history: Arc<History>) -> anyhow::Result<()> {
+    let keys = Arc::new(Mutex::new(Keys::new()));
+    let mut workers = tokio::task::JoinSet::new();
+    for worker in 0..config.concurrency {
+        let (config, history, keys) = (config.clone(), history.clone(), keys.clone());
+        workers.spawn(async move { worker_loop(worker as u64, config, history, keys).await });
+    }
+    while let Some(joined) = workers.join_next().await {
+        joined??;
+    }
+    Ok(())
+}
+
+async fn worker_loop(
+    worker: u64,
+    config: WorkloadConfig,
+    history: Arc<History>,
+    keys: Arc<Mutex<Keys>>,
+) -> anyhow::Result<()> {
+    let client = client(&config.endpoints)?;
+    let mut rng = SmallRng::seed_from_u64(config.seed ^ (worker.wrapping_mul(0x9e37_79b9)));
+    let mut process = history.new_process();
+    let mut written = 0_u64;
+    // The version this worker last saw per key (the cas condition).
+    let mut seen: HashMap<u64, u64> = HashMap::new();
+    let pause = config.worker_pause();
+    while tokio::time::Instant::now() < config.deadline {
+        let slot = rng.random_range(0..KEYS_ACTIVE);
+        let k = keys
+            .lock()
+            .map_err(|_| anyhow::anyhow!("key table lock poisoned"))?
+            .pick(slot);
+        let key = key_name(k);
+        let dice = rng.random_range(0..100);
+        let outcome = if dice < READ_PERCENT {
+            let mut pending = history.invoke(process, Function::Read, &key);
+            match client
+                .get_with(key.clone(), Consistency::Linearizable)
+                .await
+            {
+                Ok(entry) => {
+                    let op = pending.op_mut();
+                    op.version = Some(entry.as_ref().map_or(0, |e| e.version));
+                    op.index = entry.as_ref().map(|e| e.applied_index);
+                    op.value = entry.map(|e| String::from_utf8_lossy(&e.value).into_owned());
+                    seen.insert(k, op.version.unwrap_or(0));
+                    history.complete(pending, Outcome::Ok)?.outcome
+                }
+                Err(err) => {
+                    pending.op_mut().error = Some(err.to_string());
+                    history.complete(pending, Outcome::Fail)?.outcome
+                }
+            }
+        } else {
+            written += 1;
+            let value = format!("p{process}-{written}");
+            let cas = dice >= READ_PERCENT + WRITE_PERCENT;
+            let f = if cas { Function::Cas } else { Function::Write };
+            let mut pending = history.invoke(process, f, &key);
+            pending.op_mut().value = Some(value.clone());
+            let mut options = PutOptions::default();
+            if cas {
+                let expected = seen.get(&k).copied().unwrap_or(0);
+                pending.op_mut().expected_version = Some(expected);
+                options = options.if_version(expected);
+            }
+            match client.put_with(key.clone(), value, options).await {
+                Ok(w) => {
+                    pending.op_mut().version = Some(w.version);
+                    pending.op_mut().index = Some(w.applied_index);
+                    seen.insert(k, w.version);
+                    history.complete(pending, Outcome::Ok)?.outcome
+                }
+                Err(err) => {
+                    if let kvclient::Error::VersionMismatch {
+                        current_version, ..
+                    } = &err
+                    {
+                        seen.insert(k, *current_version);
+                    }
+                    pending.op_mut().error = Some(err.to_string());
+                    history
+                        .complete(pending, write_error_outcome(&err))?
+                        .outcome
+                }
+            }
+        };
+        if outcome == Outcome::Info {
+            process = history.new_process();
+        }
+        tokio::time::sleep(pause).await;
+    }
+    Ok(())
+}
