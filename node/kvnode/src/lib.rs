@@ -37,7 +37,8 @@
 //!   default.
 //! - [`network`]: openraft's network over tonic (cached channel per peer,
 //!   bound to the node's own address, identity on every request, codec
-//!   payloads, snapshots streamed file by file, ReadIndex and Identify).
+//!   payloads, incremental snapshot transfer — only the files and tails the
+//!   follower lacks — ReadIndex and Identify).
 //! - [`service`]: the peer `Raft` gRPC service, the client `Kv` and
 //!   `Cluster` services.
 //! - [`convert`]: protocol conversions, error statuses with `ErrorDetail`,
@@ -54,9 +55,6 @@
 //!   trigger.
 //! - [`backup`]: the backup archive (format, writer, verifying reader) and
 //!   `kvnode restore` (seed a member of a new cluster from an archive).
-//!
-//! Still to build: membership changes and the incremental snapshot
-//! transfer (the snapshot issue).
 
 pub mod admin;
 pub mod apply;
