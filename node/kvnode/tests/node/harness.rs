@@ -302,33 +302,18 @@ impl Cluster {
     /// paged stale scans once it has applied `min_index`.
     pub async fn stale_scan(&self, id: u64, min_index: u64) -> Vec<(Vec<u8>, Vec<u8>, u64, bool)> {
         let mut kv = self.kv(id).await;
-        let mut listed = Vec::new();
-        let mut after = None;
-        for _ in 0..SCAN_PAGES_MAX {
-            let page = kv
-                .scan(ScanRequest {
-                    after: after.clone(),
-                    consistency: Consistency::Stale as i32,
-                    min_index,
-                    ..Default::default()
-                })
-                .await
-                .unwrap_or_else(|err| panic!("stale scan on member {id}: {err:?}"))
-                .into_inner();
-            listed.extend(page.entries.into_iter().map(|e| {
+        stale_scan_all(&mut kv, id, min_index)
+            .await
+            .into_iter()
+            .map(|e| {
                 (
                     e.key.to_vec(),
                     e.value.to_vec(),
                     e.version,
                     e.ttl_ms_left > 0,
                 )
-            }));
-            if !page.more {
-                return listed;
-            }
-            after = Some(page.next_after);
-        }
-        panic!("member {id}: the scan took more than {SCAN_PAGES_MAX} pages");
+            })
+            .collect()
     }
 
     /// Stops every running member.
@@ -337,4 +322,33 @@ impl Cluster {
             self.stop(id).await;
         }
     }
+}
+
+/// Every user key member `id` (reached through `kv`) holds, by paged stale
+/// scans once it has applied `min_index`.
+pub async fn stale_scan_all(
+    kv: &mut KvClient<Channel>,
+    id: u64,
+    min_index: u64,
+) -> Vec<kvproto::kv::v1::KeyValue> {
+    let mut listed = Vec::new();
+    let mut after = None;
+    for _ in 0..SCAN_PAGES_MAX {
+        let page = kv
+            .scan(ScanRequest {
+                after: after.clone(),
+                consistency: Consistency::Stale as i32,
+                min_index,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|err| panic!("stale scan on member {id}: {err:?}"))
+            .into_inner();
+        listed.extend(page.entries);
+        if !page.more {
+            return listed;
+        }
+        after = Some(page.next_after);
+    }
+    panic!("member {id}: the scan took more than {SCAN_PAGES_MAX} pages");
 }

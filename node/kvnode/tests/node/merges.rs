@@ -21,10 +21,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use kvnode::merge_policy::{MergePolicy, SnapshotPolicy};
-use kvproto::kv::v1::{Consistency, ScanRequest};
 
 use crate::backup::{Members, bind_members, small_segments};
-use crate::harness::{DEADLINE, POLL};
+use crate::harness::{DEADLINE, POLL, stale_scan_all};
+use crate::replica_files::sealed_files;
 
 /// Distinct keys the overwrites cycle through (most puts overwrite).
 const KEYS: usize = 20;
@@ -38,7 +38,6 @@ const QUIET_READ_ATTEMPTS_MAX: usize = 500;
 /// A TTL that runs out during the test.
 const TTL_SHORT_MS: u64 = 500;
 /// Pages a full scan may take.
-const SCAN_PAGES_MAX: usize = 10_000;
 /// The bytes trigger of the snapshot test.
 const SNAPSHOT_EVERY_BYTES: u64 = 64 * 1024;
 /// How long the control waits for a snapshot that must not come.
@@ -59,51 +58,6 @@ fn value(i: usize) -> Vec<u8> {
     v
 }
 
-/// Name → (length, CRC-32) of an engine directory's sealed data files and
-/// hints; `Err` while a temporary file other than the active hint exists
-/// (a merge or a seal is writing).
-fn sealed_files(dir: &Path) -> Result<BTreeMap<String, (u64, u32)>, String> {
-    let mut names = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(|e| format!("list {}: {e}", dir.display()))? {
-        let entry = entry.map_err(|e| format!("list {}: {e}", dir.display()))?;
-        names.push(entry.file_name().to_string_lossy().into_owned());
-    }
-    let hinted: Vec<&str> = names
-        .iter()
-        .filter_map(|n| n.strip_suffix(".hint"))
-        .collect();
-    let active: Vec<&String> = names
-        .iter()
-        .filter(|n| {
-            n.strip_suffix(".data")
-                .is_some_and(|stem| !hinted.contains(&stem))
-        })
-        .collect();
-    if active.len() > 1 {
-        return Err(format!("data files without hints: {active:?}"));
-    }
-    let active_hint = active
-        .first()
-        .and_then(|n| n.strip_suffix(".data"))
-        .map(|stem| format!("{stem}.hint.tmp"));
-    if let Some(tmp) = names
-        .iter()
-        .find(|n| n.ends_with(".tmp") && Some(*n) != active_hint.as_ref())
-    {
-        return Err(format!("{tmp} is being written"));
-    }
-    let mut files = BTreeMap::new();
-    for stem in hinted {
-        for name in [format!("{stem}.data"), format!("{stem}.hint")] {
-            let path = dir.join(&name);
-            let bytes =
-                std::fs::read(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
-            files.insert(name, (bytes.len() as u64, crc32fast::hash(&bytes)));
-        }
-    }
-    Ok(files)
-}
-
 /// The engine directory a member's state machine uses now.
 fn engine_dir(members: &Members, id: u64) -> PathBuf {
     members.nodes[&id]
@@ -116,30 +70,11 @@ fn engine_dir(members: &Members, id: u64) -> PathBuf {
 /// Every user key of member `id` as (key, value, version), by stale scans.
 async fn listing(members: &Members, id: u64, min_index: u64) -> Vec<(Vec<u8>, Vec<u8>, u64)> {
     let mut kv = members.kv(id).await;
-    let mut listed = Vec::new();
-    let mut after = None;
-    for _ in 0..SCAN_PAGES_MAX {
-        let page = kv
-            .scan(ScanRequest {
-                after: after.clone(),
-                consistency: Consistency::Stale as i32,
-                min_index,
-                ..Default::default()
-            })
-            .await
-            .unwrap_or_else(|err| panic!("scan on member {id}: {err:?}"))
-            .into_inner();
-        listed.extend(
-            page.entries
-                .into_iter()
-                .map(|e| (e.key.to_vec(), e.value.to_vec(), e.version)),
-        );
-        if !page.more {
-            return listed;
-        }
-        after = Some(page.next_after);
-    }
-    panic!("member {id}: more than {SCAN_PAGES_MAX} pages");
+    stale_scan_all(&mut kv, id, min_index)
+        .await
+        .into_iter()
+        .map(|e| (e.key.to_vec(), e.value.to_vec(), e.version))
+        .collect()
 }
 
 async fn workload(members: &Members, round: usize) {

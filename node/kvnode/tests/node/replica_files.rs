@@ -131,7 +131,7 @@ fn op(op: batch_op::Op) -> BatchOp {
 /// hint; at most one data file (the active segment) may lack one. `Err`
 /// when a file other than the active segment's growing hint is being
 /// written (`*.tmp`): read again later.
-fn sealed_files(dir: &Path) -> Result<BTreeMap<String, (u64, u32)>, String> {
+pub(crate) fn sealed_files(dir: &Path) -> Result<BTreeMap<String, (u64, u32)>, String> {
     let mut names = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| format!("list {}: {e}", dir.display()))? {
         let entry = entry.map_err(|e| format!("list {}: {e}", dir.display()))?;

@@ -26,12 +26,11 @@ use kvnode::convert::detail_of;
 use kvnode::state_machine::{InstallFailpoints, InstallStep};
 use kvnode::{Faults, Node, NodeInfo, StateMachineOptions};
 use kvproto::kv::v1::kv_client::KvClient;
-use kvproto::kv::v1::{
-    BatchOp, BatchRequest, Consistency, PutOp, ScanRequest, batch_op, error_detail,
-};
+use kvproto::kv::v1::{BatchOp, BatchRequest, PutOp, batch_op, error_detail};
 use tonic::transport::Channel;
 
 use crate::cluster::{rebind, three_node_layout, try_start, wait_for_leader};
+use crate::harness::stale_scan_all;
 
 /// Engine segment size on every member: small, so a few MB make many
 /// sealed segments.
@@ -47,7 +46,6 @@ const POLL: Duration = Duration::from_millis(20);
 /// Attempts of a write refused with NotLeader before the test fails.
 const WRITE_ATTEMPTS_MAX: usize = 20;
 /// Pages a full scan may take before the test fails.
-const SCAN_PAGES_MAX: usize = 10_000;
 /// Grace for in-flight requests when a member stops.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -241,30 +239,11 @@ impl Trio {
     /// scans once it applied `min_index`.
     async fn scan(&self, id: u64, min_index: u64) -> Vec<(Vec<u8>, Vec<u8>, u64)> {
         let mut kv = self.kv(id).await;
-        let mut rows = Vec::new();
-        let mut after = None;
-        for _ in 0..SCAN_PAGES_MAX {
-            let page = kv
-                .scan(ScanRequest {
-                    after: after.clone(),
-                    consistency: Consistency::Stale as i32,
-                    min_index,
-                    ..Default::default()
-                })
-                .await
-                .unwrap_or_else(|err| panic!("scan on member {id}: {err:?}"))
-                .into_inner();
-            rows.extend(
-                page.entries
-                    .into_iter()
-                    .map(|e| (e.key.to_vec(), e.value.to_vec(), e.version)),
-            );
-            if !page.more {
-                return rows;
-            }
-            after = Some(page.next_after);
-        }
-        panic!("member {id}: more than {SCAN_PAGES_MAX} scan pages");
+        stale_scan_all(&mut kv, id, min_index)
+            .await
+            .into_iter()
+            .map(|e| (e.key.to_vec(), e.value.to_vec(), e.version))
+            .collect()
     }
 
     /// Member `id` holds exactly the leader's keys, values and versions
