@@ -53,6 +53,8 @@
 //! - [`merge_policy`]: the leader's merge policy (proposes merge entries
 //!   when dead bytes pile up, one at a time) and the snapshot-by-bytes
 //!   trigger.
+//! - [`testing`]: test support for the crates above (an in-process cluster
+//!   on a private loopback address); nothing in the node uses it.
 //! - [`backup`]: the backup archive (format, writer, verifying reader) and
 //!   `kvnode restore` (seed a member of a new cluster from an archive).
 
@@ -75,6 +77,7 @@ pub mod read_index;
 pub mod service;
 pub mod snapshot;
 pub mod state_machine;
+pub mod testing;
 pub mod types;
 
 pub use faults::Faults;

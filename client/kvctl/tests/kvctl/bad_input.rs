@@ -4,7 +4,8 @@
 //! endpoints end with exit 3 naming every endpoint tried, and that the long
 //! help documents the exit codes. No cluster: nothing here needs one.
 
-use crate::harness::{kvctl, private_loopback};
+use crate::harness::kvctl;
+use kvnode::testing::private_loopback;
 
 /// Addresses nobody listens on: a fresh private loopback address, port 1
 /// and 2 (refused at once).

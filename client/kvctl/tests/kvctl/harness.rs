@@ -1,14 +1,12 @@
-//! A small in-process three-node cluster (kvnode as a library on ephemeral
-//! ports of a private 127.a.b.c address) on its own runtime, and a runner
+//! A small in-process three-node cluster (`kvnode::testing::LocalCluster`:
+//! real members on a private 127.a.b.c address) on its own runtime, and a runner
 //! of the real `kvctl` binary against it. Proves nothing by itself.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kvnode::{Listeners, Node, NodeConfig, NodeInfo};
-use tokio::net::TcpListener;
+use kvnode::testing::LocalCluster;
 
 /// How long any wait on a cluster condition may take before the test fails.
 pub const DEADLINE: Duration = Duration::from_secs(60);
@@ -17,24 +15,12 @@ pub const POLL: Duration = Duration::from_millis(20);
 /// Members in the test cluster.
 pub const MEMBERS: u64 = 3;
 
-/// A loopback address private to this call (127.a.b.c, `a` from the
-/// process id), so a port seen free is not taken by a parallel test.
-pub fn private_loopback() -> std::net::IpAddr {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let a = 1 + (std::process::id() % 250) as u8;
-    let [_, _, b, c] = (n % 65_000 + 1).to_be_bytes();
-    std::net::IpAddr::from([127, a, b, c])
-}
-
 /// Three running members (member 1 bootstraps) on a runtime of their own;
 /// dropped, it shuts them down.
 pub struct Cluster {
     runtime: tokio::runtime::Runtime,
-    nodes: BTreeMap<u64, Node>,
-    addrs: BTreeMap<u64, String>,
-    _dirs: Vec<tempfile::TempDir>,
+    members: Option<LocalCluster>,
+    _root: tempfile::TempDir,
 }
 
 impl Cluster {
@@ -45,95 +31,40 @@ impl Cluster {
             .enable_all()
             .build()
             .expect("runtime");
-        let (nodes, addrs, dirs) = runtime.block_on(async {
-            let ip = private_loopback();
-            let mut listeners = BTreeMap::new();
-            for id in 1..=MEMBERS {
-                let client = TcpListener::bind((ip, 0)).await.expect("bind client");
-                let peer = TcpListener::bind((ip, 0)).await.expect("bind peer");
-                listeners.insert(id, (client, peer));
-            }
-            let initial: BTreeMap<u64, NodeInfo> = listeners
-                .iter()
-                .map(|(id, (client, peer))| {
-                    let info = NodeInfo {
-                        client_addr: client.local_addr().expect("addr").to_string(),
-                        peer_addr: peer.local_addr().expect("addr").to_string(),
-                    };
-                    (*id, info)
-                })
-                .collect();
-            let addrs: BTreeMap<u64, String> = initial
-                .iter()
-                .map(|(id, info)| (*id, info.client_addr.clone()))
-                .collect();
-            let mut nodes = BTreeMap::new();
-            let mut dirs = Vec::new();
-            for (id, (client, peer)) in listeners {
-                let dir = tempfile::tempdir().expect("tempdir");
-                let mut config = NodeConfig::new(
-                    id,
-                    dir.path(),
-                    client.local_addr().expect("addr"),
-                    peer.local_addr().expect("addr"),
-                    initial.clone(),
-                );
-                config.bootstrap = id == 1;
-                let node = Node::start_with_listeners(
-                    config,
-                    Listeners {
-                        client,
-                        peer,
-                        admin: None,
-                    },
-                )
-                .await
-                .unwrap_or_else(|err| panic!("start member {id}: {err}"));
-                dirs.push(dir);
-                nodes.insert(id, node);
-            }
-            (nodes, addrs, dirs)
-        });
+        let root = tempfile::tempdir().expect("tempdir");
+        let members = runtime
+            .block_on(LocalCluster::start(root.path(), MEMBERS))
+            .unwrap_or_else(|err| panic!("start the cluster: {err}"));
         let cluster = Cluster {
             runtime,
-            nodes,
-            addrs,
-            _dirs: dirs,
+            members: Some(members),
+            _root: root,
         };
         cluster.leader();
         cluster
     }
 
+    fn members(&self) -> &LocalCluster {
+        self.members
+            .as_ref()
+            .expect("the cluster runs until dropped")
+    }
+
     /// Every member's client address, comma-separated (for --endpoints).
     pub fn endpoints(&self) -> String {
-        self.addrs.values().cloned().collect::<Vec<_>>().join(",")
+        self.members().endpoints().join(",")
     }
 
     /// One member's client address.
     pub fn addr(&self, id: u64) -> String {
-        self.addrs[&id].clone()
+        self.members().addr(id)
     }
 
     /// Waits until every member names the same leader; returns it.
     pub fn leader(&self) -> u64 {
-        let start = Instant::now();
-        loop {
-            let leaders: Vec<Option<u64>> = self
-                .nodes
-                .values()
-                .map(|n| n.raft().metrics().borrow().current_leader)
-                .collect();
-            if let Some(Some(leader)) = leaders.first()
-                && leaders.iter().all(|l| *l == Some(*leader))
-            {
-                return *leader;
-            }
-            assert!(
-                start.elapsed() < DEADLINE,
-                "no agreed leader in time: {leaders:?}"
-            );
-            std::thread::sleep(POLL);
-        }
+        self.runtime
+            .block_on(self.members().wait_for_leader(DEADLINE))
+            .unwrap_or_else(|err| panic!("{err}"))
     }
 
     /// Runs kvctl with `--endpoints` set to every member.
@@ -155,12 +86,9 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let nodes = std::mem::take(&mut self.nodes);
-        self.runtime.block_on(async {
-            for node in nodes.into_values() {
-                node.shutdown(Duration::ZERO).await;
-            }
-        });
+        if let Some(members) = self.members.take() {
+            self.runtime.block_on(members.shutdown());
+        }
     }
 }
 

@@ -98,21 +98,5 @@ pub fn assert_payloads(found: &[Entry<TestConfig>], term_of: impl Fn(u64) -> u64
     }
 }
 
-/// A loopback address no other test (in this process or a concurrent one)
-/// uses: 127.a.b.c with a from the process id and b.c from a counter.
-///
-/// Members restarted on the same port must get it back. On 127.0.0.1 a
-/// port released by a killed member can be taken meanwhile by any other
-/// socket on the machine (every outgoing loopback connection's source port
-/// is drawn from the same range), after which the restarted member cannot
-/// bind and its peers reach a stranger. Outgoing connections to 127.a.b.c
-/// still leave from 127.0.0.1, so nothing but this test's own listeners
-/// ever binds the private address.
-pub fn private_loopback() -> std::net::IpAddr {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let a = 1 + (std::process::id() % 250) as u8;
-    let [_, _, b, c] = (n % 65_000 + 1).to_be_bytes();
-    std::net::IpAddr::from([127, a, b, c])
-}
+/// A loopback address no other test uses (see the function's docs).
+pub use kvnode::testing::private_loopback;
