@@ -526,16 +526,21 @@ impl Client {
             .await
     }
 
-    /// Streams a member's snapshot (manifest, then chunks): a fresh one with
-    /// `build_new`, else its latest.
+    /// Streams the leader's snapshot (manifest, then chunks): a fresh one
+    /// with `build_new`, else its latest. The leader has applied every
+    /// write it acknowledged, so a backup taken from it holds each write
+    /// acknowledged before the call; a follower's could lag. (When no
+    /// leader can be found, the first member that answers serves it.)
     pub async fn save_snapshot(
         &self,
         build_new: bool,
     ) -> Result<impl Stream<Item = Result<cpb::SaveSnapshotResponse>> + Send + Unpin + use<>> {
+        // Refresh the cached leader, so the stream comes from it.
+        let _ = self.discover_leader().await;
         let streaming = self
             .inner
             .router
-            .run(Target::Any, false, |channel| async move {
+            .run(Target::Leader, false, |channel| async move {
                 cluster(channel)
                     .save_snapshot(cpb::SaveSnapshotRequest { build_new })
                     .await
