@@ -152,6 +152,48 @@ impl LocalCluster {
         }
     }
 
+    /// Starts member `id` outside the cluster (data under `root/node<id>`,
+    /// only itself as initial member, no bootstrap): a process for
+    /// AddLearner to add. Returns its client and peer addresses.
+    pub async fn start_new_member(
+        &mut self,
+        root: &Path,
+        id: u64,
+    ) -> Result<(String, String), StartError> {
+        let any_port = SocketAddr::new(private_loopback(), 0);
+        let bind_error = |source| StartError::Bind {
+            addr: any_port,
+            source,
+        };
+        let client = TcpListener::bind(any_port).await.map_err(bind_error)?;
+        let peer = TcpListener::bind(any_port).await.map_err(bind_error)?;
+        let client_addr = client.local_addr().map_err(bind_error)?;
+        let peer_addr = peer.local_addr().map_err(bind_error)?;
+        let itself = NodeInfo {
+            client_addr: client_addr.to_string(),
+            peer_addr: peer_addr.to_string(),
+        };
+        let config = NodeConfig::new(
+            id,
+            root.join(format!("node{id}")),
+            client_addr,
+            peer_addr,
+            BTreeMap::from([(id, itself.clone())]),
+        );
+        let node = Node::start_with_listeners(
+            config,
+            Listeners {
+                client,
+                peer,
+                admin: None,
+            },
+        )
+        .await?;
+        self.nodes.insert(id, Some(node));
+        self.addrs.insert(id, itself.client_addr.clone());
+        Ok((itself.client_addr, itself.peer_addr))
+    }
+
     /// Stops a member at once (in-flight requests are cut off); `false` if
     /// it was not running.
     pub async fn kill(&mut self, id: u64) -> bool {

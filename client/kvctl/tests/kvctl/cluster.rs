@@ -175,3 +175,56 @@ fn cluster_commands_and_bench() {
         "{json}"
     );
 }
+
+/// `member add-learner --wait`, `promote` and `remove` against a real new
+/// member: the tables show it as learner, then voter, then gone; `remove`
+/// tells the operator to stop the removed process.
+#[test]
+fn member_add_learner_promote_remove() {
+    let mut cluster = Cluster::start();
+    let (client, peer) = cluster.start_new_member(4);
+    let run = cluster.kvctl(&[
+        "member",
+        "add-learner",
+        "4",
+        "--client-addr",
+        &client,
+        "--peer-addr",
+        &peer,
+        "--wait",
+    ]);
+    run.expect_code(0);
+    let learner_row = run
+        .out()
+        .lines()
+        .find(|l| l.starts_with("4 "))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no row for member 4: {run:?}"));
+    assert!(learner_row.ends_with("learner"), "{learner_row}");
+
+    let status = cluster.kvctl(&["-o", "json", "status"]);
+    status.expect_code(0);
+    let members = status.json()["members"]
+        .as_array()
+        .cloned()
+        .expect("members");
+    let four = members
+        .iter()
+        .find(|m| m["id"] == 4)
+        .unwrap_or_else(|| panic!("status lacks member 4: {members:?}"));
+    assert_eq!(four["role"], "learner", "{four}");
+    assert!(four["lag"].as_u64().is_some(), "{four}");
+
+    let run = cluster.kvctl(&["-o", "json", "member", "promote", "4"]);
+    run.expect_code(0);
+    let listed = run.json()["members"].as_array().cloned().expect("members");
+    assert!(
+        listed.iter().any(|m| m["id"] == 4 && m["voter"] == true),
+        "{listed:?}"
+    );
+
+    let run = cluster.kvctl(&["member", "remove", "4"]);
+    run.expect_code(0);
+    assert!(!run.out().lines().any(|l| l.starts_with("4 ")), "{run:?}");
+    assert!(run.stderr.contains("stop its process"), "{run:?}");
+}

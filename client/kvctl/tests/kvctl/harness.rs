@@ -44,6 +44,20 @@ impl Cluster {
         cluster
     }
 
+    /// Starts member `id` outside the cluster (only itself as initial
+    /// member): a process for `member add-learner`. Its client and peer
+    /// addresses.
+    pub fn start_new_member(&mut self, id: u64) -> (String, String) {
+        let root = self._root.path().to_path_buf();
+        let members = self
+            .members
+            .as_mut()
+            .expect("the cluster runs until dropped");
+        self.runtime
+            .block_on(members.start_new_member(&root, id))
+            .unwrap_or_else(|err| panic!("start member {id}: {err}"))
+    }
+
     fn members(&self) -> &LocalCluster {
         self.members
             .as_ref()
