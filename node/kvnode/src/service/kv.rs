@@ -125,10 +125,12 @@ impl KvService {
         cluster::header(&self.identity, &self.state_machine, &metrics)
     }
 
-    /// The known leader and its client address.
+    /// The known leader and its client address (a leader that is no longer
+    /// a voter of this member's membership is not named: a removed leader
+    /// must not send clients back to itself).
     fn leader(&self) -> (Option<u64>, Option<String>) {
         let metrics = self.raft.metrics().borrow().clone();
-        let leader = metrics.current_leader;
+        let leader = crate::membership::known_leader(&metrics);
         let addr = leader.and_then(|id| {
             metrics
                 .membership_config
