@@ -287,6 +287,10 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
         WorkloadKind::Set => Some(workload::set::final_read(&endpoints, &history).await?),
         WorkloadKind::Register => None,
     };
+    let unread = match args.workload {
+        WorkloadKind::Register => workload::register::final_reads(&endpoints, &history).await?,
+        WorkloadKind::Set => Vec::new(),
+    };
     let exited = nemesis.cluster_mut().exited_on_their_own();
     drop(nemesis.into_cluster());
     history.flush()?;
@@ -302,6 +306,13 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
     }
     if final_read_ok == Some(false) {
         problems.push("the set's final read never succeeded".to_string());
+    }
+    if !unread.is_empty() {
+        problems.push(format!(
+            "the final read of {} key(s) never succeeded: {}",
+            unread.len(),
+            unread.join(", ")
+        ));
     }
     // The verdict: the workload's checker on the run's history.
     let report = crate::verdict::check_run(&records, args.workload)?;

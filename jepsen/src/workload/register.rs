@@ -2,16 +2,19 @@
 //! compare-and-set (a write conditioned on the version the worker last
 //! saw) over many keys. Every written value is unique (`p<process>-<n>`),
 //! and each key takes at most [`KEY_OPS_MAX`] operations before it is
-//! retired for a fresh one, so per-key checks stay small.
+//! retired for a fresh one, so per-key checks stay small. After the faults
+//! are healed, [`final_reads`] reads every key ever written once more, so
+//! the lost-write checker can judge every key.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use kvclient::{Consistency, PutOptions};
 use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
 
-use super::{Function, History, Outcome, WorkloadConfig, client, write_error_outcome};
+use super::{Function, History, Outcome, Record, WorkloadConfig, client, write_error_outcome};
 
 /// Operations one key takes before it is retired.
 pub const KEY_OPS_MAX: u64 = 200;
@@ -23,6 +26,12 @@ pub const KEYS_ACTIVE: usize = 8;
 const READ_PERCENT: u32 = 40;
 /// Percentage of operations that are unconditional writes.
 const WRITE_PERCENT: u32 = 30;
+/// Attempts of one key's final read (each bounded by the client's
+/// operation timeout), so a cluster still electing after the heal gets
+/// time.
+pub const FINAL_READ_ATTEMPTS_MAX: u32 = 10;
+/// Pause between two final-read attempts of a key.
+const FINAL_READ_PAUSE: Duration = Duration::from_secs(1);
 
 /// The keys in use and how many operations each has taken.
 #[derive(Debug)]
@@ -152,4 +161,55 @@ async fn worker_loop(
         tokio::time::sleep(pause).await;
     }
     Ok(())
+}
+
+/// The final reads: once every fault is healed, one linearizable read of
+/// each key any write was invoked on, retried (bounded) until it succeeds.
+/// Each read is recorded like any other, so the linearizability checker
+/// sees it and the lost-write checker judges the key by it. Returns the
+/// keys whose read never succeeded.
+pub async fn final_reads(endpoints: &[String], history: &History) -> anyhow::Result<Vec<String>> {
+    let written: BTreeSet<String> = history
+        .records()
+        .into_iter()
+        .filter_map(|record| match record {
+            Record::Op(op) if op.f.is_write() => Some(op.key),
+            _ => None,
+        })
+        .collect();
+    let client = client(endpoints)?;
+    let mut process = history.new_process();
+    let mut unread = Vec::new();
+    for key in written {
+        let mut read = false;
+        for attempt in 1..=FINAL_READ_ATTEMPTS_MAX {
+            let mut pending = history.invoke(process, Function::Read, &key);
+            match client
+                .get_with(key.clone(), Consistency::Linearizable)
+                .await
+            {
+                Ok(entry) => {
+                    let op = pending.op_mut();
+                    op.version = Some(entry.as_ref().map_or(0, |e| e.version));
+                    op.index = entry.as_ref().map(|e| e.applied_index);
+                    op.value = entry.map(|e| String::from_utf8_lossy(&e.value).into_owned());
+                    history.complete(pending, Outcome::Ok)?;
+                    read = true;
+                    break;
+                }
+                Err(err) => {
+                    pending.op_mut().error = Some(format!("final read attempt {attempt}: {err}"));
+                    history.complete(pending, Outcome::Fail)?;
+                    // A failed read has no effect, but a fresh process keeps
+                    // the history's one-operation-per-process rule obvious.
+                    process = history.new_process();
+                    tokio::time::sleep(FINAL_READ_PAUSE).await;
+                }
+            }
+        }
+        if !read {
+            unread.push(key);
+        }
+    }
+    Ok(unread)
 }

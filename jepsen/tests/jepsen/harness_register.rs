@@ -2,7 +2,8 @@
 //! `kvnode` processes inside a private network namespace, with the leader
 //! partitioned away (iptables) and then a member SIGKILLed and restarted,
 //! does enough to count (the ok-write / ok-read minimums and an ok
-//! operation after each heal), records both faults' starts and stops,
+//! operation after each heal), reads every written key once more after
+//! the heal (so no key escapes the lost-write check), records both faults' starts and stops,
 //! writes a well-formed history and a summary, and leaves no member
 //! process behind. Needs root (CI is root) and a built `kvnode` (`cargo
 //! test --workspace` builds it; alone: `cargo build -p kvnode` first).
@@ -150,6 +151,11 @@ async fn register_run_with_leader_partition_and_kill_does_enough() {
     assert!(
         stalled,
         "no operation was slowed or failed by the leader's partition:\n{summary}"
+    );
+    // The final reads judged every written key for lost writes.
+    assert!(
+        summary.contains(" 0 unchecked, 0 lost"),
+        "some written key had no final read, or lost a write:\n{summary}"
     );
     // The members are gone (killed by pid, reaped).
     let left = children_of_this_process();
