@@ -68,9 +68,10 @@ pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 pub const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// TCP keepalive on accepted connections.
 pub const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
-/// Largest HTTP/2 header list a client may send, in bytes (metadata such as
-/// a bearer token fits easily).
-pub const HEADER_LIST_BYTES_MAX: u32 = 64 * 1024;
+/// Largest HTTP/2 header list a client may send, in bytes (hyper's own
+/// default, set here so it is named; metadata such as a bearer token fits
+/// easily).
+pub const HEADER_LIST_BYTES_MAX: u32 = 16 * 1024;
 /// Refused connections handled in one poll of the accept loop before it
 /// yields to other tasks (a flood must not starve the runtime).
 const REFUSALS_PER_POLL_MAX: usize = 64;
