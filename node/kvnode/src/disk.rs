@@ -31,6 +31,9 @@ use crate::types::TypeConfig;
 pub const DISK_FREE_MIN_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
 /// How long a free-space reading is reused before statvfs runs again.
 pub const FREE_SPACE_REFRESH: Duration = Duration::from_millis(250);
+/// The `LimitExceeded` name of the watermark in RESOURCE_EXHAUSTED answers
+/// (its `actual_value` is the free bytes).
+pub const WATERMARK_LIMIT: &str = "DISK_FREE_MIN_BYTES";
 /// Exit code of the `kvnode` binary when its storage failed (EX_IOERR).
 pub const STORAGE_FAILURE_EXIT_CODE: i32 = 74;
 
@@ -94,13 +97,23 @@ impl Watermark {
             return Ok(());
         }
         match self.free() {
-            Ok(free) if free < self.inner.min_free => Err(Status::resource_exhausted(format!(
-                "disk almost full: the data directory {} has {free} bytes free, below the \
-                 watermark DISK_FREE_MIN_BYTES (--disk-free-min-bytes) of {} bytes; writes are \
-                 refused until space is freed, reads still work",
-                self.inner.dir.display(),
-                self.inner.min_free
-            ))),
+            Ok(free) if free < self.inner.min_free => Err(crate::convert::status_with_detail(
+                tonic::Code::ResourceExhausted,
+                format!(
+                    "disk almost full: the data directory {} has {free} bytes free, below the \
+                     watermark {WATERMARK_LIMIT} (--disk-free-min-bytes) of {} bytes; writes are \
+                     refused until space is freed, reads still work",
+                    self.inner.dir.display(),
+                    self.inner.min_free
+                ),
+                kvproto::kv::v1::error_detail::Detail::LimitExceeded(
+                    kvproto::kv::v1::LimitExceeded {
+                        limit: WATERMARK_LIMIT.to_string(),
+                        limit_value: self.inner.min_free,
+                        actual_value: free,
+                    },
+                ),
+            )),
             Ok(_) => Ok(()),
             Err(err) => {
                 tracing::warn!(dir = %self.inner.dir.display(), error = %err, "statvfs failed; not checking the free-space watermark");

@@ -22,7 +22,6 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_stream::Stream;
-use tonic::Status;
 use tonic::codegen::http;
 use tonic::transport::Server;
 use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
@@ -72,6 +71,9 @@ pub const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 /// default, set here so it is named; metadata such as a bearer token fits
 /// easily).
 pub const HEADER_LIST_BYTES_MAX: u32 = 16 * 1024;
+/// The `LimitExceeded` name of the in-flight cap in RESOURCE_EXHAUSTED
+/// answers (kvclient retries those: nothing was applied).
+pub const INFLIGHT_LIMIT: &str = "CLIENT_INFLIGHT_MAX";
 /// Refused connections handled in one poll of the accept loop before it
 /// yields to other tasks (a flood must not starve the runtime).
 const REFUSALS_PER_POLL_MAX: usize = 64;
@@ -396,7 +398,7 @@ pub struct InflightLimit<S> {
     refused: Refusals,
 }
 
-/// The boxed error of the limited service (tonic turns a [`Status`] in it
+/// The boxed error of the limited service (tonic turns a [`tonic::Status`] in it
 /// into the answer).
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -435,11 +437,21 @@ where
                          (--max-inflight)"
                     );
                 }
-                let status = Status::resource_exhausted(format!(
-                    "overloaded: CLIENT_INFLIGHT_MAX (--max-inflight) is {} requests in flight on \
-                     this member; nothing was applied, retry with backoff",
-                    self.max
-                ));
+                let status = crate::convert::status_with_detail(
+                    tonic::Code::ResourceExhausted,
+                    format!(
+                        "overloaded: {INFLIGHT_LIMIT} (--max-inflight) is {} requests in flight \
+                         on this member; nothing was applied, retry with backoff",
+                        self.max
+                    ),
+                    kvproto::kv::v1::error_detail::Detail::LimitExceeded(
+                        kvproto::kv::v1::LimitExceeded {
+                            limit: INFLIGHT_LIMIT.to_string(),
+                            limit_value: self.max as u64,
+                            actual_value: self.max as u64 + 1,
+                        },
+                    ),
+                );
                 Box::pin(std::future::ready(Err(Box::new(status) as BoxError)))
             }
         }

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use kvnode::disk::{FREE_SPACE_REFRESH, STORAGE_FAILURE_EXIT_CODE, free_bytes};
 use kvnode::limits::Limits;
-use kvproto::kv::v1::{Consistency, GetRequest};
+use kvproto::kv::v1::{Consistency, GetRequest, error_detail};
 use tonic::Code;
 
 use crate::common::private_loopback;
@@ -226,6 +226,14 @@ async fn below_the_watermark_writes_are_refused_and_reads_served() {
             && status.message().contains(&WATERMARK.to_string())
             && status.message().contains("bytes free"),
         "the error names the free bytes and the watermark: {status:?}"
+    );
+    assert!(
+        matches!(
+            kvnode::convert::detail_of(&status).and_then(|d| d.detail),
+            Some(error_detail::Detail::LimitExceeded(l))
+                if l.limit == kvnode::disk::WATERMARK_LIMIT && l.limit_value == WATERMARK
+        ),
+        "{status:?}"
     );
     let got = client
         .get(GetRequest {

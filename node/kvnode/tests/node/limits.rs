@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use kvnode::limits::Limits;
 use kvnode::{Node, NodeConfig, NodeInfo};
 use kvproto::kv::v1::kv_client::KvClient;
-use kvproto::kv::v1::{Consistency, GetRequest, PutRequest};
+use kvproto::kv::v1::{Consistency, GetRequest, PutRequest, error_detail};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tonic::Code;
@@ -319,6 +319,14 @@ async fn inflight_overload_answers_resource_exhausted() {
                 assert!(
                     status.message().contains("CLIENT_INFLIGHT_MAX"),
                     "{status:?}"
+                );
+                assert!(
+                    matches!(
+                        kvnode::convert::detail_of(&status).and_then(|d| d.detail),
+                        Some(error_detail::Detail::LimitExceeded(l))
+                            if l.limit == kvnode::limits::INFLIGHT_LIMIT
+                    ),
+                    "the answer carries the LimitExceeded detail kvclient retries on: {status:?}"
                 );
                 assert!(took < Duration::from_secs(2), "refused only after {took:?}");
                 exhausted += 1;
