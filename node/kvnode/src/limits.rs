@@ -57,8 +57,9 @@ pub const HANDSHAKE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 pub const HANDSHAKE_BYTES: usize = 24;
 /// Deadline of one client request handler (a slow or stuck request is
 /// answered CANCELLED). Above every wait the handlers do themselves
-/// (write outcome 10 s, `min_index` 5 s, membership changes).
-pub const CLIENT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// (write outcome 10 s, `min_index` 5 s, a snapshot build 60 s, a new
+/// member's catch-up plus the membership change 150 s).
+pub const CLIENT_REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 /// HTTP/2 keepalive ping interval on both ports: a dead peer's connection
 /// is found and closed.
 pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
@@ -83,6 +84,14 @@ const REFUSALS_PER_POLL_MAX: usize = 64;
 // limit is the one the client sees.
 const _: () = assert!(CLIENT_MESSAGE_BYTES_MAX >= VALUE_SIZE_BYTES_MAX + KEY_SIZE_BYTES_MAX + 1024);
 const _: () = assert!(CLIENT_MESSAGE_BYTES_MAX >= ENTRY_SIZE_BYTES_MAX);
+// The handler timeout must not cut a wait a handler does on purpose.
+const _: () = assert!(
+    CLIENT_REQUEST_TIMEOUT.as_secs()
+        > crate::membership::CATCH_UP_WAIT.as_secs() + crate::membership::CHANGE_WAIT.as_secs()
+);
+const _: () = assert!(
+    CLIENT_REQUEST_TIMEOUT.as_secs() > crate::service::cluster::SNAPSHOT_BUILD_WAIT.as_secs()
+);
 
 /// The load limits of one member (flags `--max-connections`,
 /// `--max-inflight`, `--max-streams-per-connection`,
