@@ -256,8 +256,42 @@ async fn wait_for_signal() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// File descriptors a member needs besides its connections (data files,
+/// log segments, the mapped-file cache, the admin port).
+const FD_RESERVE: u64 = 1024;
+
+/// Raises the soft open-files limit to the hard one, so the connection caps
+/// are what limits connections (not EMFILE); warns if even the hard limit
+/// is below the caps plus [`FD_RESERVE`].
+fn raise_fd_limit(limits: &Limits) {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.maximum != limit.current {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if let Err(err) = setrlimit(Resource::Nofile, raised) {
+            tracing::warn!(error = %err, "could not raise the open-files limit");
+        }
+    }
+    let needed = (limits.client_connections_max + limits.peer_connections_max) as u64 + FD_RESERVE;
+    if let Some(current) = getrlimit(Resource::Nofile).current
+        && current < needed
+    {
+        tracing::warn!(
+            open_files_limit = current,
+            needed,
+            "the open-files limit is below --max-connections plus the peer port's cap plus a \
+             reserve: a connection flood may exhaust file descriptors; lower --max-connections \
+             or raise the limit (ulimit -n)"
+        );
+    }
+}
+
 async fn run_member(config: NodeConfig) -> anyhow::Result<()> {
     local::follow_parent()?;
+    raise_fd_limit(&config.limits);
     let node = Node::start(config).await.context("starting the node")?;
     tokio::select! {
         signal = wait_for_signal() => signal?,
