@@ -114,6 +114,10 @@ pub(crate) enum Verdict {
     Fatal(Error),
 }
 
+/// The `LimitExceeded` name of a member's in-flight cap (kvnode's
+/// `limits::INFLIGHT_LIMIT`).
+const INFLIGHT_LIMIT: &str = "CLIENT_INFLIGHT_MAX";
+
 /// Decodes the `ErrorDetail` of a status, if it carries one.
 pub(crate) fn detail_of(status: &Status) -> Option<error_detail::Detail> {
     let value = status.metadata().get_bin(ERROR_DETAIL_KEY)?;
@@ -176,6 +180,14 @@ pub(crate) fn classify(status: &Status) -> Verdict {
             message: status.message().to_string(),
         }),
         (Code::Unavailable, Some(error_detail::Detail::IndexNotReached(_))) => Verdict::Retry,
+        // The member's in-flight cap refused the request before handling
+        // it: nothing was applied, back off and retry. Other exhaustion
+        // (the disk watermark) is reported: retrying soon will not help.
+        (Code::ResourceExhausted, Some(error_detail::Detail::LimitExceeded(l)))
+            if l.limit == INFLIGHT_LIMIT =>
+        {
+            Verdict::Retry
+        }
         (Code::Unavailable, None) if connect_refused(status) => Verdict::Unreachable,
         // Transport failures and server-side "cannot serve now" alike: the
         // request may have reached a leader that proposed it. tonic reports
@@ -199,7 +211,7 @@ pub(crate) fn classify(status: &Status) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvproto::kv::v1::{NotLeader, SessionExpired};
+    use kvproto::kv::v1::{LimitExceeded as Limit, NotLeader, SessionExpired};
 
     fn with_detail(code: Code, detail: error_detail::Detail) -> Status {
         let mut status = Status::new(code, "x");
@@ -253,6 +265,23 @@ mod tests {
         assert!(matches!(
             classify(&Status::invalid_argument("KEY_SIZE_BYTES_MAX")),
             Verdict::Fatal(Error::InvalidArgument { .. })
+        ));
+        let limit = |name: &str| {
+            error_detail::Detail::LimitExceeded(Limit {
+                limit: name.into(),
+                limit_value: 1,
+                actual_value: 2,
+            })
+        };
+        let overloaded = with_detail(Code::ResourceExhausted, limit(INFLIGHT_LIMIT));
+        assert!(matches!(classify(&overloaded), Verdict::Retry));
+        let disk = with_detail(Code::ResourceExhausted, limit("DISK_FREE_MIN_BYTES"));
+        assert!(matches!(
+            classify(&disk),
+            Verdict::Fatal(Error::Rpc {
+                code: Code::ResourceExhausted,
+                ..
+            })
         ));
     }
 }

@@ -46,6 +46,11 @@
 //! - [`node`]: one member: configuration checks, identity, storage,
 //!   openraft, batcher, tick loop, the ports, bootstrap and graceful
 //!   shutdown.
+//! - [`limits`]: limits under load on the ports (connection caps, a
+//!   handshake deadline, HTTP/2 streams and keepalives, the client port's
+//!   in-flight cap answering RESOURCE_EXHAUSTED).
+//! - [`disk`]: the free-space watermark checked before proposing writes,
+//!   and storage failure (ENOSPC, EROFS) stopping the member.
 //! - [`membership`]: membership changes on the leader (add, promote, remove).
 //! - [`metrics`]: the Prometheus metrics of one member (DESIGN §6 names;
 //!   `METRICS.md`), per node, gauges filled at scrape time.
@@ -65,8 +70,10 @@ pub mod batcher;
 pub mod codec;
 pub mod command;
 pub mod convert;
+pub mod disk;
 pub mod faults;
 pub mod identity;
+pub mod limits;
 pub mod log_store;
 pub mod membership;
 pub mod merge_policy;

@@ -69,6 +69,8 @@ pub struct NodeConfig {
     pub snapshot_policy: SnapshotPolicy,
     /// Test hooks: lost replies and cut peer links. Off by default.
     pub faults: Faults,
+    /// Limits under load and the free-space watermark ([`crate::limits`]).
+    pub limits: crate::limits::Limits,
 }
 
 /// Default of [`NodeConfig::snapshot_log_keep`]: entries kept behind a
@@ -98,6 +100,7 @@ impl NodeConfig {
             merge_policy: MergePolicy::default(),
             snapshot_policy: SnapshotPolicy::default(),
             faults: Faults::default(),
+            limits: crate::limits::Limits::default(),
         }
     }
 }
@@ -449,7 +452,7 @@ fn validate(config: &NodeConfig) -> Result<(), StartError> {
     for (id, info) in &config.initial_cluster {
         info.validate(*id).map_err(StartError::Config)?;
     }
-    Ok(())
+    config.limits.validate().map_err(StartError::Config)
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
@@ -612,16 +615,31 @@ impl Node {
             identity.clone(),
             config.faults.clone(),
         )
-        .with_metrics(member_metrics.clone());
+        .with_metrics(member_metrics.clone())
+        .with_watermark(crate::disk::Watermark::new(
+            &config.data_dir,
+            config.limits.disk_free_min_bytes,
+        ));
         // No Nagle: a small reply held back for a delayed ACK costs 40 ms.
+        let limits = config.limits.clone();
         let (peer, client) = (
-            TcpIncoming::from(peer).with_nodelay(Some(true)),
-            TcpIncoming::from(client).with_nodelay(Some(true)),
+            crate::limits::incoming(
+                "peer",
+                TcpIncoming::from(peer).with_nodelay(Some(true)),
+                limits.peer_connections_max,
+                limits.handshake_timeout,
+            ),
+            crate::limits::incoming(
+                "client",
+                TcpIncoming::from(client).with_nodelay(Some(true)),
+                limits.client_connections_max,
+                limits.handshake_timeout,
+            ),
         );
         let mut servers = Vec::new();
         let mut stop = shutdown.subscribe();
         servers.push(tokio::spawn(async move {
-            let result = tonic::transport::Server::builder()
+            let result = crate::limits::peer_server(tonic::transport::Server::builder())
                 .add_service(peer_service.into_server())
                 .serve_with_incoming_shutdown(peer, async move {
                     let _ = stop.wait_for(|s| *s).await;
@@ -633,7 +651,7 @@ impl Node {
         }));
         let mut stop = shutdown.subscribe();
         servers.push(tokio::spawn(async move {
-            let result = tonic::transport::Server::builder()
+            let result = crate::limits::client_server(tonic::transport::Server::builder(), &limits)
                 .add_service(kv_service.into_server())
                 .add_service(cluster_service.into_server())
                 .serve_with_incoming_shutdown(client, async move {

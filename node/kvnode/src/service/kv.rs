@@ -60,6 +60,7 @@ pub struct KvService {
     identity: Identity,
     faults: Faults,
     metrics: Option<Metrics>,
+    watermark: Option<crate::disk::Watermark>,
 }
 
 impl std::fmt::Debug for KvService {
@@ -89,12 +90,20 @@ impl KvService {
             identity,
             faults,
             metrics: None,
+            watermark: None,
         }
     }
 
     /// Times every request into `metrics` (`raftcask_request_seconds`).
     pub fn with_metrics(mut self, metrics: Metrics) -> KvService {
         self.metrics = Some(metrics);
+        self
+    }
+
+    /// Refuses writes while the data directory's free space is below
+    /// `watermark` ([`crate::disk`]).
+    pub fn with_watermark(mut self, watermark: crate::disk::Watermark) -> KvService {
+        self.watermark = Some(watermark);
         self
     }
 
@@ -153,6 +162,9 @@ impl KvService {
 
     async fn write(&self, request: command::Request) -> Result<Outcome, Status> {
         self.require_leader()?;
+        if let Some(watermark) = &self.watermark {
+            watermark.check_write()?;
+        }
         let session = request.session;
         let submitted = tokio::time::timeout(WRITE_TIMEOUT, self.batcher.submit(request)).await;
         match submitted {

@@ -24,6 +24,14 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
+use kvnode::disk::{
+    DISK_FREE_MIN_BYTES_DEFAULT, STORAGE_FAILURE_EXIT_CODE, describe_storage_failure,
+    wait_storage_failure,
+};
+use kvnode::limits::{
+    CLIENT_CONNECTIONS_MAX_DEFAULT, CLIENT_INFLIGHT_MAX_DEFAULT,
+    CLIENT_STREAMS_PER_CONNECTION_MAX_DEFAULT, HANDSHAKE_TIMEOUT_DEFAULT, Limits,
+};
 use kvnode::merge_policy::{
     MERGE_DEAD_BYTES_MIN_DEFAULT, MERGE_DEAD_RATIO_MIN_DEFAULT, MergePolicy,
     SNAPSHOT_EVERY_BYTES_DEFAULT, SNAPSHOT_EVERY_ENTRIES_DEFAULT, SnapshotPolicy,
@@ -119,6 +127,28 @@ struct RunArgs {
     /// ... and at least this many bytes.
     #[arg(long, env = "KVNODE_MERGE_DEAD_BYTES_MIN", default_value_t = MERGE_DEAD_BYTES_MIN_DEFAULT)]
     merge_dead_bytes_min: u64,
+    // Limits under load and disk full (kvnode::limits, kvnode::disk).
+    /// Open connections to the client port at most; more are closed at
+    /// once.
+    #[arg(long, env = "KVNODE_MAX_CONNECTIONS", default_value_t = CLIENT_CONNECTIONS_MAX_DEFAULT)]
+    max_connections: usize,
+    /// Requests handled at once on the client port at most; more are
+    /// answered RESOURCE_EXHAUSTED.
+    #[arg(long, env = "KVNODE_MAX_INFLIGHT", default_value_t = CLIENT_INFLIGHT_MAX_DEFAULT)]
+    max_inflight: usize,
+    /// HTTP/2 streams (concurrent requests) per client connection at most;
+    /// the client waits for a free one.
+    #[arg(long, env = "KVNODE_MAX_STREAMS_PER_CONNECTION", default_value_t = CLIENT_STREAMS_PER_CONNECTION_MAX_DEFAULT)]
+    max_streams_per_connection: u32,
+    /// Milliseconds a new connection may take to send its first bytes
+    /// (HTTP/2 preface or TLS hello) before it is closed.
+    #[arg(long, env = "KVNODE_HANDSHAKE_TIMEOUT_MS", default_value_t = HANDSHAKE_TIMEOUT_DEFAULT.as_millis() as u64)]
+    handshake_timeout_ms: u64,
+    /// Free bytes the data directory's filesystem must keep; below, writes
+    /// are answered RESOURCE_EXHAUSTED (reads still work). 0 = no
+    /// watermark.
+    #[arg(long, env = "KVNODE_DISK_FREE_MIN_BYTES", default_value_t = DISK_FREE_MIN_BYTES_DEFAULT)]
+    disk_free_min_bytes: u64,
 }
 
 pub(crate) fn parse_cluster(spec: &str) -> anyhow::Result<BTreeMap<u64, NodeInfo>> {
@@ -183,6 +213,15 @@ fn run_config(args: RunArgs) -> anyhow::Result<NodeConfig> {
         dead_bytes_min: args.merge_dead_bytes_min,
         ..MergePolicy::default()
     };
+    config.limits = Limits {
+        client_connections_max: args.max_connections,
+        client_inflight_max: args.max_inflight,
+        client_streams_per_connection_max: args.max_streams_per_connection,
+        handshake_timeout: Duration::from_millis(args.handshake_timeout_ms),
+        disk_free_min_bytes: args.disk_free_min_bytes,
+        ..Limits::default()
+    };
+    config.limits.validate().map_err(anyhow::Error::msg)?;
     Ok(config)
 }
 
@@ -217,10 +256,55 @@ async fn wait_for_signal() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// File descriptors a member needs besides its connections (data files,
+/// log segments, the mapped-file cache, the admin port).
+const FD_RESERVE: u64 = 1024;
+
+/// Raises the soft open-files limit to the hard one, so the connection caps
+/// are what limits connections (not EMFILE); warns if even the hard limit
+/// is below the caps plus [`FD_RESERVE`].
+fn raise_fd_limit(limits: &Limits) {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.maximum != limit.current {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if let Err(err) = setrlimit(Resource::Nofile, raised) {
+            tracing::warn!(error = %err, "could not raise the open-files limit");
+        }
+    }
+    let needed = (limits.client_connections_max + limits.peer_connections_max) as u64 + FD_RESERVE;
+    if let Some(current) = getrlimit(Resource::Nofile).current
+        && current < needed
+    {
+        tracing::warn!(
+            open_files_limit = current,
+            needed,
+            "the open-files limit is below --max-connections plus the peer port's cap plus a \
+             reserve: a connection flood may exhaust file descriptors; lower --max-connections \
+             or raise the limit (ulimit -n)"
+        );
+    }
+}
+
 async fn run_member(config: NodeConfig) -> anyhow::Result<()> {
     local::follow_parent()?;
+    raise_fd_limit(&config.limits);
     let node = Node::start(config).await.context("starting the node")?;
-    wait_for_signal().await?;
+    tokio::select! {
+        signal = wait_for_signal() => signal?,
+        error = wait_storage_failure(node.raft().clone()) => {
+            // The log or the engine failed a write (and poisoned itself):
+            // this member stops; nothing acknowledged is lost, a restart
+            // recovers from the log.
+            let cause = describe_storage_failure(&error);
+            tracing::error!(id = node.id(), error = %error, "member stopped: {cause}");
+            eprintln!("kvnode: member {} stopped: {cause}; error: {error}", node.id());
+            std::process::exit(STORAGE_FAILURE_EXIT_CODE);
+        }
+    }
     tracing::info!("shutting down");
     node.shutdown(SHUTDOWN_GRACE).await;
     Ok(())

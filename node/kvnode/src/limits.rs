@@ -1,0 +1,488 @@
+//! Limits under load for the gRPC ports: a cap on open connections per
+//! port (extra connections are accepted and closed at once), a deadline for
+//! a new connection to start talking (slow-loris), HTTP/2 stream and
+//! keepalive settings, a handler timeout, and one in-flight cap across the
+//! client port that answers RESOURCE_EXHAUSTED instead of queueing.
+//!
+//! The node builds its servers with [`client_server`] / [`peer_server`] and
+//! wraps its listeners with [`incoming`]; the kv service's own per-request
+//! limits (key, value, entry, scan page) live in [`crate::convert`],
+//! [`crate::batcher`] and [`crate::service::kv`], and [`crate::disk`] adds
+//! the free-space watermark.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_stream::Stream;
+use tonic::codegen::http;
+use tonic::transport::Server;
+use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
+use tower::layer::util::Stack;
+use tower::{Layer, Service};
+
+use crate::batcher::ENTRY_SIZE_BYTES_MAX;
+use crate::convert::{KEY_SIZE_BYTES_MAX, VALUE_SIZE_BYTES_MAX};
+use crate::service::kv::CLIENT_MESSAGE_BYTES_MAX;
+
+/// Default cap on open connections to the client port
+/// (`--max-connections`); more are accepted and closed at once.
+pub const CLIENT_CONNECTIONS_MAX_DEFAULT: usize = 1024;
+/// Cap on open connections to the peer port: members hold one channel to
+/// each other member, so this only stops a flood.
+pub const PEER_CONNECTIONS_MAX: usize = 256;
+/// Default cap on requests being handled at once across the whole client
+/// port (`--max-inflight`); one more is answered RESOURCE_EXHAUSTED.
+pub const CLIENT_INFLIGHT_MAX_DEFAULT: usize = 4096;
+/// Default cap on concurrent HTTP/2 streams (requests in flight) per client
+/// connection (`--max-streams-per-connection`); the client's HTTP/2 stack
+/// waits for a free stream instead of the server queueing.
+pub const CLIENT_STREAMS_PER_CONNECTION_MAX_DEFAULT: u32 = 256;
+/// Concurrent HTTP/2 streams per peer connection (Raft traffic: appends,
+/// votes, read-index rounds, snapshot chunks).
+pub const PEER_STREAMS_PER_CONNECTION_MAX: u32 = 1024;
+/// Default deadline for a new connection to send its first
+/// [`HANDSHAKE_BYTES`] bytes (`--handshake-timeout-ms`); a connection that
+/// stays silent is closed, so idle sockets cannot hold the connection cap.
+pub const HANDSHAKE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// Bytes a new connection must send before [`Limits::handshake_timeout`]:
+/// the HTTP/2 client preface is 24 bytes (a TLS ClientHello is longer).
+pub const HANDSHAKE_BYTES: usize = 24;
+/// Deadline of one client request handler (a slow or stuck request is
+/// answered CANCELLED). Above every wait the handlers do themselves
+/// (write outcome 10 s, `min_index` 5 s, a snapshot build 60 s, a new
+/// member's catch-up plus the membership change 150 s).
+pub const CLIENT_REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
+/// HTTP/2 keepalive ping interval on both ports: a dead peer's connection
+/// is found and closed.
+pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// How long a keepalive ping may go unanswered before the connection is
+/// closed.
+pub const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// TCP keepalive on accepted connections.
+pub const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
+/// Largest HTTP/2 header list a client may send, in bytes (hyper's own
+/// default, set here so it is named; metadata such as a bearer token fits
+/// easily).
+pub const HEADER_LIST_BYTES_MAX: u32 = 16 * 1024;
+/// The `LimitExceeded` name of the in-flight cap in RESOURCE_EXHAUSTED
+/// answers (kvclient retries those: nothing was applied).
+pub const INFLIGHT_LIMIT: &str = "CLIENT_INFLIGHT_MAX";
+/// Refused connections handled in one poll of the accept loop before it
+/// yields to other tasks (a flood must not starve the runtime).
+const REFUSALS_PER_POLL_MAX: usize = 64;
+
+// A client message must hold the largest legal value with its key and
+// framing, and a whole entry's worth of batch; the kv service's decoding
+// limit is the one the client sees.
+const _: () = assert!(CLIENT_MESSAGE_BYTES_MAX >= VALUE_SIZE_BYTES_MAX + KEY_SIZE_BYTES_MAX + 1024);
+const _: () = assert!(CLIENT_MESSAGE_BYTES_MAX >= ENTRY_SIZE_BYTES_MAX);
+// The handler timeout must not cut a wait a handler does on purpose.
+const _: () = assert!(
+    CLIENT_REQUEST_TIMEOUT.as_secs()
+        > crate::membership::CATCH_UP_WAIT.as_secs() + crate::membership::CHANGE_WAIT.as_secs()
+);
+const _: () = assert!(
+    CLIENT_REQUEST_TIMEOUT.as_secs() > crate::service::cluster::SNAPSHOT_BUILD_WAIT.as_secs()
+);
+
+/// The load limits of one member (flags `--max-connections`,
+/// `--max-inflight`, `--max-streams-per-connection`,
+/// `--handshake-timeout-ms`, `--disk-free-min-bytes`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Open connections to the client port at most.
+    pub client_connections_max: usize,
+    /// Open connections to the peer port at most.
+    pub peer_connections_max: usize,
+    /// Requests being handled at once on the client port at most.
+    pub client_inflight_max: usize,
+    /// HTTP/2 streams per client connection at most.
+    pub client_streams_per_connection_max: u32,
+    /// How long a new connection may stay silent.
+    pub handshake_timeout: Duration,
+    /// Free bytes the data directory must keep: below, writes are refused
+    /// with RESOURCE_EXHAUSTED (0 = no watermark). See [`crate::disk`].
+    pub disk_free_min_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            client_connections_max: CLIENT_CONNECTIONS_MAX_DEFAULT,
+            peer_connections_max: PEER_CONNECTIONS_MAX,
+            client_inflight_max: CLIENT_INFLIGHT_MAX_DEFAULT,
+            client_streams_per_connection_max: CLIENT_STREAMS_PER_CONNECTION_MAX_DEFAULT,
+            handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
+            disk_free_min_bytes: crate::disk::DISK_FREE_MIN_BYTES_DEFAULT,
+        }
+    }
+}
+
+impl Limits {
+    /// Checks the values: every cap at least 1.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("--max-connections", self.client_connections_max as u64),
+            ("peer connections max", self.peer_connections_max as u64),
+            ("--max-inflight", self.client_inflight_max as u64),
+            (
+                "--max-streams-per-connection",
+                u64::from(self.client_streams_per_connection_max),
+            ),
+            (
+                "--handshake-timeout-ms",
+                self.handshake_timeout.as_millis() as u64,
+            ),
+        ];
+        for (name, value) in positive {
+            if value == 0 {
+                return Err(format!("{name} must be at least 1"));
+            }
+        }
+        if self.client_inflight_max > Semaphore::MAX_PERMITS {
+            return Err(format!(
+                "--max-inflight is {}; at most {} is supported",
+                self.client_inflight_max,
+                Semaphore::MAX_PERMITS
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Settings both ports share: keepalives and header size.
+fn common<L>(builder: Server<L>) -> Server<L> {
+    builder
+        .http2_keepalive_interval(Some(HTTP2_KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT))
+        .tcp_keepalive(Some(TCP_KEEPALIVE))
+        .http2_max_header_list_size(HEADER_LIST_BYTES_MAX)
+}
+
+/// The client port's server: [`common`] settings, streams per connection,
+/// the handler timeout, and the port-wide in-flight cap.
+pub fn client_server<L>(
+    builder: Server<L>,
+    limits: &Limits,
+) -> Server<Stack<InflightLimitLayer, L>> {
+    common(builder)
+        .max_concurrent_streams(limits.client_streams_per_connection_max)
+        .timeout(CLIENT_REQUEST_TIMEOUT)
+        .layer(InflightLimitLayer::new(limits.client_inflight_max))
+}
+
+/// The peer port's server: [`common`] settings and streams per connection.
+/// No in-flight shedding or handler timeout: Raft traffic is never refused,
+/// and snapshot transfers have their own deadlines.
+pub fn peer_server<L>(builder: Server<L>) -> Server<L> {
+    common(builder).max_concurrent_streams(PEER_STREAMS_PER_CONNECTION_MAX)
+}
+
+/// Counts of what the limits refused, for logs and tests.
+#[derive(Clone, Debug, Default)]
+pub struct Refusals {
+    connections: Arc<AtomicU64>,
+    requests: Arc<AtomicU64>,
+}
+
+impl Refusals {
+    /// Connections closed because the port was at its cap.
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::Relaxed)
+    }
+
+    /// Requests answered RESOURCE_EXHAUSTED by the in-flight cap.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+}
+
+/// Wraps a listener so at most `max` connections are open at once (one
+/// more is accepted and closed at once) and each must send
+/// [`HANDSHAKE_BYTES`] within `handshake_timeout`.
+pub fn incoming(
+    port: &'static str,
+    listener: TcpIncoming,
+    max: usize,
+    handshake_timeout: Duration,
+) -> LimitedIncoming {
+    LimitedIncoming {
+        port,
+        inner: listener,
+        permits: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
+        max,
+        handshake_timeout,
+        refused: Refusals::default(),
+    }
+}
+
+/// A listener with a connection cap (see [`incoming`]).
+#[derive(Debug)]
+pub struct LimitedIncoming {
+    port: &'static str,
+    inner: TcpIncoming,
+    permits: Arc<Semaphore>,
+    max: usize,
+    handshake_timeout: Duration,
+    refused: Refusals,
+}
+
+impl LimitedIncoming {
+    /// What this listener refused so far.
+    pub fn refusals(&self) -> Refusals {
+        self.refused.clone()
+    }
+}
+
+impl Stream for LimitedIncoming {
+    type Item = io::Result<LimitedConn>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        for _ in 0..REFUSALS_PER_POLL_MAX {
+            let stream = match Pin::new(&mut self.inner).poll_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Ready(Some(Err(err))) => return Poll::Ready(Some(Err(err))),
+                Poll::Ready(Some(Ok(stream))) => stream,
+            };
+            match self.permits.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    let deadline = Box::pin(tokio::time::sleep(self.handshake_timeout));
+                    return Poll::Ready(Some(Ok(LimitedConn {
+                        stream,
+                        _permit: permit,
+                        handshake: Some((deadline, 0)),
+                    })));
+                }
+                Err(_) => {
+                    // Dropping the stream closes it: the client sees a reset
+                    // at once instead of hanging in the backlog.
+                    let refused = self.refused.connections.fetch_add(1, Ordering::Relaxed);
+                    if refused.is_power_of_two() || refused == 0 {
+                        tracing::warn!(
+                            port = self.port,
+                            limit = self.max,
+                            refused = refused + 1,
+                            "connection refused: the port has its maximum of open connections \
+                             (--max-connections)"
+                        );
+                    }
+                }
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+/// One accepted connection holding a slot of its port's cap until it
+/// closes.
+#[derive(Debug)]
+pub struct LimitedConn {
+    stream: TcpStream,
+    _permit: OwnedSemaphorePermit,
+    /// Until the first [`HANDSHAKE_BYTES`] arrived: the deadline and the
+    /// bytes seen so far.
+    handshake: Option<(Pin<Box<tokio::time::Sleep>>, usize)>,
+}
+
+impl Connected for LimitedConn {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl AsyncRead for LimitedConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        let Some((deadline, seen)) = &mut this.handshake else {
+            return polled;
+        };
+        if let Poll::Ready(Ok(())) = &polled {
+            *seen += buf.filled().len() - before;
+            if *seen >= HANDSHAKE_BYTES {
+                this.handshake = None;
+            }
+            return polled;
+        }
+        if polled.is_pending() && deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the connection sent {seen} bytes, fewer than HANDSHAKE_BYTES \
+                     {HANDSHAKE_BYTES}, within the handshake timeout (--handshake-timeout-ms)"
+                ),
+            )));
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for LimitedConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// The port-wide in-flight cap as a tower layer (see [`client_server`]).
+#[derive(Clone, Debug)]
+pub struct InflightLimitLayer {
+    permits: Arc<Semaphore>,
+    max: usize,
+    refused: Refusals,
+}
+
+impl InflightLimitLayer {
+    /// At most `max` requests handled at once.
+    pub fn new(max: usize) -> InflightLimitLayer {
+        InflightLimitLayer {
+            permits: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
+            max,
+            refused: Refusals::default(),
+        }
+    }
+}
+
+impl<S> Layer<S> for InflightLimitLayer {
+    type Service = InflightLimit<S>;
+
+    fn layer(&self, inner: S) -> InflightLimit<S> {
+        InflightLimit {
+            inner,
+            permits: self.permits.clone(),
+            max: self.max,
+            refused: self.refused.clone(),
+        }
+    }
+}
+
+/// A service whose requests each hold one permit of a shared semaphore
+/// until their response (headers) is ready; with none left, the request is
+/// answered RESOURCE_EXHAUSTED at once.
+#[derive(Clone, Debug)]
+pub struct InflightLimit<S> {
+    inner: S,
+    permits: Arc<Semaphore>,
+    max: usize,
+    refused: Refusals,
+}
+
+/// The boxed error of the limited service (tonic turns a [`tonic::Status`] in it
+/// into the answer).
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<S, B> Service<http::Request<B>> for InflightLimit<S>
+where
+    S: Service<http::Request<B>>,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+    S::Error: Into<BoxError>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        match self.permits.clone().try_acquire_owned() {
+            Ok(permit) => {
+                let response = self.inner.call(request);
+                Box::pin(async move {
+                    let response = response.await.map_err(Into::into);
+                    drop(permit);
+                    response
+                })
+            }
+            Err(_) => {
+                let refused = self.refused.requests.fetch_add(1, Ordering::Relaxed);
+                if refused.is_power_of_two() || refused == 0 {
+                    tracing::warn!(
+                        limit = self.max,
+                        refused = refused + 1,
+                        "request refused: the client port has its maximum of requests in flight \
+                         (--max-inflight)"
+                    );
+                }
+                let status = crate::convert::status_with_detail(
+                    tonic::Code::ResourceExhausted,
+                    format!(
+                        "overloaded: {INFLIGHT_LIMIT} (--max-inflight) is {} requests in flight \
+                         on this member; nothing was applied, retry with backoff",
+                        self.max
+                    ),
+                    kvproto::kv::v1::error_detail::Detail::LimitExceeded(
+                        kvproto::kv::v1::LimitExceeded {
+                            limit: INFLIGHT_LIMIT.to_string(),
+                            limit_value: self.max as u64,
+                            actual_value: self.max as u64 + 1,
+                        },
+                    ),
+                );
+                Box::pin(std::future::ready(Err(Box::new(status) as BoxError)))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_zero_caps_are_named() {
+        assert_eq!(Limits::default().validate(), Ok(()));
+        let zero = Limits {
+            client_inflight_max: 0,
+            ..Limits::default()
+        };
+        assert!(zero.validate().unwrap_err().contains("--max-inflight"));
+        let zero = Limits {
+            client_connections_max: 0,
+            ..Limits::default()
+        };
+        assert!(zero.validate().unwrap_err().contains("--max-connections"));
+    }
+}
