@@ -24,6 +24,7 @@ use crate::membership::Membership;
 use crate::merge_policy::{MergePolicy, ProposeMerge, SnapshotPolicy};
 use crate::network::Network;
 use crate::read_index::ReadRounds;
+use crate::security::{Security, SecurityError};
 use crate::service::cluster::ClusterService;
 use crate::service::kv::KvService;
 use crate::service::raft::PeerService;
@@ -69,6 +70,8 @@ pub struct NodeConfig {
     pub snapshot_policy: SnapshotPolicy,
     /// Test hooks: lost replies and cut peer links. Off by default.
     pub faults: Faults,
+    /// TLS on the ports and the client port's token (off by default).
+    pub security: Security,
 }
 
 /// Default of [`NodeConfig::snapshot_log_keep`]: entries kept behind a
@@ -98,6 +101,7 @@ impl NodeConfig {
             merge_policy: MergePolicy::default(),
             snapshot_policy: SnapshotPolicy::default(),
             faults: Faults::default(),
+            security: Security::default(),
         }
     }
 }
@@ -144,6 +148,9 @@ pub enum StartError {
         /// This directory's cluster id.
         mine: u64,
     },
+    /// The TLS material or the token is unusable.
+    #[error("security: {0}")]
+    Security(#[from] SecurityError),
     /// The configuration is invalid.
     #[error("configuration: {0}")]
     Config(String),
@@ -449,6 +456,7 @@ fn validate(config: &NodeConfig) -> Result<(), StartError> {
     for (id, info) in &config.initial_cluster {
         info.validate(*id).map_err(StartError::Config)?;
     }
+    config.security.validate()?;
     Ok(())
 }
 
@@ -519,7 +527,8 @@ impl Node {
         .await
         .map_err(|err| StartError::Raft(format!("open task: {err}")))??;
         let network = Network::new(identity.clone(), peer_addr.ip(), config.faults.clone())
-            .with_metrics(member_metrics.clone());
+            .with_metrics(member_metrics.clone())
+            .with_tls(config.security.tls.clone())?;
         let existing = check_peers_cluster(&network, &identity, &config.initial_cluster).await?;
         state_machine.set_cluster_id(identity.cluster_id());
 
@@ -618,10 +627,18 @@ impl Node {
             TcpIncoming::from(peer).with_nodelay(Some(true)),
             TcpIncoming::from(client).with_nodelay(Some(true)),
         );
+        let security = &config.security;
+        let mut peer_server = crate::security::grpc_server(security.tls.as_ref(), true)?.layer(
+            tonic::service::InterceptorLayer::new(security.peer_check()?),
+        );
+        let mut client_server =
+            crate::security::grpc_server(security.tls.as_ref(), security.client_cert_auth)?.layer(
+                tonic::service::InterceptorLayer::new(security.token_check()),
+            );
         let mut servers = Vec::new();
         let mut stop = shutdown.subscribe();
         servers.push(tokio::spawn(async move {
-            let result = tonic::transport::Server::builder()
+            let result = peer_server
                 .add_service(peer_service.into_server())
                 .serve_with_incoming_shutdown(peer, async move {
                     let _ = stop.wait_for(|s| *s).await;
@@ -633,7 +650,7 @@ impl Node {
         }));
         let mut stop = shutdown.subscribe();
         servers.push(tokio::spawn(async move {
-            let result = tonic::transport::Server::builder()
+            let result = client_server
                 .add_service(kv_service.into_server())
                 .add_service(cluster_service.into_server())
                 .serve_with_incoming_shutdown(client, async move {
