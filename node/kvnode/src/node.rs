@@ -704,7 +704,12 @@ impl Node {
                 member_metrics.clone(),
             );
             let stop = shutdown.subscribe();
-            servers.push(tokio::spawn(crate::admin::serve(listener, state, stop)));
+            let tls = (security.tls.as_ref())
+                .map(|tls| tls.rustls_server_config(security.admin_client_cert_auth))
+                .transpose()?;
+            servers.push(tokio::spawn(crate::admin::serve(
+                listener, state, tls, stop,
+            )));
         }
         let mut stop = shutdown.subscribe();
         let mut metrics = raft.metrics();
