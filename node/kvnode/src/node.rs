@@ -24,7 +24,7 @@ use crate::membership::Membership;
 use crate::merge_policy::{MergePolicy, ProposeMerge, SnapshotPolicy};
 use crate::network::Network;
 use crate::read_index::ReadRounds;
-use crate::security::{Security, SecurityError};
+use crate::security::{ClientCerts, Security, SecurityError};
 use crate::service::cluster::ClusterService;
 use crate::service::kv::KvService;
 use crate::service::raft::PeerService;
@@ -628,12 +628,13 @@ impl Node {
             TcpIncoming::from(client).with_nodelay(Some(true)),
         );
         let security = &config.security;
-        let mut peer_server = crate::security::grpc_server(security.tls.as_ref(), true)?.layer(
-            tonic::service::InterceptorLayer::new(security.peer_check()?),
-        );
+        let mut peer_server =
+            crate::security::grpc_server(security.tls.as_ref(), ClientCerts::Required)?.layer(
+                tonic::service::InterceptorLayer::new(security.peer_check()?),
+            );
         let mut client_server =
-            crate::security::grpc_server(security.tls.as_ref(), security.client_cert_auth)?.layer(
-                tonic::service::InterceptorLayer::new(security.token_check()),
+            crate::security::grpc_server(security.tls.as_ref(), security.client_certs())?.layer(
+                tonic::service::InterceptorLayer::new(security.client_check()),
             );
         let mut servers = Vec::new();
         let mut stop = shutdown.subscribe();

@@ -161,6 +161,7 @@ impl TlsMaterial {
         // Catch a key that does not match the certificate, or a CA bundle
         // rustls cannot use, at start rather than at the first handshake.
         material.rustls_server_config(true)?;
+        grpc_server(Some(&material), ClientCerts::Required)?;
         Ok(material)
     }
 
@@ -177,16 +178,22 @@ impl TlsMaterial {
         Identity::from_pem(&*self.cert_pem, &*self.key_pem)
     }
 
-    /// tonic's server TLS for a gRPC port; `require_client_cert` makes it
-    /// mutual TLS (client certificates signed by the CA bundle).
-    pub fn server_tls(&self, require_client_cert: bool) -> ServerTlsConfig {
+    /// tonic's server TLS for a gRPC port. `ClientCerts::Required`: the
+    /// handshake demands a certificate signed by the CA bundle (the peer
+    /// port). `Verified`: a presented certificate must be signed by the CA
+    /// bundle, but one may be missing, so the port's interceptor can answer
+    /// UNAUTHENTICATED with a clear message instead of a cut connection
+    /// (the client port with `--client-cert-auth`). `Ignored`: none asked.
+    pub fn server_tls(&self, client_certs: ClientCerts) -> ServerTlsConfig {
         let config = ServerTlsConfig::new()
             .identity(self.identity())
             .timeout(TLS_HANDSHAKE_TIMEOUT);
-        if require_client_cert {
-            config.client_ca_root(Certificate::from_pem(&*self.ca_pem))
-        } else {
-            config
+        match client_certs {
+            ClientCerts::Ignored => config,
+            ClientCerts::Verified => config
+                .client_ca_root(Certificate::from_pem(&*self.ca_pem))
+                .client_auth_optional(true),
+            ClientCerts::Required => config.client_ca_root(Certificate::from_pem(&*self.ca_pem)),
         }
     }
 
@@ -255,6 +262,18 @@ impl TlsMaterial {
     }
 }
 
+/// What a gRPC port does with client certificates (see
+/// [`TlsMaterial::server_tls`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientCerts {
+    /// None asked for.
+    Ignored,
+    /// Verified when presented; a missing one is the interceptor's call.
+    Verified,
+    /// Demanded by the handshake.
+    Required,
+}
+
 /// A member's security settings (all off by default: plain TCP, no token).
 #[derive(Clone, Debug, Default)]
 pub struct Security {
@@ -287,9 +306,19 @@ impl Security {
     }
 
     /// The client port's request check.
-    pub fn token_check(&self) -> TokenCheck {
-        TokenCheck {
+    pub fn client_check(&self) -> ClientCheck {
+        ClientCheck {
             token: self.auth_token.clone(),
+            require_cert: self.tls.is_some() && self.client_cert_auth,
+        }
+    }
+
+    /// What the client port does with client certificates.
+    pub fn client_certs(&self) -> ClientCerts {
+        if self.client_cert_auth {
+            ClientCerts::Verified
+        } else {
+            ClientCerts::Ignored
         }
     }
 
@@ -302,16 +331,16 @@ impl Security {
     }
 }
 
-/// A gRPC server builder: TLS from `tls` (mutual when
-/// `require_client_cert`), or plain TCP when `tls` is `None`.
+/// A gRPC server builder: TLS from `tls` with `client_certs`, or plain
+/// TCP when `tls` is `None`.
 pub fn grpc_server(
     tls: Option<&TlsMaterial>,
-    require_client_cert: bool,
+    client_certs: ClientCerts,
 ) -> Result<tonic::transport::Server, SecurityError> {
     let server = tonic::transport::Server::builder();
     match tls {
         Some(tls) => server
-            .tls_config(tls.server_tls(require_client_cert))
+            .tls_config(tls.server_tls(client_certs))
             .map_err(|err| SecurityError::Tls(format!("server TLS: {err}"))),
         None => Ok(server),
     }
@@ -372,16 +401,25 @@ impl AuthToken {
     }
 }
 
-/// The client port's interceptor: with a token configured, every request
-/// must carry `authorization: Bearer <token>`; otherwise UNAUTHENTICATED
-/// with a message saying what was missing or wrong.
+/// The client port's interceptor: with `--client-cert-auth`, the caller
+/// must have presented a certificate (the handshake already verified it
+/// against the CA); with a token configured, every request must carry
+/// `authorization: Bearer <token>`. Otherwise UNAUTHENTICATED with a
+/// message saying what was missing or wrong.
 #[derive(Clone, Debug)]
-pub struct TokenCheck {
+pub struct ClientCheck {
     token: Option<AuthToken>,
+    require_cert: bool,
 }
 
-impl tonic::service::Interceptor for TokenCheck {
+impl tonic::service::Interceptor for ClientCheck {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        if self.require_cert && request.peer_certs().is_none_or(|certs| certs.is_empty()) {
+            return Err(Status::unauthenticated(
+                "this cluster requires a client certificate signed by its CA (kvctl --cert and \
+                 --key, kvclient ClientTls::identity)",
+            ));
+        }
         let Some(token) = &self.token else {
             return Ok(request);
         };

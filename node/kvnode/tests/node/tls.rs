@@ -6,8 +6,10 @@
 //!   demanded on the client port elects a leader and serves a client with
 //!   a client certificate of its CA; a client without a certificate, with
 //!   one from another CA, over plain TCP, or trusting another CA is
-//!   refused; a client certificate (not a node certificate) of the right CA
-//!   is refused on the peer port with PERMISSION_DENIED;
+//!   refused (no certificate: UNAUTHENTICATED saying so); a client
+//!   certificate (not a node certificate) of the right CA is refused on the
+//!   peer port with PERMISSION_DENIED, no certificate at all by its
+//!   handshake;
 //! - a member whose certificate comes from another CA never joins: the two
 //!   good members elect a leader and commit writes, and it never receives
 //!   an entry nor becomes leader;
@@ -154,6 +156,16 @@ async fn mutual_tls_cluster_serves_only_clients_with_a_certificate_of_its_ca() {
         assert!(outcome.is_err(), "{what}: served: {outcome:?}");
         eprintln!("{what}: refused: {outcome:?}");
     }
+    // Without a certificate the answer says so (the handshake lets it in
+    // so the interceptor can).
+    let no_cert = &refused[0].1;
+    assert!(
+        no_cert
+            .as_ref()
+            .is_err_and(|err| err.contains("Unauthenticated")
+                && err.contains("requires a client certificate")),
+        "{no_cert:?}"
+    );
 
     // The peer port: a client certificate of the right CA passes the TLS
     // handshake but is not a member's.
