@@ -172,7 +172,7 @@ pub fn client_tls(cli: &Cli) -> Result<Option<kvclient::ClientTls>, Failure> {
         return Ok(None);
     };
     let mut tls = kvclient::ClientTls::new(read_pem("--cacert", cacert)?);
-    match (&cli.cert, &cli.key) {
+    match (&cli.cert, &cli.client_key) {
         (Some(cert), Some(key)) => {
             tls = tls.identity(read_pem("--cert", cert)?, read_pem("--key", key)?);
         }

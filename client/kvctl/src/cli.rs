@@ -80,11 +80,11 @@ pub struct Cli {
     pub cacert: Option<std::path::PathBuf>,
     /// Client certificate (PEM), for clusters started with
     /// --client-cert-auth; needs --key and --cacert.
-    #[arg(long, global = true, env = CERT_ENV, value_name = "FILE", requires_all = ["key", "cacert"])]
+    #[arg(long, global = true, env = CERT_ENV, value_name = "FILE", requires_all = ["client_key", "cacert"])]
     pub cert: Option<std::path::PathBuf>,
     /// The private key (PEM) of --cert.
-    #[arg(long, global = true, env = KEY_ENV, value_name = "FILE", requires = "cert")]
-    pub key: Option<std::path::PathBuf>,
+    #[arg(long = "key", id = "client_key", global = true, env = KEY_ENV, value_name = "FILE", requires = "cert")]
+    pub client_key: Option<std::path::PathBuf>,
     /// Bearer token for clusters started with --auth-token-file (prefer the
     /// variable: a flag shows in the process list).
     #[arg(long, global = true, env = TOKEN_ENV, hide_env_values = true)]

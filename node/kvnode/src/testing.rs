@@ -64,9 +64,20 @@ impl LocalCluster {
     pub async fn start_configured(
         root: &Path,
         members: u64,
+        configure: impl FnMut(&mut NodeConfig),
+    ) -> Result<LocalCluster, StartError> {
+        LocalCluster::start_on(private_loopback(), root, members, configure).await
+    }
+
+    /// As [`LocalCluster::start_configured`], every member on `ip` (one
+    /// from [`private_loopback`], known before certificates naming it are
+    /// made).
+    pub async fn start_on(
+        ip: IpAddr,
+        root: &Path,
+        members: u64,
         mut configure: impl FnMut(&mut NodeConfig),
     ) -> Result<LocalCluster, StartError> {
-        let ip = private_loopback();
         let any_port = SocketAddr::new(ip, 0);
         let bind_error = |source| StartError::Bind {
             addr: any_port,
