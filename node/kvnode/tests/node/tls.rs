@@ -13,7 +13,9 @@
 //! - a member whose certificate comes from another CA never joins: the two
 //!   good members elect a leader and commit writes, and it never receives
 //!   an entry nor becomes leader;
-//! - the admin port speaks HTTPS with the node's certificate;
+//! - the admin port speaks HTTPS with the node's certificate and, with
+//!   `admin_client_cert_auth`, answers only clients with a certificate of
+//!   its CA; plain HTTP gets no answer;
 //! - with a token configured, a request without it or with a wrong one is
 //!   UNAUTHENTICATED with a message saying which; the right token works;
 //!   without a token configured, requests need none.
@@ -364,6 +366,143 @@ async fn token_auth_on_and_off() {
             .is_ok()
     );
     cluster.shutdown().await;
+}
+
+/// One HTTP/1.1 GET over `stream`; the bytes answered (empty or partial
+/// when the server cut the connection).
+async fn http_get<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut stream: S,
+    path: &str,
+) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let request = format!("GET {path} HTTP/1.1\r\nHost: member\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return Vec::new();
+    }
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(DEADLINE, stream.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the admin port neither answered nor closed");
+    answer
+}
+
+/// An HTTPS GET to `addr` trusting `ca`, presenting `identity` if any;
+/// the answer's bytes (empty when the handshake or connection failed).
+async fn https_get(
+    addr: std::net::SocketAddr,
+    ca: &DevCa,
+    identity: Option<&IssuedCert>,
+    path: &str,
+) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca.cert_pem().as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let config = match identity {
+        Some(cert) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_slice_iter(cert.cert_pem.as_bytes())
+                    .map(Result::unwrap)
+                    .collect(),
+                PrivateKeyDer::from_pem_slice(cert.key_pem.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = ServerName::from(addr.ip());
+    match connector.connect(name, tcp).await {
+        Ok(tls) => http_get(tls, path).await,
+        Err(_) => Vec::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_port_speaks_https() {
+    let root = tempfile::tempdir().unwrap();
+    let ca = DevCa::new("raftcask test CA").unwrap();
+    let other_ca = DevCa::new("another CA").unwrap();
+    let ip = kvnode::testing::private_loopback();
+    let bind = || tokio::net::TcpListener::bind((ip, 0));
+    let (client, peer, admin) = (
+        bind().await.unwrap(),
+        bind().await.unwrap(),
+        bind().await.unwrap(),
+    );
+    let admin_addr = admin.local_addr().unwrap();
+    let info = kvnode::NodeInfo {
+        client_addr: client.local_addr().unwrap().to_string(),
+        peer_addr: peer.local_addr().unwrap().to_string(),
+    };
+    let mut config = NodeConfig::new(
+        1,
+        root.path().join("node1"),
+        client.local_addr().unwrap(),
+        peer.local_addr().unwrap(),
+        [(1, info)].into(),
+    );
+    config.bootstrap = true;
+    config.admin_addr = Some(admin_addr);
+    config.security.tls = Some(node_material(&ca, &config));
+    config.security.admin_client_cert_auth = true;
+    let node = kvnode::Node::start_with_listeners(
+        config,
+        kvnode::Listeners {
+            client,
+            peer,
+            admin: Some(admin),
+        },
+    )
+    .await
+    .unwrap();
+
+    let client_cert = ca.client_cert("prometheus").unwrap();
+    let answer = https_get(admin_addr, &ca, Some(&client_cert), "/health").await;
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("ok member 1"), "{text}");
+    let answer = https_get(admin_addr, &ca, Some(&client_cert), "/metrics").await;
+    assert!(String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200"));
+
+    // No certificate, a foreign one, plain HTTP: no answer.
+    for (what, answer) in [
+        (
+            "no client certificate",
+            https_get(admin_addr, &ca, None, "/health").await,
+        ),
+        (
+            "another CA's certificate",
+            https_get(
+                admin_addr,
+                &ca,
+                Some(&other_ca.client_cert("x").unwrap()),
+                "/health",
+            )
+            .await,
+        ),
+        (
+            "plain HTTP",
+            http_get(
+                tokio::net::TcpStream::connect(admin_addr).await.unwrap(),
+                "/health",
+            )
+            .await,
+        ),
+    ] {
+        let text = String::from_utf8_lossy(&answer);
+        assert!(!text.contains("HTTP/1.1 200"), "{what}: answered {text}");
+    }
+    // The refused connections gave their slots back: still served.
+    let answer = https_get(admin_addr, &ca, Some(&client_cert), "/health").await;
+    assert!(String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200"));
+    node.shutdown(Duration::ZERO).await;
 }
 
 #[test]
