@@ -10,6 +10,10 @@
 //! - `kvnode restore --from FILE --data-dir D --id N --initial-cluster ...`
 //!   seeds a member of a new cluster from a backup archive ([`restore`]).
 //!
+//! TLS and client authentication (`--tls-cert`, `--tls-key`, `--tls-ca`,
+//! `--client-cert-auth`, `--admin-client-cert-auth`, `--auth-token-file`,
+//! each also a KVNODE_* variable) are [`kvnode::security`]'s.
+//!
 //! `main` parses flags, sets up tracing and calls the library; SIGINT and
 //! SIGTERM shut a member down gracefully.
 
