@@ -13,6 +13,7 @@
 #  6. a rolling restart of the three containers, one at a time, while
 #     `kvctl bench put` runs: no write is reported failed;
 #  7. `down -v`, stops the engine it started, removes what it left.
+# It also checks that the TLS override (deploy/docker-compose.tls.yml) parses.
 #
 # Usage: deploy/test-compose.sh [BIN_DIR]   (default target/debug; holds kvnode and kvctl)
 # Needs root; installs docker.io, docker-compose and debootstrap when missing.
@@ -111,6 +112,17 @@ compose() {
         docker-compose -p "$project" -f "$repo/deploy/docker-compose.yml" "$@"
     fi
 }
+
+# The TLS variant (deploy/docker-compose.tls.yml) is not run here, but it must
+# parse together with the base file.
+if docker compose version >/dev/null 2>&1; then
+    docker compose -p "$project" -f "$repo/deploy/docker-compose.yml" \
+        -f "$repo/deploy/docker-compose.tls.yml" config >/dev/null
+else
+    docker-compose -p "$project" -f "$repo/deploy/docker-compose.yml" \
+        -f "$repo/deploy/docker-compose.tls.yml" config >/dev/null
+fi || fail "deploy/docker-compose.tls.yml does not parse with docker-compose.yml"
+log "the TLS override parses"
 
 # --- images -------------------------------------------------------------------
 log "importing the base image and building raftcask:latest from $bin_dir"

@@ -1,6 +1,8 @@
 //! The client's settings and their builder: endpoints, timeouts, the retry
-//! budget and backoff, and the default read consistency. `build` checks every
-//! setting against its named limit before anything touches the network.
+//! budget and backoff, the default read consistency, and transport security
+//! (TLS with a CA bundle and optional client certificate, a bearer token).
+//! `build` checks every setting against its named limit before anything
+//! touches the network.
 
 use std::time::Duration;
 
@@ -27,6 +29,112 @@ pub const BACKOFF_CAP_DEFAULT: Duration = Duration::from_millis(500);
 pub const DURATION_SETTING_MAX: Duration = Duration::from_secs(3600);
 /// Upper bound on the number of endpoints given to the builder.
 pub const ENDPOINTS_MAX: usize = 1024;
+/// Longest bearer token accepted (it travels in every request's headers;
+/// the server's own limit is the same).
+pub const TOKEN_BYTES_MAX: usize = 4096;
+/// Largest PEM text (CA bundle, certificate or key) accepted.
+pub const PEM_BYTES_MAX: usize = 1024 * 1024;
+
+/// TLS settings of a client: the CA bundle that verifies the members, and
+/// optionally a client certificate for clusters that demand one.
+#[derive(Clone)]
+pub struct ClientTls {
+    /// CA certificates (PEM) the members' certificates must chain to.
+    pub ca_pem: Vec<u8>,
+    /// Client certificate and its private key (PEM), for mutual TLS.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// The name to verify in the members' certificates instead of the
+    /// endpoint's host (e.g. when members are reached through an address
+    /// their certificates do not name).
+    pub domain: Option<String>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("client_certificate", &self.identity.is_some())
+            .field("domain", &self.domain)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientTls {
+    /// TLS verifying members against the CA bundle `ca_pem`.
+    pub fn new(ca_pem: impl Into<Vec<u8>>) -> ClientTls {
+        ClientTls {
+            ca_pem: ca_pem.into(),
+            identity: None,
+            domain: None,
+        }
+    }
+
+    /// Presents this client certificate (PEM) and key (PEM).
+    pub fn identity(mut self, cert_pem: impl Into<Vec<u8>>, key_pem: impl Into<Vec<u8>>) -> Self {
+        self.identity = Some((cert_pem.into(), key_pem.into()));
+        self
+    }
+
+    /// Verifies `domain` in the members' certificates.
+    pub fn domain(mut self, domain: impl Into<String>) -> Self {
+        self.domain = Some(domain.into());
+        self
+    }
+
+    /// tonic's channel TLS, after checking the PEM texts parse.
+    pub(crate) fn channel_config(&self) -> Result<tonic::transport::ClientTlsConfig> {
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certificates = |what: &str, pem: &[u8]| -> Result<()> {
+            if pem.len() > PEM_BYTES_MAX {
+                return Err(Error::InvalidConfig(format!(
+                    "tls {what}: {} bytes, over PEM_BYTES_MAX ({PEM_BYTES_MAX})",
+                    pem.len()
+                )));
+            }
+            let certs = CertificateDer::pem_slice_iter(pem)
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|err| {
+                    Error::InvalidConfig(format!("tls {what}: not PEM certificates: {err}"))
+                })?;
+            if certs.is_empty() {
+                return Err(Error::InvalidConfig(format!(
+                    "tls {what}: no CERTIFICATE block found"
+                )));
+            }
+            Ok(())
+        };
+        certificates("CA bundle", &self.ca_pem)?;
+        let mut config = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(&self.ca_pem));
+        if let Some((cert, key)) = &self.identity {
+            certificates("client certificate", cert)?;
+            if key.len() > PEM_BYTES_MAX {
+                return Err(Error::InvalidConfig(format!(
+                    "tls client key: {} bytes, over PEM_BYTES_MAX ({PEM_BYTES_MAX})",
+                    key.len()
+                )));
+            }
+            PrivateKeyDer::from_pem_slice(key).map_err(|err| {
+                Error::InvalidConfig(format!("tls client key: no usable private key: {err}"))
+            })?;
+            config = config.identity(tonic::transport::Identity::from_pem(cert, key));
+        }
+        if let Some(domain) = &self.domain {
+            config = config.domain_name(domain.clone());
+        }
+        Ok(config)
+    }
+}
+
+/// A bearer token (never printed).
+#[derive(Clone)]
+pub(crate) struct Token(pub(crate) String);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(..)")
+    }
+}
 
 /// Settings of a [`Client`] (built by [`ClientBuilder`]).
 #[derive(Debug, Clone)]
@@ -47,6 +155,10 @@ pub struct Settings {
     pub backoff_cap: Duration,
     /// Consistency of reads that do not name one.
     pub consistency: Consistency,
+    /// TLS (`None` = plain TCP).
+    pub tls: Option<ClientTls>,
+    /// The bearer token sent with every request.
+    pub(crate) token: Option<Token>,
 }
 
 /// Builds a [`Client`]: `Client::builder(endpoints)...build()`.
@@ -73,6 +185,8 @@ impl ClientBuilder {
                 backoff_base: BACKOFF_BASE_DEFAULT,
                 backoff_cap: BACKOFF_CAP_DEFAULT,
                 consistency: Consistency::Linearizable,
+                tls: None,
+                token: None,
             },
         }
     }
@@ -112,6 +226,19 @@ impl ClientBuilder {
     /// Consistency of reads that do not name one (default linearizable).
     pub fn default_consistency(mut self, consistency: Consistency) -> Self {
         self.settings.consistency = consistency;
+        self
+    }
+
+    /// Connects over TLS (endpoints may then be written `https://host:port`).
+    pub fn tls(mut self, tls: ClientTls) -> Self {
+        self.settings.tls = Some(tls);
+        self
+    }
+
+    /// Sends `authorization: Bearer <token>` with every request (clusters
+    /// started with `--auth-token-file`).
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.settings.token = Some(Token(token.into().trim().to_string()));
         self
     }
 
@@ -158,13 +285,33 @@ impl ClientBuilder {
                 s.backoff_base, s.backoff_cap
             )));
         }
+        if let Some(Token(token)) = &s.token
+            && (token.is_empty()
+                || token.len() > TOKEN_BYTES_MAX
+                || !token.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            return Err(Error::InvalidConfig(format!(
+                "token: {} bytes; it must be 1..={TOKEN_BYTES_MAX} (TOKEN_BYTES_MAX) visible ASCII \
+                 characters",
+                token.len()
+            )));
+        }
+        if let Some(tls) = &s.tls {
+            let config = tls.channel_config()?;
+            tonic::transport::Endpoint::from_static("https://member.invalid:1")
+                .tls_config(config)
+                .map_err(|err| Error::InvalidConfig(format!("tls: {err}")))?;
+        }
         Ok(Client::from_settings(s))
     }
 }
 
-/// `host:port` from `host:port` or `http://host:port`.
+/// `host:port` from `host:port`, `http://host:port` or `https://host:port`
+/// (the scheme used is the client's: https with TLS settings).
 pub(crate) fn normalize(endpoint: &str) -> Result<String> {
-    let bare = endpoint.strip_prefix("http://").unwrap_or(endpoint);
+    let bare = (endpoint.strip_prefix("http://"))
+        .or_else(|| endpoint.strip_prefix("https://"))
+        .unwrap_or(endpoint);
     let bare = bare.trim_end_matches('/');
     let Some((host, port)) = bare.rsplit_once(':') else {
         return Err(Error::InvalidConfig(format!(

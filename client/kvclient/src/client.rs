@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::router::Channel;
 use kvproto::cluster::v1 as cpb;
 use kvproto::cluster::v1::cluster_client::ClusterClient;
 use kvproto::kv::v1 as pb;
@@ -18,7 +19,6 @@ use kvproto::kv::v1::kv_client::KvClient;
 use prost::bytes::Bytes;
 use tokio_stream::{Stream, StreamExt};
 use tonic::Status;
-use tonic::transport::Channel;
 
 use crate::builder::{ClientBuilder, Settings};
 use crate::error::{Error, Result};

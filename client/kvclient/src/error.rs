@@ -72,6 +72,14 @@ pub enum Error {
         /// The server's message.
         message: String,
     },
+    /// The TLS handshake failed (a certificate was not trusted or was
+    /// refused): nothing was sent, and retrying with the same settings will
+    /// not help.
+    #[error("TLS handshake failed: {message}")]
+    Tls {
+        /// What rustls reported.
+        message: String,
+    },
     /// Any other status from the server.
     #[error("the server answered {code:?}: {message}")]
     Rpc {
@@ -143,11 +151,39 @@ fn connect_refused(status: &Status) -> bool {
     false
 }
 
+/// The rustls error in a status's chain of causes, if any: the handshake
+/// failed on this side (an untrusted server certificate) or the server
+/// refused ours (an alert).
+fn tls_failure(status: &Status) -> Option<String> {
+    let mut source = std::error::Error::source(status);
+    let mut depth = 0;
+    while let Some(err) = source {
+        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
+            return Some(tls.to_string());
+        }
+        if let Some(tls) = (err.downcast_ref::<std::io::Error>())
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            return Some(tls.to_string());
+        }
+        depth += 1;
+        if depth > ERROR_CHAIN_DEPTH_MAX {
+            break;
+        }
+        source = err.source();
+    }
+    None
+}
+
 /// How deep [`connect_refused`] looks into a status's chain of causes.
 const ERROR_CHAIN_DEPTH_MAX: usize = 16;
 
 /// Reads a failed attempt's status.
 pub(crate) fn classify(status: &Status) -> Verdict {
+    if let Some(message) = tls_failure(status) {
+        return Verdict::Fatal(Error::Tls { message });
+    }
     match (status.code(), detail_of(status)) {
         (Code::FailedPrecondition, Some(error_detail::Detail::NotLeader(hint))) => {
             let addr = (hint.leader_id != 0 && !hint.leader_client_addr.is_empty())

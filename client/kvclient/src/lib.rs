@@ -82,7 +82,7 @@ pub mod router;
 mod session;
 pub mod types;
 
-pub use builder::ClientBuilder;
+pub use builder::{ClientBuilder, ClientTls};
 pub use client::{Client, ScanPage, ScanStream};
 pub use error::{Error, LimitExceeded, Result};
 pub use kvproto;

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 use tonic::Status;
-use tonic::transport::{Channel, Endpoint};
+use tonic::metadata::{AsciiMetadataValue, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{ClientTlsConfig, Endpoint};
 
 use crate::builder::Settings;
 use crate::error::{Error, Result, Verdict, classify};
@@ -22,6 +24,31 @@ pub const UNHEALTHY_PAUSE: Duration = Duration::from_secs(1);
 /// Upper bound on the members the client remembers (given plus learned from
 /// not-leader hints).
 pub const MEMBERS_MAX: usize = 1024;
+
+/// A member's channel as the calls use it: the bearer token, when set, is
+/// added to every request.
+pub(crate) type Channel = InterceptedService<tonic::transport::Channel, Auth>;
+
+/// Adds `authorization: Bearer <token>` to each request (nothing without
+/// a token).
+#[derive(Clone, Debug)]
+pub(crate) struct Auth {
+    header: Option<AsciiMetadataValue>,
+}
+
+impl tonic::service::Interceptor for Auth {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> std::result::Result<tonic::Request<()>, Status> {
+        if let Some(header) = &self.header {
+            request
+                .metadata_mut()
+                .insert("authorization", header.clone());
+        }
+        Ok(request)
+    }
+}
 
 /// Which member an attempt needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +76,9 @@ struct Members {
 #[derive(Debug)]
 pub(crate) struct Router {
     settings: Settings,
+    /// Channel TLS (from the settings, checked by the builder).
+    tls: Option<ClientTlsConfig>,
+    auth: Auth,
     members: Mutex<Members>,
     next_any: AtomicUsize,
     next_probe: AtomicUsize,
@@ -65,7 +95,14 @@ impl Router {
                 unhealthy_until: None,
             })
             .collect();
+        // The builder checked both; a failure here leaves plain settings
+        // that the first call reports.
+        let tls = (settings.tls.as_ref()).and_then(|tls| tls.channel_config().ok());
+        let header = (settings.token.as_ref())
+            .and_then(|token| MetadataValue::try_from(format!("Bearer {}", token.0)).ok());
         Router {
+            tls,
+            auth: Auth { header },
             settings,
             members: Mutex::new(Members { list, leader: None }),
             next_any: AtomicUsize::new(0),
@@ -140,13 +177,19 @@ impl Router {
         let channel = match &member.channel {
             Some(channel) => channel.clone(),
             None => {
-                let endpoint = Endpoint::from_shared(format!("http://{}", member.addr))
+                let scheme = if self.tls.is_some() { "https" } else { "http" };
+                let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", member.addr))
                     .map_err(|err| {
                         Error::InvalidConfig(format!("endpoint {:?}: {err}", member.addr))
                     })?
                     .connect_timeout(self.settings.connect_timeout)
                     .tcp_nodelay(true);
-                let channel = endpoint.connect_lazy();
+                if let Some(tls) = &self.tls {
+                    endpoint = endpoint.tls_config(tls.clone()).map_err(|err| {
+                        Error::InvalidConfig(format!("endpoint {:?} tls: {err}", member.addr))
+                    })?;
+                }
+                let channel = InterceptedService::new(endpoint.connect_lazy(), self.auth.clone());
                 member.channel = Some(channel.clone());
                 channel
             }

@@ -5,6 +5,15 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// Environment variable with the CA bundle file (`--cacert`).
+pub const CACERT_ENV: &str = "RAFTCASK_CACERT";
+/// Environment variable with the client certificate file (`--cert`).
+pub const CERT_ENV: &str = "RAFTCASK_CERT";
+/// Environment variable with the client key file (`--key`).
+pub const KEY_ENV: &str = "RAFTCASK_KEY";
+/// Environment variable with the bearer token (`--token`).
+pub const TOKEN_ENV: &str = "RAFTCASK_TOKEN";
+
 /// The single-node default endpoint: what `cargo run -p kvnode` serves.
 pub const ENDPOINTS_DEFAULT: &str = "127.0.0.1:7001";
 /// Environment variable with the endpoints (comma-separated).
@@ -19,7 +28,10 @@ Exit codes (DESIGN §6):
   1  key not found (get, del, expire, persist of a missing key)
   2  usage: bad flags or arguments, a key or value over its limit (the
      message names the field and the limit), a local file that cannot be
-     read or written, or a call the server does not implement (UNIMPLEMENTED)
+     read or written, a call the server does not implement (UNIMPLEMENTED),
+     or refused credentials: a failed TLS handshake (untrusted or refused
+     certificate), UNAUTHENTICATED (missing or wrong --token) or
+     PERMISSION_DENIED
   3  cluster unavailable: no member answered in time (the message lists the
      endpoints tried), or the server failed the call
   4  condition failed: --if-version / --if-absent did not hold, or the
@@ -62,6 +74,21 @@ pub struct Cli {
     /// How long one command may take, retries included (`10s`, `500ms`).
     #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
     pub timeout: Duration,
+    /// CA bundle (PEM) that verifies the members' certificates; turns TLS
+    /// on (endpoints may be written https://host:port).
+    #[arg(long, global = true, env = CACERT_ENV, value_name = "FILE")]
+    pub cacert: Option<std::path::PathBuf>,
+    /// Client certificate (PEM), for clusters started with
+    /// --client-cert-auth; needs --key and --cacert.
+    #[arg(long, global = true, env = CERT_ENV, value_name = "FILE", requires_all = ["client_key", "cacert"])]
+    pub cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --cert.
+    #[arg(long = "key", id = "client_key", global = true, env = KEY_ENV, value_name = "FILE", requires = "cert")]
+    pub client_key: Option<std::path::PathBuf>,
+    /// Bearer token for clusters started with --auth-token-file (prefer the
+    /// variable: a flag shows in the process list).
+    #[arg(long, global = true, env = TOKEN_ENV, hide_env_values = true)]
+    pub token: Option<String>,
     /// The command.
     #[command(subcommand)]
     pub command: Command,
@@ -132,6 +159,29 @@ pub enum Command {
     Snapshot(SnapshotCommand),
     /// Load a cluster and report throughput and latency percentiles.
     Bench(BenchArgs),
+    /// Generate a development CA, node certificates and a client
+    /// certificate (PEM files) for a TLS cluster.
+    Certs(CertsArgs),
+}
+
+/// `certs` flags.
+#[derive(Debug, Args)]
+pub struct CertsArgs {
+    /// Directory the files go to (created if missing).
+    #[arg(long, default_value = "./certs")]
+    pub out: std::path::PathBuf,
+    /// A node certificate: NAME=HOST[,HOST...] (DNS names or IP addresses
+    /// the member is reached at). Repeat for each member; writes
+    /// NAME.pem and NAME-key.pem.
+    #[arg(long = "node", value_name = "NAME=HOSTS", required = true)]
+    pub nodes: Vec<String>,
+    /// Name of the client certificate (client.pem, client-key.pem by
+    /// default); valid for client authentication only.
+    #[arg(long, default_value = "client")]
+    pub client: String,
+    /// Overwrite files that exist.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// `put` flags.

@@ -42,12 +42,28 @@ pub struct Context {
     pub timeout: Duration,
     /// How to print.
     pub printer: Printer,
+    /// TLS settings (`--cacert`, `--cert`, `--key`).
+    pub tls: Option<kvclient::ClientTls>,
+    /// Bearer token (`--token`).
+    pub token: Option<String>,
 }
 
 impl Context {
+    /// A client builder for `endpoints` with the TLS settings and token.
+    pub fn builder(&self, endpoints: &[String]) -> kvclient::ClientBuilder {
+        let mut builder = Client::builder(endpoints.iter().cloned());
+        if let Some(tls) = &self.tls {
+            builder = builder.tls(tls.clone());
+        }
+        if let Some(token) = &self.token {
+            builder = builder.token(token.clone());
+        }
+        builder
+    }
+
     /// A client for `endpoints` with the command's timeout.
     pub fn client_for(&self, endpoints: &[String], timeout: Duration) -> Result<Client, Failure> {
-        Client::builder(endpoints.iter().cloned())
+        self.builder(endpoints)
             .operation_timeout(timeout)
             .request_timeout(timeout.min(kvclient::builder::REQUEST_TIMEOUT_DEFAULT))
             .connect_timeout(timeout.min(kvclient::builder::CONNECT_TIMEOUT_DEFAULT))
@@ -68,10 +84,16 @@ impl Context {
 
 /// Runs one command (not `bench`).
 pub async fn run(cli: Cli, printer: Printer) -> Result<(), Failure> {
+    if let Command::Certs(args) = &cli.command {
+        return crate::certs::run(&printer, args);
+    }
+    let tls = crate::certs::client_tls(&cli)?;
     let context = Context {
         endpoints: cli.endpoints,
         timeout: cli.timeout,
         printer,
+        tls,
+        token: cli.token,
     };
     match cli.command {
         Command::Get { key, consistency } => get(&context, key, consistency).await,
@@ -83,7 +105,14 @@ pub async fn run(cli: Cli, printer: Printer) -> Result<(), Failure> {
         Command::Status => status(&context).await,
         Command::Member(command) => member(&context, command).await,
         Command::Snapshot(command) => snapshot(&context, command).await,
+        Command::Bench(_) if context.tls.is_some() || context.token.is_some() => {
+            Err(Failure::usage(
+                "bench does not support TLS or a token yet (its load core dials plain TCP); \
+                 bench a cluster without them",
+            ))
+        }
         Command::Bench(args) => crate::bench::run(&context, args).await,
+        Command::Certs(_) => Ok(()),
     }
 }
 
@@ -394,7 +423,8 @@ fn role_name(role: i32) -> &'static str {
 /// Asks one member for its status.
 async fn member_status(context: &Context, address: &str) -> Result<cpb::StatusResponse, String> {
     let timeout = context.timeout.min(STATUS_MEMBER_TIMEOUT);
-    let client = Client::builder([address.to_string()])
+    let client = context
+        .builder(&[address.to_string()])
         .operation_timeout(timeout)
         .request_timeout(timeout)
         .connect_timeout(timeout)
@@ -585,6 +615,8 @@ async fn futures_join(
             endpoints: context.endpoints.clone(),
             timeout: context.timeout,
             printer: context.printer,
+            tls: context.tls.clone(),
+            token: context.token.clone(),
         };
         let address = address.clone();
         set.spawn(async move { (i, member_status(&context, &address).await) });

@@ -120,6 +120,18 @@ impl Failure {
             Error::Unimplemented { message } => Failure::usage(format!(
                 "the server does not implement this call yet (UNIMPLEMENTED): {message}"
             )),
+            Error::Tls { message } => Failure::usage(format!(
+                "TLS handshake with the cluster failed: {message} (check --cacert, --cert and \
+                 --key; tried {})",
+                tried()
+            )),
+            Error::Rpc {
+                code: code @ (Code::Unauthenticated | Code::PermissionDenied),
+                message,
+            } => Failure::usage(format!(
+                "the cluster refused the credentials ({code:?}): {message} (check --token, \
+                 --cert and --key)"
+            )),
             Error::Rpc { code, message } => {
                 let exit = match code {
                     Code::FailedPrecondition | Code::AlreadyExists | Code::Aborted => {

@@ -6,8 +6,14 @@
 //! [`kvclient`] and kvbench's load core.
 //!
 //! ```text
-//! kvctl [--endpoints a,b,c | KVCTL_ENDPOINTS] [-o table|json] [--hex] [--timeout 10s] <command>
+//! kvctl [--endpoints a,b,c | KVCTL_ENDPOINTS] [-o table|json] [--hex] [--timeout 10s]
+//!       [--cacert FILE] [--cert FILE --key FILE] [--token T | RAFTCASK_TOKEN] <command>
 //! ```
+//!
+//! TLS: `--cacert` (RAFTCASK_CACERT) turns it on; `--cert`/`--key`
+//! (RAFTCASK_CERT, RAFTCASK_KEY) present a client certificate; `--token`
+//! (RAFTCASK_TOKEN) sends a bearer token. `kvctl certs` writes a
+//! development CA, node certificates and a client certificate.
 //!
 //! The default endpoint is `127.0.0.1:7001`, what `cargo run -p kvnode`
 //! serves.
@@ -18,7 +24,7 @@
 //! |------|---------|---------------|
 //! | 0 | ok | |
 //! | 1 | key not found (get, del, expire, persist) | `Ok(None)`, `found = false`, `KeyNotFound` |
-//! | 2 | usage: bad flags, a key or value over its limit, a local file, a call the server does not implement | `InvalidConfig`, `InvalidArgument`, `Unimplemented` |
+//! | 2 | usage: bad flags, a key or value over its limit, a local file, a call the server does not implement, refused credentials | `InvalidConfig`, `InvalidArgument`, `Unimplemented`, `Tls`, `Rpc` UNAUTHENTICATED / PERMISSION_DENIED |
 //! | 3 | cluster unavailable (the endpoints tried are named) | `Unavailable`, `Protocol`, other `Rpc` codes |
 //! | 4 | condition failed | `VersionMismatch`, `Rpc` FAILED_PRECONDITION |
 //! | 5 | outcome unknown (applied at most once) | `OutcomeUnknown` |
@@ -27,6 +33,8 @@
 //!
 //! - [`cli`]: the grammar (clap) and duration parsing.
 //! - [`commands`]: each command's calls and output.
+//! - [`certs`]: `kvctl certs` (development CA and certificates) and the
+//!   TLS settings from `--cacert`, `--cert`, `--key`.
 //! - [`bench`]: `kvctl bench` on `kvbench::load`, with a progress bar.
 //! - [`plot`]: the bench's SVG (latency over time, latency histogram).
 //! - [`output`]: tables, JSON, binary-safe bytes, colours.
@@ -49,6 +57,7 @@
 //! ```
 
 pub mod bench;
+pub mod certs;
 pub mod cli;
 pub mod commands;
 pub mod exit;

@@ -10,6 +10,12 @@
 //! - `/metrics`: the counters and histograms of [`Metrics`], with the Raft
 //!   and engine gauges filled at scrape time.
 //!
+//! With TLS on (the member's `--tls-*` flags) the port speaks HTTPS
+//! through a rustls acceptor in front of axum, client certificates
+//! demanded when `--admin-client-cert-auth` is set; handshakes run
+//! concurrently, each bounded by [`TLS_HANDSHAKE_TIMEOUT`], and hold a
+//! connection slot while they run.
+//!
 //! Connections are capped ([`ADMIN_CONNECTIONS_MAX`]) and closed when idle
 //! ([`ADMIN_IDLE_TIMEOUT`]); the server stops
 //! accepting when the node's shutdown signal fires and finishes the
@@ -31,6 +37,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::metrics::{EngineView, METRICS_CONTENT_TYPE, Metrics, ScrapeView};
+use crate::security::TLS_HANDSHAKE_TIMEOUT;
 use crate::state_machine::StateMachine;
 use crate::types::TypeConfig;
 
@@ -204,11 +211,19 @@ pub fn router(state: AdminState) -> Router {
         .with_state(state)
 }
 
-/// Serves the admin port until `stop` turns true (or its sender is gone).
-pub async fn serve(listener: TcpListener, state: AdminState, mut stop: watch::Receiver<bool>) {
+/// Serves the admin port until `stop` turns true (or its sender is gone);
+/// HTTPS when `tls` is given.
+pub async fn serve(
+    listener: TcpListener,
+    state: AdminState,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    mut stop: watch::Receiver<bool>,
+) {
     let listener = CappedListener {
         listener,
         permits: Arc::new(Semaphore::new(ADMIN_CONNECTIONS_MAX)),
+        tls: tls.map(tokio_rustls::TlsAcceptor::from),
+        handshakes: tokio::task::JoinSet::new(),
     };
     let result = axum::serve(listener, router(state))
         .with_graceful_shutdown(async move {
@@ -221,10 +236,40 @@ pub async fn serve(listener: TcpListener, state: AdminState, mut stop: watch::Re
 }
 
 /// A listener that holds a permit per open connection, so at most
-/// [`ADMIN_CONNECTIONS_MAX`] are served at once.
+/// [`ADMIN_CONNECTIONS_MAX`] are served (or in their TLS handshake) at
+/// once.
 struct CappedListener {
     listener: TcpListener,
     permits: Arc<Semaphore>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    /// TLS handshakes under way; each ends in a connection or nothing.
+    handshakes: tokio::task::JoinSet<Option<(CappedStream, std::net::SocketAddr)>>,
+}
+
+/// Waits for room, then accepts a TCP connection (retrying accept
+/// errors); cancel-safe.
+async fn accept_tcp(
+    listener: &TcpListener,
+    permits: &Arc<Semaphore>,
+) -> (TcpStream, std::net::SocketAddr, OwnedSemaphorePermit) {
+    // The semaphore is never closed, so acquiring fails only if it
+    // were.
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+            continue;
+        };
+        match listener.accept().await {
+            Ok((stream, addr)) => {
+                let _ = stream.set_nodelay(true);
+                return (stream, addr, permit);
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "admin port: accept failed");
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+            }
+        }
+    }
 }
 
 impl axum::serve::Listener for CappedListener {
@@ -232,28 +277,36 @@ impl axum::serve::Listener for CappedListener {
     type Addr = std::net::SocketAddr;
 
     async fn accept(&mut self) -> (CappedStream, std::net::SocketAddr) {
-        // The semaphore is never closed, so acquiring fails only if it
-        // were; wait for room, then accept (retrying accept errors).
+        let CappedListener {
+            listener,
+            permits,
+            tls,
+            handshakes,
+        } = self;
         loop {
-            let Ok(permit) = self.permits.clone().acquire_owned().await else {
-                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
-                continue;
-            };
-            match self.listener.accept().await {
-                Ok((stream, addr)) => {
-                    let _ = stream.set_nodelay(true);
-                    return (
-                        CappedStream {
-                            stream,
-                            idle: Box::pin(tokio::time::sleep(ADMIN_IDLE_TIMEOUT)),
-                            _permit: permit,
-                        },
-                        addr,
-                    );
+            tokio::select! {
+                Some(done) = handshakes.join_next(), if !handshakes.is_empty() => {
+                    if let Ok(Some(connection)) = done {
+                        return connection;
+                    }
                 }
-                Err(err) => {
-                    tracing::warn!(error = %err, "admin port: accept failed");
-                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                (stream, addr, permit) = accept_tcp(listener, permits) => {
+                    let Some(acceptor) = tls.clone() else {
+                        return (CappedStream::new(Box::new(stream), permit), addr);
+                    };
+                    handshakes.spawn(async move {
+                        match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                            Ok(Ok(tls)) => Some((CappedStream::new(Box::new(tls), permit), addr)),
+                            Ok(Err(err)) => {
+                                tracing::debug!(error = %err, %addr, "admin port: TLS handshake failed");
+                                None
+                            }
+                            Err(_) => {
+                                tracing::debug!(%addr, "admin port: TLS handshake timed out");
+                                None
+                            }
+                        }
+                    });
                 }
             }
         }
@@ -264,16 +317,29 @@ impl axum::serve::Listener for CappedListener {
     }
 }
 
+/// A byte stream an admin connection runs on: plain TCP or TLS over it.
+trait AdminIo: AsyncRead + AsyncWrite + Send + Unpin {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> AdminIo for T {}
+
 /// An admin connection; its permit returns when it closes. Reads and
 /// writes fail with `TimedOut` once nothing moved for
 /// [`ADMIN_IDLE_TIMEOUT`], which makes the server drop the connection.
 struct CappedStream {
-    stream: TcpStream,
+    stream: Box<dyn AdminIo>,
     idle: Pin<Box<tokio::time::Sleep>>,
     _permit: OwnedSemaphorePermit,
 }
 
 impl CappedStream {
+    fn new(stream: Box<dyn AdminIo>, permit: OwnedSemaphorePermit) -> CappedStream {
+        CappedStream {
+            stream,
+            idle: Box::pin(tokio::time::sleep(ADMIN_IDLE_TIMEOUT)),
+            _permit: permit,
+        }
+    }
+
     /// Passes a ready result through (restarting the idle clock), or, while
     /// pending, fails once the connection has been idle too long.
     fn track<T>(&mut self, cx: &mut Context<'_>, poll: Poll<io::Result<T>>) -> Poll<io::Result<T>> {

@@ -58,6 +58,9 @@
 //! - [`merge_policy`]: the leader's merge policy (proposes merge entries
 //!   when dead bytes pile up, one at a time) and the snapshot-by-bytes
 //!   trigger.
+//! - [`security`]: TLS material and the ports' TLS settings (mutual TLS
+//!   on the peer port), the client port's bearer-token check, and a
+//!   development CA (`kvctl certs`, tests).
 //! - [`testing`]: test support for the crates above (an in-process cluster
 //!   on a private loopback address); nothing in the node uses it.
 //! - [`backup`]: the backup archive (format, writer, verifying reader) and
@@ -81,6 +84,7 @@ pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod read_index;
+pub mod security;
 pub mod service;
 pub mod snapshot;
 pub mod state_machine;

@@ -38,13 +38,14 @@ use openraft::{OptionalSend, Snapshot, Vote};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::codec;
 use crate::faults::Faults;
 use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::read_index::ReadIndexError;
+use crate::security::{SecurityError, TlsMaterial};
 use crate::snapshot::{self, ManifestFile, SnapshotHandle};
 use crate::types::{NodeInfo, TypeConfig};
 
@@ -105,6 +106,8 @@ pub struct Network {
     faults: Faults,
     channels: Arc<Mutex<HashMap<u64, (String, Channel)>>>,
     metrics: Option<Metrics>,
+    /// TLS of outgoing peer connections (`None` = plain TCP).
+    tls: Option<ClientTlsConfig>,
 }
 
 impl Network {
@@ -118,7 +121,21 @@ impl Network {
             faults,
             channels: Arc::default(),
             metrics: None,
+            tls: None,
         }
+    }
+
+    /// Dials peers over TLS with `tls` (the cluster CA verifies them, this
+    /// member's certificate identifies it); `None` = plain TCP.
+    pub fn with_tls(mut self, tls: Option<TlsMaterial>) -> Result<Network, SecurityError> {
+        self.tls = tls.map(|tls| tls.peer_channel_tls());
+        // Catch a configuration tonic refuses at start, not at first dial.
+        if let Some(tls) = &self.tls {
+            Endpoint::from_static("https://peer.invalid:1")
+                .tls_config(tls.clone())
+                .map_err(|err| SecurityError::Tls(format!("peer channel TLS: {err}")))?;
+        }
+        Ok(self)
     }
 
     /// Counts snapshot bytes sent into `metrics`.
@@ -127,8 +144,8 @@ impl Network {
         self
     }
 
-    /// The one place outgoing peer connections are configured (TLS will
-    /// plug in here).
+    /// The one place outgoing peer connections are configured (https and
+    /// this member's certificate when TLS is on).
     fn channel(&self, target: u64, addr: &str) -> Result<Channel, String> {
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((cached, channel)) = channels.get(&target)
@@ -136,11 +153,17 @@ impl Network {
         {
             return Ok(channel.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(|err| format!("bad peer address {addr:?}: {err}"))?
             .connect_timeout(CONNECT_TIMEOUT)
             .local_address(self.local_ip)
             .tcp_nodelay(true);
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|err| format!("peer {addr:?} TLS: {err}"))?;
+        }
         let channel = endpoint.connect_lazy();
         channels.insert(target, (addr.to_string(), channel.clone()));
         Ok(channel)

@@ -24,6 +24,7 @@ use crate::membership::Membership;
 use crate::merge_policy::{MergePolicy, ProposeMerge, SnapshotPolicy};
 use crate::network::Network;
 use crate::read_index::ReadRounds;
+use crate::security::{ClientCerts, Security, SecurityError};
 use crate::service::cluster::ClusterService;
 use crate::service::kv::KvService;
 use crate::service::raft::PeerService;
@@ -71,6 +72,8 @@ pub struct NodeConfig {
     pub faults: Faults,
     /// Limits under load and the free-space watermark ([`crate::limits`]).
     pub limits: crate::limits::Limits,
+    /// TLS on the ports and the client port's token (off by default).
+    pub security: Security,
 }
 
 /// Default of [`NodeConfig::snapshot_log_keep`]: entries kept behind a
@@ -101,6 +104,7 @@ impl NodeConfig {
             snapshot_policy: SnapshotPolicy::default(),
             faults: Faults::default(),
             limits: crate::limits::Limits::default(),
+            security: Security::default(),
         }
     }
 }
@@ -147,6 +151,9 @@ pub enum StartError {
         /// This directory's cluster id.
         mine: u64,
     },
+    /// The TLS material or the token is unusable.
+    #[error("security: {0}")]
+    Security(#[from] SecurityError),
     /// The configuration is invalid.
     #[error("configuration: {0}")]
     Config(String),
@@ -452,6 +459,7 @@ fn validate(config: &NodeConfig) -> Result<(), StartError> {
     for (id, info) in &config.initial_cluster {
         info.validate(*id).map_err(StartError::Config)?;
     }
+    config.security.validate()?;
     config.limits.validate().map_err(StartError::Config)
 }
 
@@ -522,7 +530,8 @@ impl Node {
         .await
         .map_err(|err| StartError::Raft(format!("open task: {err}")))??;
         let network = Network::new(identity.clone(), peer_addr.ip(), config.faults.clone())
-            .with_metrics(member_metrics.clone());
+            .with_metrics(member_metrics.clone())
+            .with_tls(config.security.tls.clone())?;
         let existing = check_peers_cluster(&network, &identity, &config.initial_cluster).await?;
         state_machine.set_cluster_id(identity.cluster_id());
 
@@ -636,10 +645,24 @@ impl Node {
                 limits.handshake_timeout,
             ),
         );
+        let security = &config.security;
+        // TLS first (the builder), then the limits, then the credential
+        // checks: a request over the in-flight cap is refused before its
+        // credentials are looked at.
+        let mut peer_server = crate::limits::peer_server(crate::security::grpc_server(
+            security.tls.as_ref(),
+            ClientCerts::Required,
+        )?)
+        .layer(tonic::service::InterceptorLayer::new(security.peer_check()?));
+        let mut client_server = crate::limits::client_server(
+            crate::security::grpc_server(security.tls.as_ref(), security.client_certs())?,
+            &limits,
+        )
+        .layer(tonic::service::InterceptorLayer::new(security.client_check()));
         let mut servers = Vec::new();
         let mut stop = shutdown.subscribe();
         servers.push(tokio::spawn(async move {
-            let result = crate::limits::peer_server(tonic::transport::Server::builder())
+            let result = peer_server
                 .add_service(peer_service.into_server())
                 .serve_with_incoming_shutdown(peer, async move {
                     let _ = stop.wait_for(|s| *s).await;
@@ -651,7 +674,7 @@ impl Node {
         }));
         let mut stop = shutdown.subscribe();
         servers.push(tokio::spawn(async move {
-            let result = crate::limits::client_server(tonic::transport::Server::builder(), &limits)
+            let result = client_server
                 .add_service(kv_service.into_server())
                 .add_service(cluster_service.into_server())
                 .serve_with_incoming_shutdown(client, async move {
@@ -705,7 +728,12 @@ impl Node {
                 member_metrics.clone(),
             );
             let stop = shutdown.subscribe();
-            servers.push(tokio::spawn(crate::admin::serve(listener, state, stop)));
+            let tls = (security.tls.as_ref())
+                .map(|tls| tls.rustls_server_config(security.admin_client_cert_auth))
+                .transpose()?;
+            servers.push(tokio::spawn(crate::admin::serve(
+                listener, state, tls, stop,
+            )));
         }
         let mut stop = shutdown.subscribe();
         let mut metrics = raft.metrics();

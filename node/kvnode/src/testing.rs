@@ -55,7 +55,29 @@ impl LocalCluster {
     /// Starts members `1..=members` with data under `root/node<i>`; member
     /// 1 bootstraps. Does not wait for a leader.
     pub async fn start(root: &Path, members: u64) -> Result<LocalCluster, StartError> {
-        let ip = private_loopback();
+        LocalCluster::start_configured(root, members, |_| {}).await
+    }
+
+    /// As [`LocalCluster::start`], with `configure` adjusting each member's
+    /// configuration (addresses already set) before it starts: TLS
+    /// material, a token.
+    pub async fn start_configured(
+        root: &Path,
+        members: u64,
+        configure: impl FnMut(&mut NodeConfig),
+    ) -> Result<LocalCluster, StartError> {
+        LocalCluster::start_on(private_loopback(), root, members, configure).await
+    }
+
+    /// As [`LocalCluster::start_configured`], every member on `ip` (one
+    /// from [`private_loopback`], known before certificates naming it are
+    /// made).
+    pub async fn start_on(
+        ip: IpAddr,
+        root: &Path,
+        members: u64,
+        mut configure: impl FnMut(&mut NodeConfig),
+    ) -> Result<LocalCluster, StartError> {
         let any_port = SocketAddr::new(ip, 0);
         let bind_error = |source| StartError::Bind {
             addr: any_port,
@@ -99,6 +121,7 @@ impl LocalCluster {
                 initial.clone(),
             );
             config.bootstrap = id == 1;
+            configure(&mut config);
             let node = Node::start_with_listeners(
                 config,
                 Listeners {

@@ -26,6 +26,15 @@ pub struct Cluster {
 impl Cluster {
     /// Starts three members and waits until they agree on a leader.
     pub fn start() -> Cluster {
+        Cluster::start_on(kvnode::testing::private_loopback(), |_| {})
+    }
+
+    /// [`Cluster::start`] on `ip`, `configure` adjusting each member's
+    /// configuration (TLS, a token) before it starts.
+    pub fn start_on(
+        ip: std::net::IpAddr,
+        configure: impl FnMut(&mut kvnode::NodeConfig),
+    ) -> Cluster {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -33,7 +42,7 @@ impl Cluster {
             .expect("runtime");
         let root = tempfile::tempdir().expect("tempdir");
         let members = runtime
-            .block_on(LocalCluster::start(root.path(), MEMBERS))
+            .block_on(LocalCluster::start_on(ip, root.path(), MEMBERS, configure))
             .unwrap_or_else(|err| panic!("start the cluster: {err}"));
         let cluster = Cluster {
             runtime,
@@ -155,6 +164,10 @@ pub fn kvctl_in(args: &[&str], input: Option<&[u8]>, dir: Option<&Path>) -> Run 
         .args(args)
         .env("NO_COLOR", "1")
         .env_remove("KVCTL_ENDPOINTS")
+        .env_remove("RAFTCASK_CACERT")
+        .env_remove("RAFTCASK_CERT")
+        .env_remove("RAFTCASK_KEY")
+        .env_remove("RAFTCASK_TOKEN")
         .stdin(if input.is_some() {
             Stdio::piped()
         } else {

@@ -5,3 +5,4 @@ mod bad_input;
 mod cluster;
 mod harness;
 mod keys;
+mod tls;

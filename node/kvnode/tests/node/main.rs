@@ -24,4 +24,5 @@ mod replica_files;
 mod snapshot_transfer;
 mod state_machine;
 mod suite;
+mod tls;
 mod ttl;

@@ -10,6 +10,10 @@
 //! - `kvnode restore --from FILE --data-dir D --id N --initial-cluster ...`
 //!   seeds a member of a new cluster from a backup archive ([`restore`]).
 //!
+//! TLS and client authentication (`--tls-cert`, `--tls-key`, `--tls-ca`,
+//! `--client-cert-auth`, `--admin-client-cert-auth`, `--auth-token-file`,
+//! each also a KVNODE_* variable) are [`kvnode::security`]'s.
+//!
 //! `main` parses flags, sets up tracing and calls the library; SIGINT and
 //! SIGTERM shut a member down gracefully.
 
@@ -37,6 +41,7 @@ use kvnode::merge_policy::{
     SNAPSHOT_EVERY_BYTES_DEFAULT, SNAPSHOT_EVERY_ENTRIES_DEFAULT, SnapshotPolicy,
 };
 use kvnode::node::SNAPSHOT_LOG_KEEP_DEFAULT;
+use kvnode::security::{AuthToken, Security, TlsMaterial};
 use kvnode::{Node, NodeConfig, NodeInfo};
 
 /// Log filter when `RUST_LOG` is unset: our own events at info, openraft's
@@ -149,6 +154,62 @@ struct RunArgs {
     /// watermark.
     #[arg(long, env = "KVNODE_DISK_FREE_MIN_BYTES", default_value_t = DISK_FREE_MIN_BYTES_DEFAULT)]
     disk_free_min_bytes: u64,
+    #[command(flatten)]
+    security: SecurityArgs,
+}
+
+/// TLS and client authentication flags of `kvnode run` (all off by
+/// default). `kvnode local` passes them to its members through the
+/// environment (KVNODE_TLS_CERT and so on are inherited).
+#[derive(Debug, clap::Args)]
+struct SecurityArgs {
+    /// This member's certificate (PEM; chain after the leaf). With
+    /// --tls-key and --tls-ca it turns TLS on for the client, peer and
+    /// admin ports; the peer port then accepts only callers with a node
+    /// certificate signed by --tls-ca.
+    #[arg(long, env = "KVNODE_TLS_CERT", requires_all = ["tls_key", "tls_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "KVNODE_TLS_KEY", requires_all = ["tls_cert", "tls_ca"])]
+    tls_key: Option<PathBuf>,
+    /// The cluster CA bundle (PEM): verifies peers and, where asked,
+    /// client certificates.
+    #[arg(long, env = "KVNODE_TLS_CA", requires_all = ["tls_cert", "tls_key"])]
+    tls_ca: Option<PathBuf>,
+    /// The client port demands a client certificate signed by --tls-ca
+    /// (mutual TLS). As a variable: KVNODE_CLIENT_CERT_AUTH=true.
+    #[arg(long, env = "KVNODE_CLIENT_CERT_AUTH", requires = "tls_cert")]
+    client_cert_auth: bool,
+    /// The admin port demands a client certificate signed by --tls-ca.
+    #[arg(long, env = "KVNODE_ADMIN_CLIENT_CERT_AUTH", requires = "tls_cert")]
+    admin_client_cert_auth: bool,
+    /// A file holding the bearer token every client-port request must
+    /// carry (`authorization: Bearer <token>`); without it, no token is
+    /// asked for.
+    #[arg(long, env = "KVNODE_AUTH_TOKEN_FILE")]
+    auth_token_file: Option<PathBuf>,
+}
+
+impl SecurityArgs {
+    fn security(&self) -> anyhow::Result<Security> {
+        let tls = match (&self.tls_cert, &self.tls_key, &self.tls_ca) {
+            (Some(cert), Some(key), Some(ca)) => Some(TlsMaterial::load(cert, key, ca)?),
+            (None, None, None) => None,
+            _ => bail!("--tls-cert, --tls-key and --tls-ca go together"),
+        };
+        let auth_token = match &self.auth_token_file {
+            Some(path) => Some(AuthToken::load(path)?),
+            None => None,
+        };
+        let security = Security {
+            tls,
+            client_cert_auth: self.client_cert_auth,
+            admin_client_cert_auth: self.admin_client_cert_auth,
+            auth_token,
+        };
+        security.validate()?;
+        Ok(security)
+    }
 }
 
 pub(crate) fn parse_cluster(spec: &str) -> anyhow::Result<BTreeMap<u64, NodeInfo>> {
@@ -196,6 +257,7 @@ fn run_config(args: RunArgs) -> anyhow::Result<NodeConfig> {
     );
     config.bootstrap = args.bootstrap;
     config.admin_addr = args.admin_addr;
+    config.security = args.security.security()?;
     config.snapshot_log_keep = args.snapshot_log_keep;
     config.snapshot_policy = SnapshotPolicy {
         every_entries: args.snapshot_every_entries,
