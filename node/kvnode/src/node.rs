@@ -653,12 +653,16 @@ impl Node {
             security.tls.as_ref(),
             ClientCerts::Required,
         )?)
-        .layer(tonic::service::InterceptorLayer::new(security.peer_check()?));
+        .layer(tonic::service::InterceptorLayer::new(
+            security.peer_check()?,
+        ));
         let mut client_server = crate::limits::client_server(
             crate::security::grpc_server(security.tls.as_ref(), security.client_certs())?,
             &limits,
         )
-        .layer(tonic::service::InterceptorLayer::new(security.client_check()));
+        .layer(tonic::service::InterceptorLayer::new(
+            security.client_check(),
+        ));
         let mut servers = Vec::new();
         let mut stop = shutdown.subscribe();
         servers.push(tokio::spawn(async move {
