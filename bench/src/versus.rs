@@ -33,8 +33,10 @@ pub const PLOT_SIZE_PIXELS: (u32, u32) = (1200, 900);
 /// One workload of the matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Workload {
-    /// Its name in the table and the plot.
+    /// Its name in the table.
     pub name: &'static str,
+    /// Its name on the plot's axis.
+    pub short: &'static str,
     /// Puts or gets.
     pub op: OpKind,
     /// Value size of the puts.
@@ -50,6 +52,7 @@ pub struct Workload {
 pub const WORKLOADS: [Workload; 4] = [
     Workload {
         name: "put 256 B",
+        short: "put 256B",
         op: OpKind::Put,
         value_size_bytes: 256,
         consistency: Consistency::Linearizable,
@@ -57,6 +60,7 @@ pub const WORKLOADS: [Workload; 4] = [
     },
     Workload {
         name: "put 4 KiB",
+        short: "put 4KiB",
         op: OpKind::Put,
         value_size_bytes: 4096,
         consistency: Consistency::Linearizable,
@@ -64,6 +68,7 @@ pub const WORKLOADS: [Workload; 4] = [
     },
     Workload {
         name: "get linearizable",
+        short: "get lin",
         op: OpKind::Get,
         value_size_bytes: 256,
         consistency: Consistency::Linearizable,
@@ -71,6 +76,7 @@ pub const WORKLOADS: [Workload; 4] = [
     },
     Workload {
         name: "get stale/serializable",
+        short: "get stale",
         op: OpKind::Get,
         value_size_bytes: 256,
         consistency: Consistency::Stale,
@@ -144,9 +150,18 @@ pub struct Cell {
 }
 
 impl Cell {
-    /// Short label for the plot's axis.
+    /// The workload and client count, as in the table.
     pub fn label(&self) -> String {
         format!("{} x{}", self.workload, self.clients)
+    }
+
+    /// A shorter label for the plot's axis.
+    pub fn short_label(&self) -> String {
+        let short = WORKLOADS
+            .iter()
+            .find(|w| w.name == self.workload)
+            .map_or(self.workload, |w| w.short);
+        format!("{short} x{}", self.clients)
     }
 }
 
@@ -316,7 +331,7 @@ pub fn write_svg(
     let root = SVGBackend::new(path, PLOT_SIZE_PIXELS).into_drawing_area();
     root.fill(&WHITE)?;
     let (upper, lower) = root.split_vertically(PLOT_SIZE_PIXELS.1 / 2);
-    let labels: Vec<String> = cells.iter().map(Cell::label).collect();
+    let labels: Vec<String> = cells.iter().map(Cell::short_label).collect();
     type Pick = fn(&Summary) -> f64;
     let panels: [(_, String, &str, Pick); 2] = [
         (upper, format!("{title}: throughput"), "ops/s", |s| {
@@ -352,7 +367,8 @@ pub fn write_svg(
                     String::new()
                 }
             })
-            .x_label_style(("sans-serif", 11))
+            .x_label_style(("sans-serif", 12))
+            .y_label_formatter(&|y: &f64| format!("{y:.0}"))
             .y_desc(y_desc)
             .draw()?;
         for (offset, system) in [(0.1, System::Raftcask), (0.5, System::Etcd)] {
@@ -457,7 +473,7 @@ mod tests {
         ];
         write_svg(&path, "raftcask vs etcd", &cells).expect("svg");
         let svg = std::fs::read_to_string(&path).expect("read svg");
-        for text in ["raftcask", "etcd", "put 256 B x1", "get linearizable x64"] {
+        for text in ["raftcask", "etcd", "put 256B x1", "get lin x64"] {
             assert!(svg.contains(text), "{text} missing");
         }
     }
