@@ -795,6 +795,20 @@ async fn client_loop(shared: Arc<Shared>, client: usize) -> Tally {
     tally
 }
 
+/// The etcd endpoint among `endpoints` that answers etcd's `Status` call
+/// as the leader (the one the etcd backend sends writes and leader reads
+/// to), or `None` when none does.
+#[cfg(feature = "etcd")]
+pub async fn etcd_leader(endpoints: &[String]) -> Result<Option<String>, ConfigError> {
+    let pool = Pool {
+        connections: 1,
+        channels: Mutex::new(BTreeMap::new()),
+    };
+    etcd::Clients::connect(&pool, endpoints)
+        .await
+        .map(|(_, leader)| leader)
+}
+
 /// Runs the load described by `config` (validated first).
 pub async fn run(config: LoadConfig) -> Result<LoadReport, ConfigError> {
     run_observed(config, Arc::new(Progress::default())).await

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use kvbench::load::etcd_leader;
 use kvbench::versus::{
     CLIENTS_FULL, CLIENTS_QUICK, MatrixConfig, WORKLOADS, run_matrix, table, write_svg,
 };
@@ -81,6 +82,13 @@ async fn main() -> Result<()> {
         key_space: args.key_space,
         seed: args.seed,
     };
+    let leader = etcd_leader(&matrix.etcd).await.context("etcd endpoints")?;
+    eprintln!(
+        "etcd-compare: etcd leader {}",
+        leader
+            .as_deref()
+            .unwrap_or("not found (writes go to the first endpoint, which forwards them)")
+    );
     let cells_total = WORKLOADS.len() * matrix.clients.len();
     eprintln!(
         "etcd-compare: {cells_total} cells x 2 systems x {seconds} s (about {} s)",

@@ -2,7 +2,7 @@
 //! matrix (`kvbench::versus`) against a real single-member etcd (child
 //! process on a private loopback address) and an in-process three-member
 //! raftcask cluster completes every cell on both with no errors, the
-//! systems alternate, and an etcd backend pointed at nothing counts every
+//! systems alternate, etcd's leader is found (by its `Status` answer), and an etcd backend pointed at nothing counts every
 //! failure (so "no errors" means etcd answered).
 //!
 //! Needs `etcd` on PATH: panics with a clear message when it is missing.
@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvbench::load::{LoadConfig, OpKind, Progress, ReadTarget, System, run_system};
+use kvbench::load::{LoadConfig, OpKind, Progress, ReadTarget, System, etcd_leader, run_system};
 use kvbench::versus::{MatrixConfig, WORKLOADS, run_matrix};
 use kvnode::testing::{LocalCluster, private_loopback};
 use kvproto::kv::v1::Consistency;
@@ -117,6 +117,12 @@ async fn one_matrix_runs_against_etcd_and_raftcask() {
         .expect("raftcask leader");
     let etcd_endpoints = vec![etcd.endpoint.clone()];
     wait_for_writes(System::Etcd, &etcd_endpoints).await;
+    // The one member is the leader; an address that is not etcd is not.
+    let nowhere = format!("{}:1", private_loopback());
+    assert_eq!(
+        etcd_leader(&[nowhere, etcd.endpoint.clone()]).await,
+        Ok(Some(etcd.endpoint.clone()))
+    );
     wait_for_writes(System::Raftcask, &raftcask.endpoints()).await;
 
     let matrix = MatrixConfig {
