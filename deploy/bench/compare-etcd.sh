@@ -23,7 +23,7 @@
 #   --no-build   use the binaries already in target/release
 #   --keep-data  leave the temporary data directory (its path is printed)
 # Environment: CARGO_LOCK=FILE wraps the build in `flock FILE` (shared
-# build machines).
+# build machines); KVNODE=PATH runs another kvnode binary (A/B experiments).
 set -euo pipefail
 
 # Bounds of the waits below.
@@ -91,7 +91,7 @@ if [ "$BUILD" = 1 ]; then
         "${BUILD_CMD[@]}"
     fi
 fi
-KVNODE=$REPO/target/release/kvnode
+KVNODE=${KVNODE:-$REPO/target/release/kvnode}
 COMPARE=$REPO/target/release/etcd-compare
 [ -x "$KVNODE" ] && [ -x "$COMPARE" ] || die "missing $KVNODE or $COMPARE (build without --no-build)"
 
