@@ -191,11 +191,15 @@ echo "- etcd: $(etcd --version | head -1 | sed 's/etcd Version: //'), defaults (
 echo "- machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), $(free -g | awk '/Mem:/ {print $2}') GiB, kernel $(uname -r)"
 echo "- load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-set +e
+# In the background and waited for, so SIGINT/SIGTERM run the trap at once
+# (bash defers traps until a foreground child exits); cleanup stops it too.
 timeout --signal=TERM --kill-after=10 "$BOUND_S" "$COMPARE" \
     --raftcask "$RAFTCASK_ENDPOINTS" --etcd "$ETCD_ENDPOINTS" \
     "${QUICK_ARG[@]}" "${SECONDS_ARG[@]}" "${CLIENTS_ARG[@]}" \
-    --svg "$OUT/compare-etcd.svg" --markdown "$OUT/compare-etcd.md"
+    --svg "$OUT/compare-etcd.svg" --markdown "$OUT/compare-etcd.md" &
+PIDS+=($!)
+set +e
+wait "$!"
 RC=$?
 set -e
 echo
