@@ -20,7 +20,10 @@
 //! - [`load`]: the cluster load generator (gRPC clients, leader discovery,
 //!   latency histogram, errors by kind, ops per Raft entry, a live progress
 //!   counter and a bounded latency-over-time sample); `kvctl bench` runs on
-//!   it too.
+//!   it too. With feature `etcd` the same loop drives etcd's v3 API
+//!   ([`load::System`]).
+//! - `versus` (feature `etcd`): the raftcask-vs-etcd matrix, its table and
+//!   its SVG.
 //!
 //! ## Binaries (default build)
 //! - `cluster-load`: drives a running cluster with [`load`] and prints a
@@ -33,6 +36,10 @@
 //!   it is a separate program (the comparison itself runs on the plain
 //!   system allocator).
 //!
+//! ## Binaries (feature `etcd`)
+//! - `etcd-compare`: raftcask vs etcd on running clusters, one table and
+//!   an SVG; `deploy/bench/compare-etcd.sh` starts both clusters and runs it.
+//!
 //! Build and run (release profile):
 //! `cargo build --release -p kvbench --features compare` then
 //! `target/release/engine-compare`.
@@ -44,4 +51,6 @@ pub mod probe;
 pub mod report;
 pub mod run;
 pub mod store;
+#[cfg(feature = "etcd")]
+pub mod versus;
 pub mod workload;

@@ -18,6 +18,12 @@
 //!   65536 + position`, so the distinct `version >> 16` values are the
 //!   entries that carried the run's writes; acknowledged writes divided by
 //!   that count is the mean batching factor the proposal batcher achieved.
+//! - [`System`]: the same loop drives etcd's v3 API instead (feature `etcd`,
+//!   module `etcd`): same clients, connections (one tonic channel each,
+//!   built the same way), keys, values, bounds and retry rules; only the
+//!   two RPCs differ. etcd has no redirects (its members forward writes to
+//!   the leader); the load generator finds etcd's leader once at the start
+//!   so writes and leader reads take the same one hop as raftcask's.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +42,34 @@ use rand::{Rng as _, RngCore as _, SeedableRng as _};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::report::{Table, count};
+
+#[cfg(feature = "etcd")]
+mod etcd;
+
+/// The system a run drives. Everything but the two RPCs (put, get) is the
+/// same code for each.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum System {
+    /// A raftcask cluster (kvproto's gRPC API).
+    #[default]
+    Raftcask,
+    /// An etcd v3 cluster (`etcd-client` on the same tonic channels).
+    /// Stale reads are etcd's serializable reads; a put acknowledges no
+    /// Raft entry, so `ops/entry` stays empty.
+    #[cfg(feature = "etcd")]
+    Etcd,
+}
+
+impl System {
+    /// Its lower-case name (table columns, plot legends).
+    pub fn name(self) -> &'static str {
+        match self {
+            System::Raftcask => "raftcask",
+            #[cfg(feature = "etcd")]
+            System::Etcd => "etcd",
+        }
+    }
+}
 
 /// Most concurrent clients (tasks) in one run.
 pub const CLIENTS_MAX: usize = 4096;
@@ -465,6 +499,10 @@ struct Shared {
     deadline: Instant,
     values: Bytes,
     progress: Arc<Progress>,
+    system: System,
+    /// One etcd client per channel of the pool (built before the clients start).
+    #[cfg(feature = "etcd")]
+    etcd: etcd::Clients,
 }
 
 impl Shared {
@@ -584,32 +622,76 @@ async fn retry_elsewhere(
     }
 }
 
+/// One put at `addr`: the version (raftcask) or nothing (etcd).
+async fn put_at(
+    shared: &Shared,
+    addr: &str,
+    client: usize,
+    key: &Bytes,
+    value: &Bytes,
+) -> Result<Option<u64>, tonic::Status> {
+    match shared.system {
+        System::Raftcask => {
+            let channel = shared.pool.channel(addr, client)?;
+            let request = PutRequest {
+                key: key.clone(),
+                value: value.clone(),
+                ..Default::default()
+            };
+            let response = KvClient::new(channel).put(request).await?.into_inner();
+            match response.outcome {
+                Some(put_response::Outcome::Version(version)) => Ok(Some(version)),
+                other => Err(tonic::Status::internal(format!(
+                    "unconditional put answered {other:?}"
+                ))),
+            }
+        }
+        #[cfg(feature = "etcd")]
+        System::Etcd => {
+            let kv = shared.etcd.kv(addr, client)?;
+            etcd::put(kv, key, value).await.map(|()| None)
+        }
+    }
+}
+
+/// One get at `addr` with the run's consistency.
+async fn get_at(
+    shared: &Shared,
+    addr: &str,
+    client: usize,
+    key: &Bytes,
+) -> Result<(), tonic::Status> {
+    let consistency = shared.config.consistency;
+    match shared.system {
+        System::Raftcask => {
+            let channel = shared.pool.channel(addr, client)?;
+            let request = GetRequest {
+                key: key.clone(),
+                consistency: consistency as i32,
+                min_index: 0,
+            };
+            KvClient::new(channel).get(request).await.map(|_| ())
+        }
+        #[cfg(feature = "etcd")]
+        System::Etcd => {
+            let kv = shared.etcd.kv(addr, client)?;
+            etcd::get(kv, key, consistency == Consistency::Stale).await
+        }
+    }
+}
+
 async fn put_once(
     shared: &Shared,
     client: usize,
     key: Bytes,
     value: Bytes,
     tally: &mut Tally,
-) -> Result<u64, tonic::Status> {
+) -> Result<Option<u64>, tonic::Status> {
     let mut last = None;
     for attempt in 0..ATTEMPTS_MAX {
         let addr = shared.leader();
-        let channel = shared.pool.channel(&addr, client)?;
-        let request = PutRequest {
-            key: key.clone(),
-            value: value.clone(),
-            ..Default::default()
-        };
-        match KvClient::new(channel).put(request).await {
-            Ok(response) => {
-                let response = response.into_inner();
-                return match response.outcome {
-                    Some(put_response::Outcome::Version(version)) => Ok(version),
-                    other => Err(tonic::Status::internal(format!(
-                        "unconditional put answered {other:?}"
-                    ))),
-                };
-            }
+        match put_at(shared, &addr, client, &key, &value).await {
+            Ok(version) => return Ok(version),
             Err(status) => {
                 if !retry_elsewhere(shared, &addr, &status, tally, attempt).await {
                     return Err(status);
@@ -628,24 +710,17 @@ async fn get_once(
     tally: &mut Tally,
 ) -> Result<(), tonic::Status> {
     let config = &shared.config;
-    let request = GetRequest {
-        key,
-        consistency: config.consistency as i32,
-        min_index: 0,
-    };
     if config.read_target == ReadTarget::Spread {
         let addr = &config.endpoints[client % config.endpoints.len()];
-        let channel = shared.pool.channel(addr, client)?;
-        return KvClient::new(channel).get(request).await.map(|_| ());
+        return get_at(shared, addr, client, &key).await;
     }
     // To the leader: a member that is not (a follower refuses linearizable
     // reads with UNAVAILABLE) moves the shared guess on, like a write.
     let mut last = None;
     for attempt in 0..ATTEMPTS_MAX {
         let addr = shared.leader();
-        let channel = shared.pool.channel(&addr, client)?;
-        match KvClient::new(channel).get(request.clone()).await {
-            Ok(_) => return Ok(()),
+        match get_at(shared, &addr, client, &key).await {
+            Ok(()) => return Ok(()),
             Err(status) => {
                 if !retry_elsewhere(shared, &addr, &status, tally, attempt).await {
                     return Err(status);
@@ -693,9 +768,7 @@ async fn client_loop(shared: Arc<Shared>, client: usize) -> Tally {
             let value = shared
                 .values
                 .slice(offset..offset + config.value_size_bytes);
-            put_once(&shared, client, key, value, &mut tally)
-                .await
-                .map(Some)
+            put_once(&shared, client, key, value, &mut tally).await
         };
         let micros = (began.elapsed().as_micros() as u64).clamp(1, LATENCY_US_MAX);
         match result {
@@ -722,6 +795,20 @@ async fn client_loop(shared: Arc<Shared>, client: usize) -> Tally {
     tally
 }
 
+/// The etcd endpoint among `endpoints` that answers etcd's `Status` call
+/// as the leader (the one the etcd backend sends writes and leader reads
+/// to), or `None` when none does.
+#[cfg(feature = "etcd")]
+pub async fn etcd_leader(endpoints: &[String]) -> Result<Option<String>, ConfigError> {
+    let pool = Pool {
+        connections: 1,
+        channels: Mutex::new(BTreeMap::new()),
+    };
+    etcd::Clients::connect(&pool, endpoints)
+        .await
+        .map(|(_, leader)| leader)
+}
+
 /// Runs the load described by `config` (validated first).
 pub async fn run(config: LoadConfig) -> Result<LoadReport, ConfigError> {
     run_observed(config, Arc::new(Progress::default())).await
@@ -732,21 +819,49 @@ pub async fn run_observed(
     config: LoadConfig,
     progress: Arc<Progress>,
 ) -> Result<LoadReport, ConfigError> {
+    run_system(config, System::Raftcask, progress).await
+}
+
+/// [`run_observed`] against `system`.
+pub async fn run_system(
+    config: LoadConfig,
+    system: System,
+    progress: Arc<Progress>,
+) -> Result<LoadReport, ConfigError> {
     config.validate()?;
+    let pool = Pool {
+        connections: config.connections,
+        channels: Mutex::new(BTreeMap::new()),
+    };
+    // The first leader guess: etcd's is asked for; raftcask's clients
+    // follow redirects from the first endpoint.
+    #[cfg(feature = "etcd")]
+    let (etcd, leader) = match system {
+        System::Etcd => {
+            let (clients, leader) = etcd::Clients::connect(&pool, &config.endpoints).await?;
+            (
+                clients,
+                leader.unwrap_or_else(|| config.endpoints[0].clone()),
+            )
+        }
+        System::Raftcask => (etcd::Clients::default(), config.endpoints[0].clone()),
+    };
+    #[cfg(not(feature = "etcd"))]
+    let leader = config.endpoints[0].clone();
     let mut values = vec![0u8; VALUE_POOL_SIZE_BYTES.max(config.value_size_bytes * 2)];
     SmallRng::seed_from_u64(config.seed).fill_bytes(&mut values);
     let began = Instant::now();
     let shared = Arc::new(Shared {
-        pool: Pool {
-            connections: config.connections,
-            channels: Mutex::new(BTreeMap::new()),
-        },
-        leader: Mutex::new(config.endpoints[0].clone()),
+        pool,
+        leader: Mutex::new(leader),
         started: AtomicU64::new(0),
         began,
         deadline: began + config.duration,
         values: Bytes::from(values),
         progress,
+        system,
+        #[cfg(feature = "etcd")]
+        etcd,
         config,
     });
     let tasks: Vec<_> = (0..shared.config.clients)
