@@ -19,7 +19,7 @@ use crate::batcher::{Batcher, ProposeError, ProposeFn};
 use crate::command::{Command, Outcome, Proposal, Request};
 pub use crate::faults::Faults;
 use crate::identity::Identity;
-use crate::log_store::LogStore;
+use crate::log_store::{LogStore, LogStoreOptions};
 use crate::membership::Membership;
 use crate::merge_policy::{MergePolicy, ProposeMerge, SnapshotPolicy};
 use crate::network::Network;
@@ -518,10 +518,21 @@ impl Node {
         let id = config.id;
         let (identity, log_store, state_machine) = tokio::task::spawn_blocking(move || {
             let identity = Identity::load_or_create(&data_dir, id)?;
+            // The committed id stays in memory: persisting it cost a write,
+            // an fsync, a rename and a directory fsync on every member
+            // before every apply (half the put latency in the etcd
+            // comparison, node/kvnode/BENCHMARKS.md). After a restart
+            // openraft recovers it from the state machine's last applied id
+            // and the leader; a committed id left on disk by `kvnode
+            // restore` is still read at open.
+            let log_options = LogStoreOptions {
+                persist_committed: false,
+                ..LogStoreOptions::default()
+            };
             let log = LogStore::<TypeConfig>::open_observed(
                 Arc::new(RealFs),
                 log_dir,
-                Default::default(),
+                log_options,
                 fsync_observer,
             )?;
             let sm = StateMachine::open(state_dir, state_machine_options)?;
