@@ -50,6 +50,7 @@ const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:7201";
 #[derive(Debug, Parser)]
 #[command(
     name = "kvnode",
+    version = version_line(),
     about = "A raftcask member. Without a command: a single-node cluster on local defaults \
              (data ./kvdata, client 127.0.0.1:7001, peer :7101, admin :7201)."
 )]
@@ -119,6 +120,20 @@ struct RunArgs {
     /// ... and at least this many bytes.
     #[arg(long, env = "KVNODE_MERGE_DEAD_BYTES_MIN", default_value_t = MERGE_DEAD_BYTES_MIN_DEFAULT)]
     merge_dead_bytes_min: u64,
+}
+
+/// `kvnode --version`: the version and the test-only features of this
+/// build (`features: none` for a real build; the fault suite reads it).
+fn version_line() -> &'static str {
+    static LINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    LINE.get_or_init(|| {
+        let features = if kvnode::BUILD_FEATURES.is_empty() {
+            "none".to_string()
+        } else {
+            kvnode::BUILD_FEATURES.join(",")
+        };
+        format!("{} features: {features}", env!("CARGO_PKG_VERSION"))
+    })
 }
 
 pub(crate) fn parse_cluster(spec: &str) -> anyhow::Result<BTreeMap<u64, NodeInfo>> {
