@@ -120,6 +120,11 @@ struct RunArgs {
     /// ... and at least this many bytes.
     #[arg(long, env = "KVNODE_MERGE_DEAD_BYTES_MIN", default_value_t = MERGE_DEAD_BYTES_MIN_DEFAULT)]
     merge_dead_bytes_min: u64,
+    /// TEST FAULT: answer this percentage of applied writes with an error
+    /// (the reply is "lost"; clients retry). For the fault suite only.
+    #[arg(long, env = "KVNODE_TEST_DROP_WRITE_REPLY_PERCENT", default_value_t = 0,
+          value_parser = clap::value_parser!(u8).range(0..=100), hide = true)]
+    test_drop_write_reply_percent: u8,
 }
 
 /// `kvnode --version`: the version and the test-only features of this
@@ -180,6 +185,15 @@ fn run_config(args: RunArgs) -> anyhow::Result<NodeConfig> {
         initial_cluster,
     );
     config.bootstrap = args.bootstrap;
+    if args.test_drop_write_reply_percent > 0 {
+        tracing::warn!(
+            percent = args.test_drop_write_reply_percent,
+            "TEST FAULT: dropping this share of applied-write replies"
+        );
+        config
+            .faults
+            .set_drop_write_reply_percent(args.test_drop_write_reply_percent);
+    }
     config.admin_addr = args.admin_addr;
     config.snapshot_log_keep = args.snapshot_log_keep;
     config.snapshot_policy = SnapshotPolicy {
