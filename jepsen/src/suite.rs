@@ -77,9 +77,18 @@ pub struct Scenario {
     pub build: Build,
     /// Environment for the run (and so for its kvnode members).
     pub env: Vec<(&'static str, String)>,
+    /// Further `jepsen run` flags.
+    pub args: Vec<&'static str>,
     /// Whether the run must be rejected by the checker (negative control).
     pub expect_caught: bool,
 }
+
+/// kvnode's variable for its snapshot interval in entries.
+pub const SNAPSHOT_EVERY_ENTRIES_ENV: &str = "KVNODE_SNAPSHOT_EVERY_ENTRIES";
+/// Snapshot interval of the fsync control's scenario: small, so a snapshot
+/// (durable) exists before the first power cut and the cluster has a state
+/// to come back from once every log lost its un-fsynced entries.
+pub const SNAPSHOT_EVERY_ENTRIES_CONTROL: u64 = 20;
 
 /// The lazy-disk build (power loss).
 const LAZY: &[&str] = &["lazy-disk"];
@@ -94,6 +103,7 @@ pub fn suite_scenarios(short: bool) -> Vec<Scenario> {
         seconds: time(seconds),
         build,
         env: Vec::new(),
+        args: Vec::new(),
         expect_caught: false,
     };
     vec![
@@ -130,6 +140,7 @@ pub fn control_scenarios(baseline: bool) -> Vec<Scenario> {
             seconds: 30,
             build: Build::Features(&["nc-local-reads"]),
             env: Vec::new(),
+            args: Vec::new(),
             expect_caught: true,
         },
         // The isolated old leader acknowledges writes it can never commit;
@@ -142,18 +153,25 @@ pub fn control_scenarios(baseline: bool) -> Vec<Scenario> {
             seconds: 30,
             build: Build::Features(&["nc-ack-before-commit"]),
             env: Vec::new(),
+            args: Vec::new(),
             expect_caught: true,
         },
         // Every member loses its un-fsynced log at once, again and again:
-        // committed entries vanish from every log (lost acknowledged
-        // writes, reads going back in time).
+        // committed entries vanish from every log and the cluster goes on
+        // from its last snapshot (taken every SNAPSHOT_EVERY_ENTRIES_CONTROL
+        // entries, so one exists before the first cut and the cluster comes
+        // back): lost acknowledged writes, reads going back in time.
         Scenario {
             name: "nc-skip-log-fsync",
             workload: "register",
             nemesis: "power-loss-all",
             seconds: 40,
             build: Build::Features(&["lazy-disk", "nc-skip-log-fsync"]),
-            env: Vec::new(),
+            env: vec![(
+                SNAPSHOT_EVERY_ENTRIES_ENV,
+                SNAPSHOT_EVERY_ENTRIES_CONTROL.to_string(),
+            )],
+            args: vec!["--quiet", "5s"],
             expect_caught: true,
         },
         // A fifth of write replies are lost after the write applied; the
@@ -168,6 +186,7 @@ pub fn control_scenarios(baseline: bool) -> Vec<Scenario> {
             seconds: 30,
             build: Build::Features(&["nc-forget-sessions"]),
             env: vec![(DROP_REPLY_ENV, DROP_REPLY_PERCENT.to_string())],
+            args: Vec::new(),
             expect_caught: true,
         },
     ];
@@ -232,6 +251,10 @@ pub struct BuildArgs {
     /// Seed of every scenario (default: from the clock).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Use the variant binaries already in target/jepsen-builds (from an
+    /// earlier suite or controls run) instead of building them.
+    #[arg(long)]
+    pub no_build: bool,
 }
 
 /// One scenario's result.
@@ -304,6 +327,19 @@ fn run_all(scenarios: &[Scenario], out: &Path, common: &BuildArgs) -> anyhow::Re
     for scenario in scenarios {
         let bin = match scenario.build {
             Build::Real => real.clone(),
+            Build::Features(features) if common.no_build => {
+                let copy = variant_path(&workspace, features);
+                let got = crate::nemesis::power::build_features(&copy)?;
+                if got.iter().map(String::as_str).ne(features.iter().copied()) {
+                    bail!(
+                        "--no-build: {} reports features [{}], wanted [{}]",
+                        copy.display(),
+                        got.join(","),
+                        features.join(",")
+                    );
+                }
+                copy
+            }
             Build::Features(features) => build_variant(&workspace, features)?,
         };
         binaries.push(bin);
@@ -367,7 +403,7 @@ pub fn build_variant(workspace: &Path, features: &[&str]) -> anyhow::Result<Path
         bail!("building kvnode --features {feature_list} failed: {status}");
     }
     let built = target.join("debug").join("kvnode");
-    let copy = target.join(format!("kvnode-{}", features.join("+")));
+    let copy = variant_path(workspace, features);
     std::fs::copy(&built, &copy)
         .with_context(|| format!("copying {} to {}", built.display(), copy.display()))?;
     let got = crate::nemesis::power::build_features(&copy)?;
@@ -379,6 +415,13 @@ pub fn build_variant(workspace: &Path, features: &[&str]) -> anyhow::Result<Path
         );
     }
     Ok(copy)
+}
+
+/// Where the copy of the build with `features` lives.
+pub fn variant_path(workspace: &Path, features: &[&str]) -> PathBuf {
+    workspace
+        .join(BUILDS_DIR)
+        .join(format!("kvnode-{}", features.join("+")))
 }
 
 /// Runs one scenario as `jepsen run` in a child process.
@@ -411,6 +454,7 @@ pub fn run_scenario(
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
+    command.args(&scenario.args);
     for (name, value) in &scenario.env {
         command.env(name, value);
     }

@@ -58,7 +58,8 @@ async fn stale_local_reads_with_a_follower_isolated_are_caught() {
     let checker = std::fs::read_to_string(out.join("checker.json")).expect("checker.json");
     let report: serde_json::Value = serde_json::from_str(&checker).expect("checker.json parses");
     assert_eq!(
-        report["verdict"], "not-linearizable",
+        report["verdict"],
+        "not-linearizable",
         "the control was NOT caught: stale local reads passed the checker\n{summary}\n(run \
          directory kept: {})",
         out.display()
