@@ -18,6 +18,8 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
 cargo test --workspace "$@" 2>&1 | tee "$log" || status=$?
+# The lazy disk (power-loss builds) is a test-only feature: its unit tests.
+cargo test -p kvnode --features lazy-disk --lib lazy_disk "$@" 2>&1 | tee -a "$log" || status=$?
 # One closing line for the whole workspace (cargo prints one per test binary,
 # and the last of those may be an empty doc-test run of a shell crate).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1) } }

@@ -26,11 +26,14 @@
 //!   (127.0.0.(10+i)), the iptables firewall inside it.
 //! - [`nemesis`]: faults with start/stop records — partitions (leader,
 //!   half, one-way, bridge, ring), packet loss, SIGKILL + restart,
-//!   SIGSTOP/SIGCONT, wall-clock jumps (libfaketime).
+//!   SIGSTOP/SIGCONT, wall-clock jumps (libfaketime), power loss on a
+//!   lazy-disk kvnode build (`nemesis::power`).
 //! - [`workload`]: the `register` and `set` workloads and their operation
 //!   records (JSON lines), well-formedness.
 //! - [`run`]: `jepsen run`: one bounded scenario, its history, summary and
 //!   the "did enough" minimums.
+//! - [`suite`]: `jepsen suite` (fixed scenario list) and `jepsen controls`
+//!   (negative-control kvnode builds that the checker must catch).
 //! - [`verdict`]: a run's records as the checkers' history, and the
 //!   workload's checker (register: linearizability + version checks; set).
 //!
@@ -72,6 +75,7 @@ pub mod nemesis;
 pub mod run;
 pub mod set;
 pub mod simulate;
+pub mod suite;
 pub mod verdict;
 pub mod workload;
 

@@ -1,5 +1,7 @@
 //! The `jepsen` command line: `jepsen check` runs the checkers on a recorded
-//! history; `jepsen export` converts a history to Jepsen log lines.
+//! history; `jepsen export` converts a history to Jepsen log lines;
+//! `jepsen run` runs one scenario; `jepsen suite` and `jepsen controls` run
+//! fixed lists of them.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -55,6 +57,15 @@ enum Command {
     /// history.jsonl, summary.txt and checker.json to --out. Exit 0 when the
     /// run did enough and the checker passes, 1 otherwise.
     Run(jepsen::run::RunArgs),
+    /// Run the fixed scenario list (needs root and cargo: builds the
+    /// lazy-disk kvnode into target/jepsen-builds); prints a table and
+    /// `N passed, N failed`. Exit 0 when every scenario passed.
+    Suite(jepsen::suite::SuiteArgs),
+    /// Build each negative-control kvnode (target/jepsen-builds) and run the
+    /// scenario that must catch it. Exit 0 only if every control was caught
+    /// by the checker (`--baseline`: every scenario passes without the
+    /// control's feature).
+    Controls(jepsen::suite::ControlsArgs),
     /// Print a history as Jepsen log lines.
     Export {
         /// The file's format (detected if not given).
@@ -99,6 +110,14 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 .enable_all()
                 .build()?;
             let code = runtime.block_on(jepsen::run::run(args))?;
+            Ok(if code == ExitCode::SUCCESS { 0 } else { 1 })
+        }
+        Command::Suite(args) => {
+            let code = jepsen::suite::suite(args)?;
+            Ok(if code == ExitCode::SUCCESS { 0 } else { 1 })
+        }
+        Command::Controls(args) => {
+            let code = jepsen::suite::controls(args)?;
             Ok(if code == ExitCode::SUCCESS { 0 } else { 1 })
         }
         Command::Export { format, file } => {

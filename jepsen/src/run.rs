@@ -57,7 +57,9 @@ pub struct RunArgs {
     pub workload: WorkloadKind,
     /// Faults, comma-separated, injected in turn: partition-leader,
     /// partition-half, partition-one-way, partition-bridge, partition-ring,
-    /// loss, kill, kill-leader, pause, pause-leader, clock; `none` for none.
+    /// loss, kill, kill-leader, pause, pause-leader, clock,
+    /// partition-follower, power-loss, power-loss-minority, power-loss-all
+    /// (power loss: lazy-disk kvnode builds only); `none` for none.
     #[arg(long, default_value = "none", value_parser = FaultList::parse)]
     pub nemesis: FaultList,
     /// How long the workload runs (e.g. 30s, 2m, 500ms).
@@ -199,6 +201,9 @@ impl Checked {
             Some(path) => path.clone(),
             None => default_kvnode_bin()?,
         };
+        if args.nemesis.0.iter().any(|f| f.needs_lazy_disk()) {
+            crate::nemesis::power::require_lazy_disk(&kvnode_bin)?;
+        }
         let seed = args.seed.unwrap_or_else(|| {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -215,7 +220,7 @@ impl Checked {
 
 /// `kvnode` next to the current executable, or one directory up (a test
 /// binary lives in `target/<profile>/deps/`).
-fn default_kvnode_bin() -> anyhow::Result<PathBuf> {
+pub fn default_kvnode_bin() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("finding the current executable")?;
     let dir = exe.parent().unwrap_or(Path::new("."));
     let candidates = [dir.join("kvnode"), dir.join("..").join("kvnode")];

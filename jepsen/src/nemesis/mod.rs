@@ -14,10 +14,17 @@
 //!   timeout, SIGCONT at the stop.
 //! - `clock`: one member's wall clock jumps by an hour (libfaketime; its
 //!   monotonic clock is untouched), back at the stop.
+//! - `partition-follower`: one member that is not the leader cut off from
+//!   everyone (reads sent to it must not be stale).
+//! - `power-loss`, `power-loss-minority`, `power-loss-all`: SIGKILL of a
+//!   lazy-disk build (un-fsynced writes lost), restart at the stop
+//!   ([`power`]).
 //!
 //! [`Nemesis::run_schedule`] alternates quiet periods and faults, in the
 //! order given, and never starts a fault that could not be healed and
 //! followed by a quiet period before the deadline.
+
+pub mod power;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -75,10 +82,18 @@ pub enum Fault {
     PauseLeader,
     /// Jump one member's wall clock; back at the stop.
     Clock,
+    /// A member that is not the leader cut off from every other member.
+    PartitionFollower,
+    /// Power cut of one member (lazy-disk build); restart at the stop.
+    PowerLoss,
+    /// Power cut of a random minority (lazy-disk build).
+    PowerLossMinority,
+    /// Power cut of every member at once (lazy-disk build).
+    PowerLossAll,
 }
 
 /// Every fault, in the order `--help` lists them.
-pub const ALL_FAULTS: [Fault; 11] = [
+pub const ALL_FAULTS: [Fault; 15] = [
     Fault::PartitionLeader,
     Fault::PartitionHalf,
     Fault::PartitionOneWay,
@@ -90,6 +105,10 @@ pub const ALL_FAULTS: [Fault; 11] = [
     Fault::Pause,
     Fault::PauseLeader,
     Fault::Clock,
+    Fault::PartitionFollower,
+    Fault::PowerLoss,
+    Fault::PowerLossMinority,
+    Fault::PowerLossAll,
 ];
 
 impl Fault {
@@ -107,6 +126,10 @@ impl Fault {
             Self::Pause => "pause",
             Self::PauseLeader => "pause-leader",
             Self::Clock => "clock",
+            Self::PartitionFollower => "partition-follower",
+            Self::PowerLoss => "power-loss",
+            Self::PowerLossMinority => "power-loss-minority",
+            Self::PowerLossAll => "power-loss-all",
         }
     }
 
@@ -123,10 +146,21 @@ impl Fault {
         self == Self::Clock
     }
 
+    /// Whether the kvnode binary must be a `lazy-disk` build.
+    pub fn needs_lazy_disk(self) -> bool {
+        matches!(
+            self,
+            Self::PowerLoss | Self::PowerLossMinority | Self::PowerLossAll
+        )
+    }
+
     /// How long the fault lasts, given the run's default hold.
     pub fn hold(self, hold: Duration) -> Duration {
         match self {
             Self::Pause | Self::PauseLeader => hold.max(PAUSE_HOLD_MIN),
+            Self::PowerLoss | Self::PowerLossMinority | Self::PowerLossAll => {
+                hold.min(power::POWER_OFF_HOLD)
+            }
             _ => hold,
         }
     }
@@ -173,6 +207,7 @@ enum Undo {
     Restart(u64),
     Resume(u64),
     Clock(u64),
+    RestartMany(Vec<u64>),
 }
 
 /// Timing of [`Nemesis::run_schedule`].
@@ -382,6 +417,34 @@ impl Nemesis {
                     format!("member {victim}'s wall clock {offset:+} s"),
                 )
             }
+            Fault::PartitionFollower => {
+                let (leader, how) = self.leader_or_random().await;
+                let followers: Vec<u64> = ids.iter().copied().filter(|&id| id != leader).collect();
+                let victim = self.random_member(&followers);
+                for &other in ids.iter().filter(|&&id| id != victim) {
+                    self.firewall.cut(victim, other)?;
+                    self.firewall.cut(other, victim)?;
+                }
+                (
+                    Undo::Firewall,
+                    format!("isolated member {victim} (not the {how} {leader})"),
+                )
+            }
+            Fault::PowerLoss | Fault::PowerLossMinority | Fault::PowerLossAll => {
+                let scope = match fault {
+                    Fault::PowerLoss => power::Scope::One,
+                    Fault::PowerLossMinority => power::Scope::Minority,
+                    _ => power::Scope::All,
+                };
+                let victims = power::victims(scope, &ids, &mut self.rng);
+                for &victim in &victims {
+                    self.cluster.kill(victim)?;
+                }
+                (
+                    Undo::RestartMany(victims.clone()),
+                    format!("power cut (SIGKILL, lazy disk) of members {victims:?}"),
+                )
+            }
         };
         self.active = Some((fault, undo));
         self.history.nemesis(fault.name(), Phase::Start, detail)
@@ -408,6 +471,12 @@ impl Nemesis {
             Undo::Clock(id) => {
                 self.cluster.set_clock_offset(id, 0)?;
                 format!("member {id}'s wall clock back")
+            }
+            Undo::RestartMany(ids) => {
+                for &id in &ids {
+                    self.cluster.restart(id)?;
+                }
+                format!("members {ids:?} powered on")
             }
         };
         self.history.nemesis(fault.name(), Phase::Stop, detail)

@@ -2,6 +2,7 @@
 
 mod cli;
 mod common;
+mod controls;
 mod harness_checks;
 mod harness_register;
 mod injected_anomalies;

@@ -196,7 +196,10 @@ impl Applier {
         entry: &mut EntryWrite<'_>,
         request: &Request,
     ) -> Result<Outcome, ApplyError> {
-        if let Some(session) = request.session
+        // NEGATIVE CONTROL (feature nc-forget-sessions): no look-up of the
+        // session's answers, so a retried write applies again.
+        if !cfg!(feature = "nc-forget-sessions")
+            && let Some(session) = request.session
             && let Some(answer) = self.replay(session, entry.now_ms)
         {
             entry.touched_sessions.insert(session.client_id);

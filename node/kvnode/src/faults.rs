@@ -4,7 +4,7 @@
 //! nothing outside the tests turns them on.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Shared switches; clones see the same state.
@@ -16,6 +16,11 @@ pub struct Faults {
 #[derive(Debug, Default)]
 struct Inner {
     drop_write_replies: AtomicBool,
+    /// Share (percent) of applied writes whose reply is dropped, evenly
+    /// spaced; 0 = off.
+    drop_write_reply_percent: AtomicU8,
+    /// Applied-write replies seen while the percentage was on.
+    write_replies_seen: AtomicU64,
     cut_peers: Mutex<BTreeSet<u64>>,
     /// 0 = off; 1 = flip a byte of the next snapshot chunk sent (its crc32
     /// left stale); 2 = flip it and send the crc32 of the flipped bytes.
@@ -29,9 +34,27 @@ impl Faults {
         self.inner.drop_write_replies.store(on, Ordering::SeqCst);
     }
 
-    /// Whether write replies are being dropped.
+    /// Drops this percentage (0..=100) of applied-write replies, evenly
+    /// spaced (the fault suite's lost replies: `kvnode run
+    /// --test-drop-write-reply-percent`). 0 turns it off.
+    pub fn set_drop_write_reply_percent(&self, percent: u8) {
+        self.inner
+            .drop_write_reply_percent
+            .store(percent.min(100), Ordering::SeqCst);
+    }
+
+    /// Whether the reply of the applied write being answered now is
+    /// dropped (called once per applied write).
     pub fn drop_write_replies(&self) -> bool {
-        self.inner.drop_write_replies.load(Ordering::SeqCst)
+        if self.inner.drop_write_replies.load(Ordering::SeqCst) {
+            return true;
+        }
+        let percent = u64::from(self.inner.drop_write_reply_percent.load(Ordering::SeqCst));
+        if percent == 0 {
+            return false;
+        }
+        let n = self.inner.write_replies_seen.fetch_add(1, Ordering::SeqCst);
+        (n * percent) / 100 != ((n + 1) * percent) / 100
     }
 
     /// Cuts (or restores) the links to and from these peers: outgoing RPCs

@@ -63,6 +63,10 @@
 //!   development CA (`kvctl certs`, tests).
 //! - [`testing`]: test support for the crates above (an in-process cluster
 //!   on a private loopback address); nothing in the node uses it.
+//! - [`lazy_disk`] (feature `lazy-disk`, test builds only): a file system
+//!   keeping un-fsynced writes in process memory, so SIGKILL is a power cut.
+//! - [`BUILD_FEATURES`]: the test-only features this build has (negative
+//!   controls `nc-*` break the node on purpose; see Cargo.toml).
 //! - [`backup`]: the backup archive (format, writer, verifying reader) and
 //!   `kvnode restore` (seed a member of a new cluster from an archive).
 
@@ -76,6 +80,8 @@ pub mod convert;
 pub mod disk;
 pub mod faults;
 pub mod identity;
+#[cfg(feature = "lazy-disk")]
+pub mod lazy_disk;
 pub mod limits;
 pub mod log_store;
 pub mod membership;
@@ -90,6 +96,21 @@ pub mod snapshot;
 pub mod state_machine;
 pub mod testing;
 pub mod types;
+
+/// The test-only cargo features this build was made with (none in a real
+/// build); `kvnode --version` prints them and the fault suite checks them.
+pub const BUILD_FEATURES: &[&str] = &[
+    #[cfg(feature = "lazy-disk")]
+    "lazy-disk",
+    #[cfg(feature = "nc-local-reads")]
+    "nc-local-reads",
+    #[cfg(feature = "nc-ack-before-commit")]
+    "nc-ack-before-commit",
+    #[cfg(feature = "nc-skip-log-fsync")]
+    "nc-skip-log-fsync",
+    #[cfg(feature = "nc-forget-sessions")]
+    "nc-forget-sessions",
+];
 
 pub use faults::Faults;
 pub use log_store::{LogError, LogReader, LogStore, LogStoreOptions};

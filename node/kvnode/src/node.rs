@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+#[cfg(not(feature = "lazy-disk"))]
 use bitcask::io::RealFs;
 use openraft::error::{ClientWriteError, RaftError};
 use tokio::net::TcpListener;
@@ -518,6 +519,10 @@ impl Node {
         let id = config.id;
         let (identity, log_store, state_machine) = tokio::task::spawn_blocking(move || {
             let identity = Identity::load_or_create(&data_dir, id)?;
+            #[cfg(feature = "lazy-disk")]
+            let log_vfs: Arc<dyn bitcask::io::Vfs> = crate::lazy_disk::shared();
+            #[cfg(not(feature = "lazy-disk"))]
+            let log_vfs: Arc<dyn bitcask::io::Vfs> = Arc::new(RealFs);
             // The committed id stays in memory: persisting it cost a write,
             // an fsync, a rename and a directory fsync on every member
             // before every apply (half the put latency in the etcd
@@ -530,7 +535,7 @@ impl Node {
                 ..LogStoreOptions::default()
             };
             let log = LogStore::<TypeConfig>::open_observed(
-                Arc::new(RealFs),
+                log_vfs,
                 log_dir,
                 log_options,
                 fsync_observer,

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
+#[cfg(not(feature = "lazy-disk"))]
 use bitcask::io::RealFs;
 use bitcask::{Batch, Engine, Options, PublishedPrefix, SyncPolicy};
 use openraft::storage::RaftStateMachine;
@@ -1066,7 +1067,10 @@ fn open_engine(
                 file: file.clone(),
                 len: *len,
             }),
+        #[cfg(not(feature = "lazy-disk"))]
         vfs: Arc::new(RealFs),
+        #[cfg(feature = "lazy-disk")]
+        vfs: crate::lazy_disk::shared(),
         ..options.engine.clone()
     };
     let engine = Engine::open(dir.join(pointer.engine_dir_name()), opts)?;

@@ -166,6 +166,14 @@ impl KvService {
             watermark.check_write()?;
         }
         let session = request.session;
+        // NEGATIVE CONTROL (feature nc-ack-before-commit): a write not
+        // committed in time is acknowledged anyway, with a guessed version.
+        #[cfg(feature = "nc-ack-before-commit")]
+        let submitted = match self.ack_before_commit(request).await {
+            Ok(submitted) => submitted,
+            Err(early) => return Ok(early),
+        };
+        #[cfg(not(feature = "nc-ack-before-commit"))]
         let submitted = tokio::time::timeout(WRITE_TIMEOUT, self.batcher.submit(request)).await;
         match submitted {
             Err(_) => Err(convert::outcome_unknown(
@@ -215,10 +223,40 @@ impl KvService {
         }
     }
 
+    /// NEGATIVE CONTROL (feature nc-ack-before-commit): proposes the write;
+    /// if it has not committed within `ACK_EARLY_AFTER`, answers "applied"
+    /// at once (`Err`), with versions guessed from the log's end (the
+    /// proposal goes on, and may never commit).
+    #[cfg(feature = "nc-ack-before-commit")]
+    async fn ack_before_commit(
+        &self,
+        request: command::Request,
+    ) -> Result<Result<Result<Outcome, ProposeError>, tokio::time::error::Elapsed>, Outcome> {
+        /// How long a write may take to commit before it is acknowledged anyway.
+        const ACK_EARLY_AFTER: Duration = Duration::from_millis(100);
+        let ops = request.ops.len();
+        let submit = tokio::time::timeout(WRITE_TIMEOUT, self.batcher.submit(request));
+        tokio::pin!(submit);
+        match tokio::time::timeout(ACK_EARLY_AFTER, &mut submit).await {
+            Ok(submitted) => Ok(submitted),
+            Err(_) => {
+                let last = self.raft.metrics().borrow().last_log_index.unwrap_or(0);
+                let version = (last + 1) << 16;
+                Err(Outcome::Applied {
+                    versions: vec![version; ops],
+                    existed: vec![true; ops],
+                })
+            }
+        }
+    }
+
     /// Makes the local state fit for a read of `consistency`; returns the
     /// cluster time to judge expiry against.
     async fn prepare_read(&self, consistency: Consistency, min_index: u64) -> Result<(), Status> {
         match consistency {
+            // NEGATIVE CONTROL (feature nc-local-reads): no read index, the
+            // local state as it is; an isolated member serves stale reads.
+            Consistency::Linearizable if cfg!(feature = "nc-local-reads") => Ok(()),
             Consistency::Linearizable => {
                 let unavailable = |err: ReadIndexError| {
                     Status::unavailable(format!(

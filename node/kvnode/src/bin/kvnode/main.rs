@@ -63,6 +63,7 @@ const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:7201";
 #[derive(Debug, Parser)]
 #[command(
     name = "kvnode",
+    version = version_line(),
     about = "A raftcask member. Without a command: a single-node cluster on local defaults \
              (data ./kvdata, client 127.0.0.1:7001, peer :7101, admin :7201)."
 )]
@@ -154,6 +155,11 @@ struct RunArgs {
     /// watermark.
     #[arg(long, env = "KVNODE_DISK_FREE_MIN_BYTES", default_value_t = DISK_FREE_MIN_BYTES_DEFAULT)]
     disk_free_min_bytes: u64,
+    /// TEST FAULT: answer this percentage of applied writes with an error
+    /// (the reply is "lost"; clients retry). For the fault suite only.
+    #[arg(long, env = "KVNODE_TEST_DROP_WRITE_REPLY_PERCENT", default_value_t = 0,
+          value_parser = clap::value_parser!(u8).range(0..=100), hide = true)]
+    test_drop_write_reply_percent: u8,
     #[command(flatten)]
     security: SecurityArgs,
 }
@@ -212,6 +218,20 @@ impl SecurityArgs {
     }
 }
 
+/// `kvnode --version`: the version and the test-only features of this
+/// build (`features: none` for a real build; the fault suite reads it).
+fn version_line() -> &'static str {
+    static LINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    LINE.get_or_init(|| {
+        let features = if kvnode::BUILD_FEATURES.is_empty() {
+            "none".to_string()
+        } else {
+            kvnode::BUILD_FEATURES.join(",")
+        };
+        format!("{} features: {features}", env!("CARGO_PKG_VERSION"))
+    })
+}
+
 pub(crate) fn parse_cluster(spec: &str) -> anyhow::Result<BTreeMap<u64, NodeInfo>> {
     let mut members = BTreeMap::new();
     for part in spec.split(',').filter(|p| !p.is_empty()) {
@@ -256,6 +276,15 @@ fn run_config(args: RunArgs) -> anyhow::Result<NodeConfig> {
         initial_cluster,
     );
     config.bootstrap = args.bootstrap;
+    if args.test_drop_write_reply_percent > 0 {
+        tracing::warn!(
+            percent = args.test_drop_write_reply_percent,
+            "TEST FAULT: dropping this share of applied-write replies"
+        );
+        config
+            .faults
+            .set_drop_write_reply_percent(args.test_drop_write_reply_percent);
+    }
     config.admin_addr = args.admin_addr;
     config.security = args.security.security()?;
     config.snapshot_log_keep = args.snapshot_log_keep;

@@ -1,0 +1,124 @@
+//! Power-loss faults: SIGKILL one member (`power-loss`), a minority
+//! (`power-loss-minority`) or every member (`power-loss-all`), then restart
+//! them, against a kvnode built with the `lazy-disk` feature — whose file
+//! writes since the last fsync live only in process memory, so the SIGKILL
+//! drops exactly what a power cut would (a SIGKILL of a real-disk build
+//! loses nothing: the page cache keeps it).
+//!
+//! A run refuses these faults unless `kvnode --version` lists the
+//! `lazy-disk` feature ([`require_lazy_disk`]): power loss must never run
+//! silently on a real disk, where it would prove nothing.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use rand::Rng as _;
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom as _;
+
+/// The kvnode cargo feature power-loss faults need.
+pub const LAZY_DISK_FEATURE: &str = "lazy-disk";
+/// How long the victims stay off: long enough that the survivors notice
+/// (a power cut is not a quick restart), short enough that a run fits many
+/// cycles — each cycle is a chance to lose what was not fsynced.
+pub const POWER_OFF_HOLD: Duration = Duration::from_secs(2);
+/// The marker before the feature list in `kvnode --version`.
+const FEATURES_MARKER: &str = "features:";
+
+/// Which members lose power.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// One member, at random.
+    One,
+    /// A random minority (at most half the members, rounded down, at least
+    /// one).
+    Minority,
+    /// Every member at once.
+    All,
+}
+
+/// The members that lose power in `scope`, ascending.
+pub fn victims(scope: Scope, ids: &[u64], rng: &mut SmallRng) -> Vec<u64> {
+    let mut shuffled = ids.to_vec();
+    shuffled.shuffle(rng);
+    let count = match scope {
+        Scope::One => 1,
+        Scope::Minority => {
+            let most = (ids.len().saturating_sub(1) / 2).max(1);
+            rng.random_range(1..=most)
+        }
+        Scope::All => ids.len(),
+    };
+    let mut chosen: Vec<u64> = shuffled.into_iter().take(count).collect();
+    chosen.sort_unstable();
+    chosen
+}
+
+/// The test-only features of a kvnode binary, from `kvnode --version`
+/// (`kvnode 0.1.0 features: lazy-disk,nc-...`; `none` = a real build).
+pub fn build_features(kvnode_bin: &Path) -> anyhow::Result<Vec<String>> {
+    let output = Command::new(kvnode_bin)
+        .arg("--version")
+        .output()
+        .with_context(|| format!("running {} --version", kvnode_bin.display()))?;
+    if !output.status.success() {
+        bail!(
+            "{} --version failed ({}): an old kvnode that does not list its features?",
+            kvnode_bin.display(),
+            output.status
+        );
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    let Some((_, list)) = text.split_once(FEATURES_MARKER) else {
+        bail!(
+            "{} --version printed {:?}, with no {FEATURES_MARKER:?}: cannot tell whether it \
+             is a lazy-disk build",
+            kvnode_bin.display(),
+            text.trim()
+        );
+    };
+    Ok(list
+        .trim()
+        .split(',')
+        .map(str::trim)
+        .filter(|f| !f.is_empty() && *f != "none")
+        .map(str::to_string)
+        .collect())
+}
+
+/// Fails unless `kvnode_bin` is a `lazy-disk` build.
+pub fn require_lazy_disk(kvnode_bin: &Path) -> anyhow::Result<()> {
+    let features = build_features(kvnode_bin)?;
+    if !features.iter().any(|f| f == LAZY_DISK_FEATURE) {
+        bail!(
+            "power-loss faults need a kvnode built with the {LAZY_DISK_FEATURE} feature \
+             (`cargo build -p kvnode --features {LAZY_DISK_FEATURE} --target-dir \
+             target/jepsen-builds`, or `jepsen suite` builds it); {} has features [{}]: on a \
+             real disk a SIGKILL loses nothing and the fault would prove nothing",
+            kvnode_bin.display(),
+            features.join(",")
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng as _;
+
+    #[test]
+    fn victims_by_scope() {
+        let mut rng = SmallRng::seed_from_u64(7);
+        let ids = [1, 2, 3, 4, 5];
+        for _ in 0..50 {
+            assert_eq!(victims(Scope::One, &ids, &mut rng).len(), 1);
+            let minority = victims(Scope::Minority, &ids, &mut rng);
+            assert!((1..=2).contains(&minority.len()), "{minority:?}");
+            assert_eq!(victims(Scope::All, &ids, &mut rng), ids);
+        }
+        assert_eq!(victims(Scope::Minority, &[1, 2, 3], &mut rng).len(), 1);
+    }
+}

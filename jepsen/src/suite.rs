@@ -1,0 +1,584 @@
+//! `jepsen suite` and `jepsen controls`: fixed lists of `jepsen run`
+//! scenarios, each run as a child process of this executable (its own
+//! namespace, its own output directory `OUT/<scenario>/`), with a table and
+//! the last line `N passed, N failed`.
+//!
+//! - `jepsen suite [--short]`: partition, kill, pause, clock (and the TTL
+//!   workload's slot) against the real kvnode, and power loss against a
+//!   `lazy-disk` build. A scenario passes when its run passes.
+//! - `jepsen controls [--only NAME]`: each negative control is a kvnode
+//!   built with one `nc-*` feature that breaks it on purpose, run in the
+//!   scenario that catches it. A control passes only when the **checker**
+//!   rejects the history (an anomaly or a lost acknowledged write); a run
+//!   that fails for another reason (too few ops, a harness error) is not a
+//!   catch. Exit 0 only if every control was caught. `--baseline` runs the
+//!   same scenarios against builds without the `nc-*` feature, which must
+//!   pass.
+//!
+//! Variant builds go to their own target directory, `target/jepsen-builds`
+//! (`cargo build -p kvnode --features F --target-dir target/jepsen-builds`),
+//! and the binary is copied to `target/jepsen-builds/kvnode-<variant>`, so
+//! the real `target/debug/kvnode` is never replaced. `JEPSEN_CARGO` (split
+//! on spaces, default `cargo`) is the cargo command, e.g. `flock LOCK env
+//! CARGO_INCREMENTAL=0 cargo` on a shared machine.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+
+/// Extra time a scenario's run may take beyond its `--time` (start-up,
+/// heal, final read, checker) before it is killed and counted failed.
+pub const SCENARIO_SLACK: Duration = Duration::from_secs(240);
+/// Poll interval while waiting for a scenario's run.
+const WAIT_POLL: Duration = Duration::from_millis(500);
+/// Target directory of the variant builds, relative to the workspace.
+pub const BUILDS_DIR: &str = "target/jepsen-builds";
+/// The environment variable that names the cargo command.
+pub const CARGO_ENV: &str = "JEPSEN_CARGO";
+/// The kvnode variable `jepsen controls` sets for the lost-reply control:
+/// the share of applied-write replies kvnode drops (clients retry).
+pub const DROP_REPLY_ENV: &str = "KVNODE_TEST_DROP_WRITE_REPLY_PERCENT";
+/// Share of write replies dropped in the lost-reply scenario (percent).
+pub const DROP_REPLY_PERCENT: u8 = 20;
+
+/// Which kvnode a scenario runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Build {
+    /// The real build (`target/debug/kvnode`, or `--kvnode-bin`).
+    Real,
+    /// A build with these features, in [`BUILDS_DIR`].
+    Features(&'static [&'static str]),
+}
+
+impl Build {
+    fn label(self) -> String {
+        match self {
+            Self::Real => "real".to_string(),
+            Self::Features(features) => features.join("+"),
+        }
+    }
+}
+
+/// One scenario: the `jepsen run` flags and the build.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Its name (and output directory).
+    pub name: &'static str,
+    /// `--workload`.
+    pub workload: &'static str,
+    /// `--nemesis`.
+    pub nemesis: &'static str,
+    /// `--time`, seconds.
+    pub seconds: u64,
+    /// The kvnode build.
+    pub build: Build,
+    /// Environment for the run (and so for its kvnode members).
+    pub env: Vec<(&'static str, String)>,
+    /// Further `jepsen run` flags.
+    pub args: Vec<&'static str>,
+    /// Whether the run must be rejected by the checker (negative control).
+    pub expect_caught: bool,
+}
+
+/// kvnode's variable for its snapshot interval in entries.
+pub const SNAPSHOT_EVERY_ENTRIES_ENV: &str = "KVNODE_SNAPSHOT_EVERY_ENTRIES";
+/// Snapshot interval of the fsync control's scenario: small, so a snapshot
+/// (durable) exists before the first power cut and the cluster has a state
+/// to come back from once every log lost its un-fsynced entries.
+pub const SNAPSHOT_EVERY_ENTRIES_CONTROL: u64 = 20;
+
+/// The lazy-disk build (power loss).
+const LAZY: &[&str] = &["lazy-disk"];
+
+/// The suite's scenarios; `short`: 30–40 s each, else 5 minutes each.
+pub fn suite_scenarios(short: bool) -> Vec<Scenario> {
+    let time = |s: u64| if short { s } else { 300 };
+    let scenario = |name, nemesis, seconds, build| Scenario {
+        name,
+        workload: "register",
+        nemesis,
+        seconds: time(seconds),
+        build,
+        env: Vec::new(),
+        args: Vec::new(),
+        expect_caught: false,
+    };
+    vec![
+        scenario("partition-leader", "partition-leader", 30, Build::Real),
+        scenario("kill", "kill,kill-leader", 30, Build::Real),
+        scenario("pause", "pause,pause-leader", 30, Build::Real),
+        // SLOT(ttl): when the TTL workload lands (helper "workloads"), add
+        // `scenario("clock-ttl", "clock", 30, Build::Real)` with workload
+        // "ttl" here; until then the clock fault runs under the register
+        // workload.
+        scenario("clock", "clock", 30, Build::Real),
+        scenario(
+            "power-loss",
+            "power-loss,power-loss-minority,power-loss-all",
+            40,
+            Build::Features(LAZY),
+        ),
+    ]
+}
+
+/// The negative controls, each in the scenario that catches it. With
+/// `baseline`, the same scenarios against the build without the `nc-*`
+/// feature (each must pass).
+pub fn control_scenarios(baseline: bool) -> Vec<Scenario> {
+    let mut controls = vec![
+        // A follower cut off keeps serving "linearizable" reads from its
+        // own state while the majority moves on: the register workload
+        // sends reads to every member round robin, so some read returns a
+        // version older than an acknowledged write (stale read).
+        Scenario {
+            name: "nc-local-reads",
+            workload: "register",
+            nemesis: "partition-follower",
+            seconds: 30,
+            build: Build::Features(&["nc-local-reads"]),
+            env: Vec::new(),
+            args: Vec::new(),
+            expect_caught: true,
+        },
+        // The isolated old leader acknowledges writes it can never commit;
+        // the new leader's history never has them (lost writes, reads that
+        // contradict acknowledged writes).
+        Scenario {
+            name: "nc-ack-before-commit",
+            workload: "register",
+            nemesis: "partition-leader",
+            seconds: 30,
+            build: Build::Features(&["nc-ack-before-commit"]),
+            env: Vec::new(),
+            args: Vec::new(),
+            expect_caught: true,
+        },
+        // Every member loses its un-fsynced log at once, again and again:
+        // committed entries vanish from every log and the cluster goes on
+        // from its last snapshot (taken every SNAPSHOT_EVERY_ENTRIES_CONTROL
+        // entries, so one exists before the first cut and the cluster comes
+        // back): lost acknowledged writes, reads going back in time.
+        Scenario {
+            name: "nc-skip-log-fsync",
+            workload: "register",
+            nemesis: "power-loss-all",
+            seconds: 40,
+            build: Build::Features(&["lazy-disk", "nc-skip-log-fsync"]),
+            env: vec![(
+                SNAPSHOT_EVERY_ENTRIES_ENV,
+                SNAPSHOT_EVERY_ENTRIES_CONTROL.to_string(),
+            )],
+            args: vec!["--quiet", "5s"],
+            expect_caught: true,
+        },
+        // A fifth of write replies are lost after the write applied; the
+        // client retries with the same session sequence, which applies the
+        // write again: a compare-and-set whose retry fails its condition is
+        // recorded failed while its value is there (phantom), and a write
+        // re-applied later shows at two versions.
+        Scenario {
+            name: "nc-forget-sessions",
+            workload: "register",
+            nemesis: "none",
+            seconds: 30,
+            build: Build::Features(&["nc-forget-sessions"]),
+            env: vec![(DROP_REPLY_ENV, DROP_REPLY_PERCENT.to_string())],
+            args: Vec::new(),
+            expect_caught: true,
+        },
+    ];
+    if baseline {
+        for control in &mut controls {
+            control.expect_caught = false;
+            control.build = match control.build {
+                Build::Features(features) if features.contains(&"lazy-disk") => {
+                    Build::Features(LAZY)
+                }
+                _ => Build::Real,
+            };
+        }
+    }
+    controls
+}
+
+/// Flags of `jepsen suite`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SuiteArgs {
+    /// The short suite (30–40 s per scenario, for CI); otherwise 5 minutes
+    /// per scenario.
+    #[arg(long)]
+    pub short: bool,
+    /// Output directory: one sub-directory per scenario.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Run only the scenario of this name.
+    #[arg(long)]
+    pub only: Option<String>,
+    #[command(flatten)]
+    pub common: BuildArgs,
+}
+
+/// Flags of `jepsen controls`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ControlsArgs {
+    /// Output directory: one sub-directory per control.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Run only the control of this name (e.g. nc-local-reads).
+    #[arg(long)]
+    pub only: Option<String>,
+    /// Run the controls' scenarios against builds without the `nc-*`
+    /// features instead: each must pass.
+    #[arg(long)]
+    pub baseline: bool,
+    #[command(flatten)]
+    pub common: BuildArgs,
+}
+
+/// Where builds come from.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BuildArgs {
+    /// The workspace to build kvnode variants in (default: the one this
+    /// jepsen was built from).
+    #[arg(long)]
+    pub workspace: Option<PathBuf>,
+    /// The real kvnode (default: `kvnode` next to this executable).
+    #[arg(long, env = "KVNODE_BIN")]
+    pub kvnode_bin: Option<PathBuf>,
+    /// Seed of every scenario (default: from the clock).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Use the variant binaries already in target/jepsen-builds (from an
+    /// earlier suite or controls run) instead of building them.
+    #[arg(long)]
+    pub no_build: bool,
+}
+
+/// One scenario's result.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The scenario's name.
+    pub name: String,
+    /// The build it ran.
+    pub build: String,
+    /// Whether the run's checker rejected the history.
+    pub checker_rejected: bool,
+    /// The run's exit code (`None`: killed or did not start).
+    pub exit: Option<i32>,
+    /// Whether it passed (as a scenario or as a control).
+    pub passed: bool,
+    /// Anomalies by kind and lost writes, or why it did not pass.
+    pub note: String,
+    /// Seconds it took.
+    pub seconds: f64,
+}
+
+/// `jepsen suite`: exit 0 when every scenario passed.
+pub fn suite(args: SuiteArgs) -> anyhow::Result<ExitCode> {
+    let scenarios = filter(suite_scenarios(args.short), args.only.as_deref())?;
+    run_all(&scenarios, &args.out, &args.common)
+}
+
+/// `jepsen controls`: exit 0 when every control was caught (or, with
+/// `--baseline`, every baseline passed).
+pub fn controls(args: ControlsArgs) -> anyhow::Result<ExitCode> {
+    let scenarios = filter(control_scenarios(args.baseline), args.only.as_deref())?;
+    run_all(&scenarios, &args.out, &args.common)
+}
+
+fn filter(scenarios: Vec<Scenario>, only: Option<&str>) -> anyhow::Result<Vec<Scenario>> {
+    let Some(only) = only else {
+        return Ok(scenarios);
+    };
+    let names: Vec<_> = scenarios.iter().map(|s| s.name).collect();
+    let kept: Vec<_> = scenarios.into_iter().filter(|s| s.name == only).collect();
+    if kept.is_empty() {
+        bail!(
+            "--only {only:?}: no such scenario; known: {}",
+            names.join(", ")
+        );
+    }
+    Ok(kept)
+}
+
+fn run_all(scenarios: &[Scenario], out: &Path, common: &BuildArgs) -> anyhow::Result<ExitCode> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let workspace = match &common.workspace {
+        Some(dir) => dir.clone(),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .context("the jepsen crate has no parent directory")?
+            .to_path_buf(),
+    };
+    let real = match &common.kvnode_bin {
+        Some(path) => path.clone(),
+        None => crate::run::default_kvnode_bin()?,
+    };
+    let seed = common.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    });
+    // Build every variant first (one cargo at a time), then run.
+    let mut binaries = Vec::new();
+    for scenario in scenarios {
+        let bin = match scenario.build {
+            Build::Real => real.clone(),
+            Build::Features(features) if common.no_build => {
+                let copy = variant_path(&workspace, features);
+                let got = crate::nemesis::power::build_features(&copy)?;
+                if got.iter().map(String::as_str).ne(features.iter().copied()) {
+                    bail!(
+                        "--no-build: {} reports features [{}], wanted [{}]",
+                        copy.display(),
+                        got.join(","),
+                        features.join(",")
+                    );
+                }
+                copy
+            }
+            Build::Features(features) => build_variant(&workspace, features)?,
+        };
+        binaries.push(bin);
+    }
+    let mut outcomes = Vec::new();
+    for (scenario, bin) in scenarios.iter().zip(&binaries) {
+        eprintln!(
+            "== {} ({} s, nemesis {}, kvnode {})",
+            scenario.name,
+            scenario.seconds,
+            scenario.nemesis,
+            scenario.build.label()
+        );
+        let outcome = run_scenario(scenario, bin, &out.join(scenario.name), seed)?;
+        eprintln!(
+            "== {}: {} ({})",
+            outcome.name,
+            if outcome.passed { "PASS" } else { "FAIL" },
+            outcome.note
+        );
+        outcomes.push(outcome);
+    }
+    let table = table(&outcomes);
+    std::fs::write(out.join("suite.txt"), &table).context("writing suite.txt")?;
+    print!("{table}");
+    Ok(if outcomes.iter().all(|o| o.passed) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Builds kvnode with `features` into [`BUILDS_DIR`] and copies it to
+/// `kvnode-<features joined by +>`; returns the copy.
+pub fn build_variant(workspace: &Path, features: &[&str]) -> anyhow::Result<PathBuf> {
+    let target = workspace.join(BUILDS_DIR);
+    let cargo = std::env::var(CARGO_ENV).unwrap_or_else(|_| "cargo".to_string());
+    let mut words = cargo.split_whitespace();
+    let program = words.next().context("JEPSEN_CARGO is empty")?;
+    let feature_list = features.join(",");
+    eprintln!(
+        "== building kvnode --features {feature_list} into {}",
+        target.display()
+    );
+    let status = Command::new(program)
+        .args(words)
+        .args([
+            "build",
+            "-p",
+            "kvnode",
+            "--features",
+            &feature_list,
+            "--target-dir",
+        ])
+        .arg(&target)
+        .current_dir(workspace)
+        .env("CARGO_INCREMENTAL", "0")
+        .status()
+        .with_context(|| format!("running {cargo} build"))?;
+    if !status.success() {
+        bail!("building kvnode --features {feature_list} failed: {status}");
+    }
+    let built = target.join("debug").join("kvnode");
+    let copy = variant_path(workspace, features);
+    std::fs::copy(&built, &copy)
+        .with_context(|| format!("copying {} to {}", built.display(), copy.display()))?;
+    let got = crate::nemesis::power::build_features(&copy)?;
+    if got.iter().map(String::as_str).ne(features.iter().copied()) {
+        bail!(
+            "{} reports features [{}], wanted [{feature_list}]",
+            copy.display(),
+            got.join(",")
+        );
+    }
+    Ok(copy)
+}
+
+/// Where the copy of the build with `features` lives.
+pub fn variant_path(workspace: &Path, features: &[&str]) -> PathBuf {
+    workspace
+        .join(BUILDS_DIR)
+        .join(format!("kvnode-{}", features.join("+")))
+}
+
+/// Runs one scenario as `jepsen run` in a child process.
+pub fn run_scenario(
+    scenario: &Scenario,
+    kvnode_bin: &Path,
+    out: &Path,
+    seed: u64,
+) -> anyhow::Result<Outcome> {
+    if out.exists() {
+        bail!("{} exists: give the suite a new --out", out.display());
+    }
+    let exe = std::env::current_exe().context("finding this executable")?;
+    let parent = out.parent().unwrap_or(Path::new("."));
+    let log_path = parent.join(format!("{}.log", scenario.name));
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("creating {}", log_path.display()))?;
+    let started = Instant::now();
+    let mut command = Command::new(exe);
+    command
+        .arg("run")
+        .args(["--workload", scenario.workload])
+        .args(["--nemesis", scenario.nemesis])
+        .args(["--time", &format!("{}s", scenario.seconds)])
+        .args(["--seed", &seed.to_string()])
+        .arg("--out")
+        .arg(out)
+        .arg("--kvnode-bin")
+        .arg(kvnode_bin)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    command.args(&scenario.args);
+    for (name, value) in &scenario.env {
+        command.env(name, value);
+    }
+    let mut child = command.spawn().context("starting jepsen run")?;
+    let limit = Duration::from_secs(scenario.seconds) + SCENARIO_SLACK;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break Some(status);
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(WAIT_POLL);
+    };
+    let exit = status.and_then(|s| s.code());
+    let verdict = read_verdict(out);
+    let checker_rejected = verdict
+        .as_ref()
+        .is_some_and(|v| v.verdict == "not-linearizable");
+    let passed = if scenario.expect_caught {
+        checker_rejected
+    } else {
+        exit == Some(0)
+    };
+    let mut note = match &verdict {
+        Some(v) => v.describe(),
+        None => "no checker.json".to_string(),
+    };
+    if !passed {
+        let why = match exit {
+            None => format!("killed after {} s", limit.as_secs()),
+            Some(0) if scenario.expect_caught => "NOT CAUGHT: the run passed".to_string(),
+            Some(code) => format!("exit {code}; see {}", log_path.display()),
+        };
+        note = format!("{note}; {why}");
+    }
+    Ok(Outcome {
+        name: scenario.name.to_string(),
+        build: scenario.build.label(),
+        checker_rejected,
+        exit,
+        passed,
+        note,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// The parts of `checker.json` the table shows.
+#[derive(Debug)]
+struct Verdict {
+    verdict: String,
+    anomalies: Vec<(String, usize)>,
+    lost_writes: usize,
+}
+
+impl Verdict {
+    fn describe(&self) -> String {
+        let mut out = self.verdict.clone();
+        for (kind, count) in &self.anomalies {
+            let _ = write!(out, ", {count} {kind}");
+        }
+        if self.lost_writes > 0 {
+            let _ = write!(out, ", {} lost writes", self.lost_writes);
+        }
+        out
+    }
+}
+
+fn read_verdict(out: &Path) -> Option<Verdict> {
+    let text = std::fs::read_to_string(out.join("checker.json")).ok()?;
+    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let verdict = json.get("verdict")?.as_str()?.to_string();
+    let mut anomalies: Vec<(String, usize)> = Vec::new();
+    for anomaly in json
+        .get("anomalies")
+        .and_then(|a| a.as_array())
+        .into_iter()
+        .flatten()
+    {
+        let kind = anomaly
+            .get("kind")
+            .and_then(|k| k.as_str())
+            .unwrap_or("anomaly")
+            .to_string();
+        match anomalies.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, count)) => *count += 1,
+            None => anomalies.push((kind, 1)),
+        }
+    }
+    let lost_writes = json
+        .get("lost_writes")
+        .and_then(|l| l.get("lost"))
+        .and_then(|l| l.as_array())
+        .map_or(0, Vec::len);
+    Some(Verdict {
+        verdict,
+        anomalies,
+        lost_writes,
+    })
+}
+
+/// The results table; the last line is `N passed, N failed`.
+pub fn table(outcomes: &[Outcome]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<22} {:<28} {:>6} {:>8}  {:<6} note",
+        "scenario", "kvnode", "exit", "seconds", "result"
+    );
+    for o in outcomes {
+        let _ = writeln!(
+            out,
+            "{:<22} {:<28} {:>6} {:>8.1}  {:<6} {}",
+            o.name,
+            o.build,
+            o.exit.map_or("-".to_string(), |c| c.to_string()),
+            o.seconds,
+            if o.passed { "PASS" } else { "FAIL" },
+            o.note
+        );
+    }
+    let passed = outcomes.iter().filter(|o| o.passed).count();
+    let _ = writeln!(out, "{passed} passed, {} failed", outcomes.len() - passed);
+    out
+}
