@@ -29,6 +29,10 @@
 //!   SIGSTOP/SIGCONT, wall-clock jumps (libfaketime).
 //! - [`workload`]: the `register` and `set` workloads and their operation
 //!   records (JSON lines), well-formedness.
+//! - [`report`]: the summary table (ops, faults, anomalies by kind, lost
+//!   writes) and `latency.svg` (every operation, fault windows shaded).
+//! - [`ttl_check`]: the `ttl` workload's checker — early expiry (by more
+//!   than the cluster-time tick) and resurrection after an observed expiry.
 //! - [`run`]: `jepsen run`: one bounded scenario, its history, summary and
 //!   the "did enough" minimums.
 //! - [`verdict`]: a run's records as the checkers' history, and the
@@ -69,9 +73,11 @@ pub mod linearizability;
 pub mod lost_writes;
 pub mod model;
 pub mod nemesis;
+pub mod report;
 pub mod run;
 pub mod set;
 pub mod simulate;
+pub mod ttl_check;
 pub mod verdict;
 pub mod workload;
 

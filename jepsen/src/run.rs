@@ -47,6 +47,9 @@ pub enum WorkloadKind {
     Register,
     /// Unique adds, then a final read of every element.
     Set,
+    /// Keys written once with a TTL, read around their expiry from every
+    /// member (pair it with `--nemesis clock`).
+    Ttl,
 }
 
 /// Flags of `jepsen run`.
@@ -276,6 +279,7 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
         match args.workload {
             WorkloadKind::Register => workload::register::run(config, history.clone()).await,
             WorkloadKind::Set => workload::set::run(config, history.clone()).await,
+            WorkloadKind::Ttl => workload::ttl::run(config, history.clone()).await,
         }
     };
     let (worked, nemesis_ran) = tokio::join!(
@@ -285,7 +289,7 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
     let healed = nemesis.heal_all().await;
     let final_read_ok = match args.workload {
         WorkloadKind::Set => Some(workload::set::final_read(&endpoints, &history).await?),
-        WorkloadKind::Register => None,
+        WorkloadKind::Register | WorkloadKind::Ttl => None,
     };
     let exited = nemesis.cluster_mut().exited_on_their_own();
     drop(nemesis.into_cluster());
@@ -304,23 +308,33 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
         problems.push("the set's final read never succeeded".to_string());
     }
     // The verdict: the workload's checker on the run's history.
-    let report = crate::verdict::check_run(&records, args.workload)?;
+    let (checker_json, checker_text, checker_name, checker_passes) =
+        if args.workload == WorkloadKind::Ttl {
+            let report = crate::ttl_check::check(&records);
+            problems.extend(crate::ttl_check::shortfalls(&report));
+            let json = serde_json::to_value(&report)?;
+            (json, report.summary(), "ttl".to_string(), report.valid)
+        } else {
+            let report = crate::verdict::check_run(&records, args.workload)?;
+            let json = serde_json::to_value(&report)?;
+            let name = format!("{:?}", crate::verdict::model_of(args.workload));
+            (json, report.summary(), name, report.exit_code() == 0)
+        };
     std::fs::write(
         args.out.join("checker.json"),
-        serde_json::to_string_pretty(&report)?,
+        serde_json::to_string_pretty(&checker_json)?,
     )
     .context("writing checker.json")?;
-    let checker_text = report.summary();
-    if report.exit_code() != 0 {
+    if !checker_passes {
         problems.push(format!(
-            "the {:?} checker does not pass: {}",
-            crate::verdict::model_of(args.workload),
+            "the {checker_name} checker does not pass: {}",
             checker_text.lines().next().unwrap_or("")
         ));
     }
     let mut summary = summary(&args, nodes, seed, &records, &problems);
     summary.push_str("\nchecker:\n");
     summary.push_str(&checker_text);
+    summary.push_str(&crate::report::write(&args.out, &records, &checker_json)?);
     std::fs::write(args.out.join("summary.txt"), &summary).context("writing summary.txt")?;
     print!("{summary}");
     Ok(if problems.is_empty() {

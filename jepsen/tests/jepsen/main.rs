@@ -6,5 +6,7 @@ mod harness_checks;
 mod harness_register;
 mod injected_anomalies;
 mod properties;
+mod report_svg;
 mod set_and_lost;
 mod testdata;
+mod ttl_clock;
