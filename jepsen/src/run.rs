@@ -251,12 +251,15 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let firewall = Firewall::new()?;
-    let cluster = Cluster::start(ClusterConfig {
+    let mut cluster = Cluster::start(ClusterConfig {
         kvnode_bin,
         dir: args.out.clone(),
         nodes,
         faketime: args.nemesis.0.iter().any(|f| f.needs_faketime()),
     })?;
+    if args.nemesis.0.iter().any(|f| f.needs_spare_slot()) {
+        cluster.reserve_spare_slots(1)?;
+    }
     let endpoints = cluster.client_addrs();
     wait_ready(&endpoints).await?;
 

@@ -14,6 +14,8 @@
 //!   timeout, SIGCONT at the stop.
 //! - `clock`: one member's wall clock jumps by an hour (libfaketime; its
 //!   monotonic clock is untouched), back at the stop.
+//! - `membership` ([`membership`]): a new member added and promoted, then
+//!   a voter (sometimes the leader) removed; at least three voters always.
 //!
 //! [`Nemesis::run_schedule`] alternates quiet periods and faults, in the
 //! order given, and never starts a fault that could not be healed and
@@ -28,6 +30,8 @@ use rand::rngs::SmallRng;
 use rand::seq::SliceRandom as _;
 use rand::{Rng as _, SeedableRng as _};
 use tokio::time::Instant;
+
+pub mod membership;
 
 use crate::control::{Cluster, Firewall};
 use crate::workload::{History, Phase};
@@ -75,10 +79,12 @@ pub enum Fault {
     PauseLeader,
     /// Jump one member's wall clock; back at the stop.
     Clock,
+    /// Add and promote a new member; at the stop remove a voter.
+    Membership,
 }
 
 /// Every fault, in the order `--help` lists them.
-pub const ALL_FAULTS: [Fault; 11] = [
+pub const ALL_FAULTS: [Fault; 12] = [
     Fault::PartitionLeader,
     Fault::PartitionHalf,
     Fault::PartitionOneWay,
@@ -90,6 +96,7 @@ pub const ALL_FAULTS: [Fault; 11] = [
     Fault::Pause,
     Fault::PauseLeader,
     Fault::Clock,
+    Fault::Membership,
 ];
 
 impl Fault {
@@ -107,6 +114,7 @@ impl Fault {
             Self::Pause => "pause",
             Self::PauseLeader => "pause-leader",
             Self::Clock => "clock",
+            Self::Membership => "membership",
         }
     }
 
@@ -114,8 +122,14 @@ impl Fault {
     pub fn nodes_min(self) -> u64 {
         match self {
             Self::PartitionBridge | Self::PartitionRing => BRIDGE_RING_NODES_MIN,
+            Self::Membership => membership::VOTERS_MIN as u64,
             _ => 2,
         }
+    }
+
+    /// Whether the run must keep a spare slot (address) for new members.
+    pub fn needs_spare_slot(self) -> bool {
+        self == Self::Membership
     }
 
     /// Whether the members must run under libfaketime.
@@ -173,6 +187,8 @@ enum Undo {
     Restart(u64),
     Resume(u64),
     Clock(u64),
+    /// The slot of the member the start added, and whether it was promoted.
+    Membership(Option<(u64, bool)>),
 }
 
 /// Timing of [`Nemesis::run_schedule`].
@@ -382,6 +398,7 @@ impl Nemesis {
                     format!("member {victim}'s wall clock {offset:+} s"),
                 )
             }
+            Fault::Membership => self.start_membership().await?,
         };
         self.active = Some((fault, undo));
         self.history.nemesis(fault.name(), Phase::Start, detail)
@@ -409,6 +426,7 @@ impl Nemesis {
                 self.cluster.set_clock_offset(id, 0)?;
                 format!("member {id}'s wall clock back")
             }
+            Undo::Membership(added) => self.stop_membership(added).await?,
         };
         self.history.nemesis(fault.name(), Phase::Stop, detail)
     }

@@ -5,6 +5,7 @@ mod common;
 mod harness_checks;
 mod harness_register;
 mod injected_anomalies;
+mod membership_run;
 mod properties;
 mod report_svg;
 mod set_and_lost;
