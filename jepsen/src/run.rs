@@ -207,6 +207,9 @@ impl Checked {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64)
         });
+        // `combined`: the seeded random mix this member count allows.
+        let nemesis = crate::nemesis::combined::expand(&args.nemesis, nodes, seed);
+        let args = RunArgs { nemesis, ..args };
         Ok(Self {
             args,
             nodes,
@@ -423,7 +426,10 @@ fn summary(
     problems: &[String],
 ) -> String {
     let mut out = String::new();
-    let faults: Vec<_> = args.nemesis.0.iter().map(|f| f.name()).collect();
+    let mut faults: Vec<_> = args.nemesis.0.iter().map(|f| f.name()).collect();
+    // A combined schedule repeats names: list each once.
+    let mut seen = std::collections::HashSet::new();
+    faults.retain(|name| seen.insert(*name));
     let _ = writeln!(
         out,
         "jepsen run: workload {:?}, nemesis {}, nodes {nodes}, time {} s, concurrency {}, rate {}/s, seed {seed}",

@@ -31,6 +31,7 @@ use rand::seq::SliceRandom as _;
 use rand::{Rng as _, SeedableRng as _};
 use tokio::time::Instant;
 
+pub mod combined;
 pub mod membership;
 
 use crate::control::{Cluster, Firewall};
@@ -81,6 +82,9 @@ pub enum Fault {
     Clock,
     /// Add and promote a new member; at the stop remove a voter.
     Membership,
+    /// `combined` / `all`: stands for a seeded random mix of every fault
+    /// the run allows ([`combined::expand`] replaces it before the run).
+    Combined,
 }
 
 /// Every fault, in the order `--help` lists them.
@@ -115,6 +119,7 @@ impl Fault {
             Self::PauseLeader => "pause-leader",
             Self::Clock => "clock",
             Self::Membership => "membership",
+            Self::Combined => "combined",
         }
     }
 
@@ -122,19 +127,19 @@ impl Fault {
     pub fn nodes_min(self) -> u64 {
         match self {
             Self::PartitionBridge | Self::PartitionRing => BRIDGE_RING_NODES_MIN,
-            Self::Membership => membership::VOTERS_MIN as u64,
+            Self::Membership | Self::Combined => membership::VOTERS_MIN as u64,
             _ => 2,
         }
     }
 
     /// Whether the run must keep a spare slot (address) for new members.
     pub fn needs_spare_slot(self) -> bool {
-        self == Self::Membership
+        matches!(self, Self::Membership | Self::Combined)
     }
 
     /// Whether the members must run under libfaketime.
     pub fn needs_faketime(self) -> bool {
-        self == Self::Clock
+        matches!(self, Self::Clock | Self::Combined)
     }
 
     /// How long the fault lasts, given the run's default hold.
@@ -153,6 +158,9 @@ impl FromStr for Fault {
         // `partition-majority` is the tracker's name for the same fault.
         if name == "partition-majority" || name == "partition-minority" {
             return Ok(Self::PartitionHalf);
+        }
+        if name == "combined" || name == "all" {
+            return Ok(Self::Combined);
         }
         ALL_FAULTS
             .into_iter()
@@ -399,6 +407,7 @@ impl Nemesis {
                 )
             }
             Fault::Membership => self.start_membership().await?,
+            Fault::Combined => bail!("`combined` must be expanded before the run"),
         };
         self.active = Some((fault, undo));
         self.history.nemesis(fault.name(), Phase::Start, detail)
