@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use crate::control::cluster::NODES_MAX;
 use crate::control::{Cluster, ClusterConfig, Firewall, Namespace};
-use crate::nemesis::{FaultList, Nemesis, Schedule};
+use crate::nemesis::{Fault, FaultList, Nemesis, Schedule};
 use crate::workload::{
     self, Function, History, Outcome, Phase, Record, WorkloadConfig, check_well_formed,
 };
@@ -141,10 +141,34 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     rx.await.context("the run thread panicked")?
 }
 
+/// The variable that forces the no-root proxy mode (for tests as root).
+pub const FORCE_PROXY_ENV: &str = "JEPSEN_FORCE_PROXY";
+
+/// Whether this run uses the userspace peer proxies: not root, or
+/// [`FORCE_PROXY_ENV`]`=1`.
+pub fn proxy_mode() -> bool {
+    !rustix::process::geteuid().is_root() || std::env::var(FORCE_PROXY_ENV).is_ok_and(|v| v == "1")
+}
+
+/// Whether proxy mode can inject `fault` (no packet loss, no clock).
+pub fn proxy_mode_supports(fault: Fault) -> bool {
+    !matches!(fault, Fault::Loss | Fault::Clock)
+}
+
 fn run_on_own_thread(args: RunArgs) -> anyhow::Result<ExitCode> {
     let args = Checked::new(args)?;
-    let namespace = Namespace::create()?;
-    namespace.enter_current_thread()?;
+    // Kept alive for the whole run (dropping it ends the namespace).
+    let _namespace = if args.proxy_mode {
+        eprintln!(
+            "jepsen run: NOT ROOT (or {FORCE_PROXY_ENV}=1): partitions through userspace \
+             proxies; loss/clock unavailable; members on the host's loopback"
+        );
+        None
+    } else {
+        let namespace = Namespace::create()?;
+        namespace.enter_current_thread()?;
+        Some(namespace)
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -159,6 +183,7 @@ struct Checked {
     nodes: u64,
     seed: u64,
     kvnode_bin: PathBuf,
+    proxy_mode: bool,
 }
 
 impl Checked {
@@ -208,13 +233,27 @@ impl Checked {
                 .map_or(0, |d| d.as_nanos() as u64)
         });
         // `combined`: the seeded random mix this member count allows.
-        let nemesis = crate::nemesis::combined::expand(&args.nemesis, nodes, seed);
+        let combined = args.nemesis.0.contains(&Fault::Combined);
+        let mut nemesis = crate::nemesis::combined::expand(&args.nemesis, nodes, seed);
+        let proxy_mode = proxy_mode();
+        if proxy_mode {
+            if combined {
+                nemesis.0.retain(|&f| proxy_mode_supports(f));
+            } else if let Some(fault) = nemesis.0.iter().find(|&&f| !proxy_mode_supports(f)) {
+                bail!(
+                    "--nemesis {}: not root, so partitions go through userspace proxies; \
+                     loss and clock faults are unavailable (run as root)",
+                    fault.name()
+                );
+            }
+        }
         let args = RunArgs { nemesis, ..args };
         Ok(Self {
             args,
             nodes,
             seed,
             kvnode_bin,
+            proxy_mode,
         })
     }
 }
@@ -244,6 +283,7 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
         nodes,
         seed,
         kvnode_bin,
+        proxy_mode,
     } = checked;
     if args.out.join("history.jsonl").exists() || args.out.join("node1").exists() {
         bail!(
@@ -253,13 +293,21 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
     }
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
-    let firewall = Firewall::new()?;
-    let mut cluster = Cluster::start(ClusterConfig {
+    let config = ClusterConfig {
         kvnode_bin,
         dir: args.out.clone(),
         nodes,
         faketime: args.nemesis.0.iter().any(|f| f.needs_faketime()),
-    })?;
+    };
+    let (firewall, mut cluster) = if proxy_mode {
+        let proxies = crate::control::proxy::ProxyNet::start(NODES_MAX)?;
+        (
+            Firewall::with_proxies(proxies),
+            Cluster::start_behind_proxies(config)?,
+        )
+    } else {
+        (Firewall::new()?, Cluster::start(config)?)
+    };
     if args.nemesis.0.iter().any(|f| f.needs_spare_slot()) {
         cluster.reserve_spare_slots(1)?;
     }

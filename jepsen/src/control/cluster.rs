@@ -91,11 +91,34 @@ pub struct Cluster {
     members: Vec<Member>,
     /// The kvnode id the next [`Cluster::start_in_slot`] uses.
     next_raft_id: u64,
+    /// Members advertise their peer proxy ([`super::proxy`]) as their
+    /// peer address (no-root mode).
+    behind_proxies: bool,
 }
 
 impl Cluster {
     /// Starts every member (node 1 bootstraps the cluster).
     pub fn start(config: ClusterConfig) -> anyhow::Result<Self> {
+        Self::start_with(config, false)
+    }
+
+    /// Like [`Cluster::start`], but every member advertises its peer proxy
+    /// ([`super::proxy::proxy_addr`]) as its peer address, so Raft traffic
+    /// goes through the proxies (the no-root fallback).
+    pub fn start_behind_proxies(config: ClusterConfig) -> anyhow::Result<Self> {
+        Self::start_with(config, true)
+    }
+
+    /// The peer address member `id` is known by to the others.
+    pub fn advertised_peer_addr(&self, id: u64) -> String {
+        if self.behind_proxies {
+            super::proxy::proxy_addr(id)
+        } else {
+            peer_addr(id)
+        }
+    }
+
+    fn start_with(config: ClusterConfig, behind_proxies: bool) -> anyhow::Result<Self> {
         if config.nodes == 0 || config.nodes > NODES_MAX {
             bail!(
                 "nodes = {}: must be 1 ..= NODES_MAX ({NODES_MAX})",
@@ -126,6 +149,7 @@ impl Cluster {
                 })
                 .collect(),
             next_raft_id: config.nodes + 1,
+            behind_proxies,
             config,
         };
         for id in 1..=cluster.config.nodes {
@@ -360,11 +384,15 @@ impl Cluster {
         // A member added later knows only itself; the cluster adds it.
         let initial_cluster = if raft_id == id {
             (1..=self.config.nodes)
-                .map(|m| format!("{m}={}/{}", client_addr(m), peer_addr(m)))
+                .map(|m| format!("{m}={}/{}", client_addr(m), self.advertised_peer_addr(m)))
                 .collect::<Vec<_>>()
                 .join(",")
         } else {
-            format!("{raft_id}={}/{}", client_addr(id), peer_addr(id))
+            format!(
+                "{raft_id}={}/{}",
+                client_addr(id),
+                self.advertised_peer_addr(id)
+            )
         };
         let mut command = Command::new(&self.config.kvnode_bin);
         command

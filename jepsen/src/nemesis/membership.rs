@@ -23,7 +23,7 @@ use rand::Rng as _;
 use tokio::time::Instant;
 
 use super::{Nemesis, Undo};
-use crate::control::cluster::{client_addr, peer_addr};
+use crate::control::cluster::client_addr;
 
 /// Voters the cluster keeps at least: a removal that would leave fewer is
 /// not made.
@@ -72,7 +72,7 @@ impl Nemesis {
         };
         let raft_id = self.cluster.start_in_slot(slot)?;
         let client = self.membership_client()?;
-        let (client_at, peer_at) = (client_addr(slot), peer_addr(slot));
+        let (client_at, peer_at) = (client_addr(slot), self.cluster.advertised_peer_addr(slot));
         let mut last = String::new();
         let mut added = false;
         for _ in 0..MEMBERSHIP_STEP_ATTEMPTS {

@@ -7,6 +7,7 @@ mod harness_register;
 mod injected_anomalies;
 mod membership_run;
 mod properties;
+mod proxy_mode;
 mod report_svg;
 mod set_and_lost;
 mod testdata;
