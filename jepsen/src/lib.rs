@@ -23,10 +23,12 @@
 //! - [`simulate`]: a seeded simulator of a correct concurrent register
 //!   (test histories).
 //! - [`control`]: the private network namespace, the `kvnode` members in it
-//!   (127.0.0.(10+i)), the iptables firewall inside it.
+//!   (127.0.0.(10+i)), the iptables firewall inside it; without root, the
+//!   userspace peer proxies.
 //! - [`nemesis`]: faults with start/stop records — partitions (leader,
 //!   half, one-way, bridge, ring), packet loss, SIGKILL + restart,
-//!   SIGSTOP/SIGCONT, wall-clock jumps (libfaketime).
+//!   SIGSTOP/SIGCONT, wall-clock jumps (libfaketime), membership changes
+//!   (add learner, promote, remove), the seeded `combined` mix.
 //! - [`workload`]: the `register` and `set` workloads and their operation
 //!   records (JSON lines), well-formedness.
 //! - [`report`]: the summary table (ops, faults, anomalies by kind, lost

@@ -60,7 +60,8 @@ pub struct RunArgs {
     pub workload: WorkloadKind,
     /// Faults, comma-separated, injected in turn: partition-leader,
     /// partition-half, partition-one-way, partition-bridge, partition-ring,
-    /// loss, kill, kill-leader, pause, pause-leader, clock; `none` for none.
+    /// loss, kill, kill-leader, pause, pause-leader, clock, membership;
+    /// `combined` (or `all`) for a seeded random mix; `none` for none.
     #[arg(long, default_value = "none", value_parser = FaultList::parse)]
     pub nemesis: FaultList,
     /// How long the workload runs (e.g. 30s, 2m, 500ms).
