@@ -17,6 +17,7 @@ use jepsen::workload::{Phase, Record, read_history};
 
 #[tokio::test]
 async fn membership_changes_keep_three_voters_and_the_register_linearizable() {
+    let _serial = crate::common::RUN_LOCK.lock().await;
     assert!(
         rustix::process::geteuid().is_root(),
         "this test needs root (a private network namespace; CI runs as root)"

@@ -15,6 +15,7 @@ use jepsen::workload::{Function, Outcome, Record, read_history};
 
 #[test]
 fn a_partition_through_userspace_proxies_bites_and_the_run_passes() {
+    let _serial = crate::common::RUN_LOCK.blocking_lock();
     let out = std::env::temp_dir().join(format!(
         "jepsen-proxy-{}-{}",
         std::process::id(),

@@ -24,6 +24,7 @@ const KEYS_SEEN_EXPIRED_MIN: usize = 20;
 
 #[tokio::test]
 async fn ttl_run_under_clock_jumps_expires_on_time_and_never_resurrects() {
+    let _serial = crate::common::RUN_LOCK.lock().await;
     assert!(
         rustix::process::geteuid().is_root(),
         "this test needs root (a private network namespace; CI runs as root)"
