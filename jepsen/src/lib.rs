@@ -23,13 +23,19 @@
 //! - [`simulate`]: a seeded simulator of a correct concurrent register
 //!   (test histories).
 //! - [`control`]: the private network namespace, the `kvnode` members in it
-//!   (127.0.0.(10+i)), the iptables firewall inside it.
+//!   (127.0.0.(10+i)), the iptables firewall inside it; without root, the
+//!   userspace peer proxies.
 //! - [`nemesis`]: faults with start/stop records — partitions (leader,
 //!   half, one-way, bridge, ring), packet loss, SIGKILL + restart,
 //!   SIGSTOP/SIGCONT, wall-clock jumps (libfaketime), power loss on a
-//!   lazy-disk kvnode build (`nemesis::power`).
+//!   lazy-disk kvnode build (`nemesis::power`), membership changes (add
+//!   learner, promote, remove), the seeded `combined` mix.
 //! - [`workload`]: the `register` and `set` workloads and their operation
 //!   records (JSON lines), well-formedness.
+//! - [`report`]: the summary table (ops, faults, anomalies by kind, lost
+//!   writes) and `latency.svg` (every operation, fault windows shaded).
+//! - [`ttl_check`]: the `ttl` workload's checker — early expiry (by more
+//!   than the cluster-time tick) and resurrection after an observed expiry.
 //! - [`run`]: `jepsen run`: one bounded scenario, its history, summary and
 //!   the "did enough" minimums.
 //! - [`suite`]: `jepsen suite` (fixed scenario list) and `jepsen controls`
@@ -72,10 +78,12 @@ pub mod linearizability;
 pub mod lost_writes;
 pub mod model;
 pub mod nemesis;
+pub mod report;
 pub mod run;
 pub mod set;
 pub mod simulate;
 pub mod suite;
+pub mod ttl_check;
 pub mod verdict;
 pub mod workload;
 

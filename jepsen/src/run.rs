@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use crate::control::cluster::NODES_MAX;
 use crate::control::{Cluster, ClusterConfig, Firewall, Namespace};
-use crate::nemesis::{FaultList, Nemesis, Schedule};
+use crate::nemesis::{Fault, FaultList, Nemesis, Schedule};
 use crate::workload::{
     self, Function, History, Outcome, Phase, Record, WorkloadConfig, check_well_formed,
 };
@@ -47,6 +47,9 @@ pub enum WorkloadKind {
     Register,
     /// Unique adds, then a final read of every element.
     Set,
+    /// Keys written once with a TTL, read around their expiry from every
+    /// member (pair it with `--nemesis clock`).
+    Ttl,
 }
 
 /// Flags of `jepsen run`.
@@ -59,7 +62,8 @@ pub struct RunArgs {
     /// partition-half, partition-one-way, partition-bridge, partition-ring,
     /// loss, kill, kill-leader, pause, pause-leader, clock,
     /// partition-follower, power-loss, power-loss-minority, power-loss-all
-    /// (power loss: lazy-disk kvnode builds only); `none` for none.
+    /// (power loss: lazy-disk kvnode builds only), membership; `combined`
+    /// (or `all`) for a seeded random mix; `none` for none.
     #[arg(long, default_value = "none", value_parser = FaultList::parse)]
     pub nemesis: FaultList,
     /// How long the workload runs (e.g. 30s, 2m, 500ms).
@@ -140,10 +144,34 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     rx.await.context("the run thread panicked")?
 }
 
+/// The variable that forces the no-root proxy mode (for tests as root).
+pub const FORCE_PROXY_ENV: &str = "JEPSEN_FORCE_PROXY";
+
+/// Whether this run uses the userspace peer proxies: not root, or
+/// [`FORCE_PROXY_ENV`]`=1`.
+pub fn proxy_mode() -> bool {
+    !rustix::process::geteuid().is_root() || std::env::var(FORCE_PROXY_ENV).is_ok_and(|v| v == "1")
+}
+
+/// Whether proxy mode can inject `fault` (no packet loss, no clock).
+pub fn proxy_mode_supports(fault: Fault) -> bool {
+    !matches!(fault, Fault::Loss | Fault::Clock)
+}
+
 fn run_on_own_thread(args: RunArgs) -> anyhow::Result<ExitCode> {
     let args = Checked::new(args)?;
-    let namespace = Namespace::create()?;
-    namespace.enter_current_thread()?;
+    // Kept alive for the whole run (dropping it ends the namespace).
+    let _namespace = if args.proxy_mode {
+        eprintln!(
+            "jepsen run: NOT ROOT (or {FORCE_PROXY_ENV}=1): partitions through userspace \
+             proxies; loss/clock unavailable; members on the host's loopback"
+        );
+        None
+    } else {
+        let namespace = Namespace::create()?;
+        namespace.enter_current_thread()?;
+        Some(namespace)
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -158,6 +186,7 @@ struct Checked {
     nodes: u64,
     seed: u64,
     kvnode_bin: PathBuf,
+    proxy_mode: bool,
 }
 
 impl Checked {
@@ -209,11 +238,28 @@ impl Checked {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64)
         });
+        // `combined`: the seeded random mix this member count allows.
+        let combined = args.nemesis.0.contains(&Fault::Combined);
+        let mut nemesis = crate::nemesis::combined::expand(&args.nemesis, nodes, seed);
+        let proxy_mode = proxy_mode();
+        if proxy_mode {
+            if combined {
+                nemesis.0.retain(|&f| proxy_mode_supports(f));
+            } else if let Some(fault) = nemesis.0.iter().find(|&&f| !proxy_mode_supports(f)) {
+                bail!(
+                    "--nemesis {}: not root, so partitions go through userspace proxies; \
+                     loss and clock faults are unavailable (run as root)",
+                    fault.name()
+                );
+            }
+        }
+        let args = RunArgs { nemesis, ..args };
         Ok(Self {
             args,
             nodes,
             seed,
             kvnode_bin,
+            proxy_mode,
         })
     }
 }
@@ -243,6 +289,7 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
         nodes,
         seed,
         kvnode_bin,
+        proxy_mode,
     } = checked;
     if args.out.join("history.jsonl").exists() || args.out.join("node1").exists() {
         bail!(
@@ -252,13 +299,24 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
     }
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
-    let firewall = Firewall::new()?;
-    let cluster = Cluster::start(ClusterConfig {
+    let config = ClusterConfig {
         kvnode_bin,
         dir: args.out.clone(),
         nodes,
         faketime: args.nemesis.0.iter().any(|f| f.needs_faketime()),
-    })?;
+    };
+    let (firewall, mut cluster) = if proxy_mode {
+        let proxies = crate::control::proxy::ProxyNet::start(NODES_MAX)?;
+        (
+            Firewall::with_proxies(proxies),
+            Cluster::start_behind_proxies(config)?,
+        )
+    } else {
+        (Firewall::new()?, Cluster::start(config)?)
+    };
+    if args.nemesis.0.iter().any(|f| f.needs_spare_slot()) {
+        cluster.reserve_spare_slots(1)?;
+    }
     let endpoints = cluster.client_addrs();
     wait_ready(&endpoints).await?;
 
@@ -281,6 +339,7 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
         match args.workload {
             WorkloadKind::Register => workload::register::run(config, history.clone()).await,
             WorkloadKind::Set => workload::set::run(config, history.clone()).await,
+            WorkloadKind::Ttl => workload::ttl::run(config, history.clone()).await,
         }
     };
     let (worked, nemesis_ran) = tokio::join!(
@@ -290,11 +349,11 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
     let healed = nemesis.heal_all().await;
     let final_read_ok = match args.workload {
         WorkloadKind::Set => Some(workload::set::final_read(&endpoints, &history).await?),
-        WorkloadKind::Register => None,
+        WorkloadKind::Register | WorkloadKind::Ttl => None,
     };
     let unread = match args.workload {
         WorkloadKind::Register => workload::register::final_reads(&endpoints, &history).await?,
-        WorkloadKind::Set => Vec::new(),
+        WorkloadKind::Set | WorkloadKind::Ttl => Vec::new(),
     };
     let exited = nemesis.cluster_mut().exited_on_their_own();
     drop(nemesis.into_cluster());
@@ -320,23 +379,33 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
         ));
     }
     // The verdict: the workload's checker on the run's history.
-    let report = crate::verdict::check_run(&records, args.workload)?;
+    let (checker_json, checker_text, checker_name, checker_passes) =
+        if args.workload == WorkloadKind::Ttl {
+            let report = crate::ttl_check::check(&records);
+            problems.extend(crate::ttl_check::shortfalls(&report));
+            let json = serde_json::to_value(&report)?;
+            (json, report.summary(), "ttl".to_string(), report.valid)
+        } else {
+            let report = crate::verdict::check_run(&records, args.workload)?;
+            let json = serde_json::to_value(&report)?;
+            let name = format!("{:?}", crate::verdict::model_of(args.workload));
+            (json, report.summary(), name, report.exit_code() == 0)
+        };
     std::fs::write(
         args.out.join("checker.json"),
-        serde_json::to_string_pretty(&report)?,
+        serde_json::to_string_pretty(&checker_json)?,
     )
     .context("writing checker.json")?;
-    let checker_text = report.summary();
-    if report.exit_code() != 0 {
+    if !checker_passes {
         problems.push(format!(
-            "the {:?} checker does not pass: {}",
-            crate::verdict::model_of(args.workload),
+            "the {checker_name} checker does not pass: {}",
             checker_text.lines().next().unwrap_or("")
         ));
     }
     let mut summary = summary(&args, nodes, seed, &records, &problems);
     summary.push_str("\nchecker:\n");
     summary.push_str(&checker_text);
+    summary.push_str(&crate::report::write(&args.out, &records, &checker_json)?);
     std::fs::write(args.out.join("summary.txt"), &summary).context("writing summary.txt")?;
     print!("{summary}");
     Ok(if problems.is_empty() {
@@ -422,7 +491,10 @@ fn summary(
     problems: &[String],
 ) -> String {
     let mut out = String::new();
-    let faults: Vec<_> = args.nemesis.0.iter().map(|f| f.name()).collect();
+    let mut faults: Vec<_> = args.nemesis.0.iter().map(|f| f.name()).collect();
+    // A combined schedule repeats names: list each once.
+    let mut seen = std::collections::HashSet::new();
+    faults.retain(|name| seen.insert(*name));
     let _ = writeln!(
         out,
         "jepsen run: workload {:?}, nemesis {}, nodes {nodes}, time {} s, concurrency {}, rate {}/s, seed {seed}",

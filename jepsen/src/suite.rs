@@ -93,12 +93,17 @@ pub const SNAPSHOT_EVERY_ENTRIES_CONTROL: u64 = 20;
 /// The lazy-disk build (power loss).
 const LAZY: &[&str] = &["lazy-disk"];
 
-/// The suite's scenarios; `short`: 30–40 s each, else 5 minutes each.
+/// The suite's scenarios; `short`: 30–40 s each, else 5 minutes each and
+/// the membership and combined scenarios too.
 pub fn suite_scenarios(short: bool) -> Vec<Scenario> {
     let time = |s: u64| if short { s } else { 300 };
     let scenario = |name, nemesis, seconds, build| Scenario {
         name,
-        workload: "register",
+        workload: if nemesis == "clock" {
+            "ttl"
+        } else {
+            "register"
+        },
         nemesis,
         seconds: time(seconds),
         build,
@@ -106,22 +111,25 @@ pub fn suite_scenarios(short: bool) -> Vec<Scenario> {
         args: Vec::new(),
         expect_caught: false,
     };
-    vec![
+    let mut scenarios = vec![
         scenario("partition-leader", "partition-leader", 30, Build::Real),
         scenario("kill", "kill,kill-leader", 30, Build::Real),
         scenario("pause", "pause,pause-leader", 30, Build::Real),
-        // SLOT(ttl): when the TTL workload lands (helper "workloads"), add
-        // `scenario("clock-ttl", "clock", 30, Build::Real)` with workload
-        // "ttl" here; until then the clock fault runs under the register
-        // workload.
-        scenario("clock", "clock", 30, Build::Real),
+        // The clock fault runs under the TTL workload (expiry is where
+        // time matters).
+        scenario("clock-ttl", "clock", 30, Build::Real),
         scenario(
             "power-loss",
             "power-loss,power-loss-minority,power-loss-all",
             40,
             Build::Features(LAZY),
         ),
-    ]
+    ];
+    if !short {
+        scenarios.push(scenario("membership", "membership", 0, Build::Real));
+        scenarios.push(scenario("combined", "combined", 0, Build::Real));
+    }
+    scenarios
 }
 
 /// The negative controls, each in the scenario that catches it. With

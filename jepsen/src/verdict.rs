@@ -28,6 +28,9 @@ pub fn model_of(workload: WorkloadKind) -> ModelName {
     match workload {
         WorkloadKind::Register => ModelName::Register,
         WorkloadKind::Set => ModelName::Set,
+        // The ttl workload has a checker of its own (`ttl_check`); its
+        // reads and writes are still those of a register.
+        WorkloadKind::Ttl => ModelName::Register,
     }
 }
 

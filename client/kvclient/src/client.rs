@@ -169,7 +169,7 @@ impl Client {
 
     /// Reads `key` with the default consistency; `Ok(None)` if absent.
     pub async fn get(&self, key: impl Into<Bytes>) -> Result<Option<Entry>> {
-        self.get_inner(key.into(), None).await
+        Ok(self.get_inner(key.into(), None).await?.0)
     }
 
     /// Reads `key` with the given consistency; `Ok(None)` if absent.
@@ -178,6 +178,17 @@ impl Client {
         key: impl Into<Bytes>,
         consistency: Consistency,
     ) -> Result<Option<Entry>> {
+        Ok(self.get_inner(key.into(), Some(consistency)).await?.0)
+    }
+
+    /// Reads `key` like [`Client::get_with`] and also returns the applied
+    /// index of the member that answered, which `Ok(None)` would otherwise
+    /// hide (the fault suite orders observations of an expired key by it).
+    pub async fn get_with_index(
+        &self,
+        key: impl Into<Bytes>,
+        consistency: Consistency,
+    ) -> Result<(Option<Entry>, u64)> {
         self.get_inner(key.into(), Some(consistency)).await
     }
 
@@ -185,7 +196,7 @@ impl Client {
         &self,
         key: Bytes,
         consistency: Option<Consistency>,
-    ) -> Result<Option<Entry>> {
+    ) -> Result<(Option<Entry>, u64)> {
         let (consistency, min_index) = self.consistency(consistency);
         let response = self
             .inner
@@ -199,15 +210,17 @@ impl Client {
                 async move { kv(channel).get(request).await }
             })
             .await?;
+        let applied_index = applied(response.header.as_ref());
         if !response.found {
-            return Ok(None);
+            return Ok((None, applied_index));
         }
-        Ok(Some(Entry {
+        let entry = Entry {
             value: response.value,
             version: response.version,
             ttl_left: ttl_left(response.ttl_ms_left),
-            applied_index: applied(response.header.as_ref()),
-        }))
+            applied_index,
+        };
+        Ok((Some(entry), applied_index))
     }
 
     /// Writes `key` unconditionally, without a TTL.

@@ -5,7 +5,16 @@
 //!
 //! Faults on processes go through here: SIGKILL and restart (same data
 //! directory, same addresses), SIGSTOP / SIGCONT, and the wall-clock offset
-//! of a member started under libfaketime. Every child is killed by its pid
+//! of a member started under libfaketime.
+//!
+//! Membership changes work on **slots**: slot i is the address
+//! 127.0.0.(10+i), and the harness (nemeses, firewall, endpoints) names
+//! members by slot. Slot i first hosts kvnode member id i; spare slots
+//! ([`Cluster::reserve_spare_slots`]) host nobody until
+//! [`Cluster::start_in_slot`] starts a fresh member there under a NEW
+//! kvnode id (kvnode refuses an old id again) with its own data directory;
+//! [`Cluster::retire`] stops a removed member and frees its slot. Client
+//! endpoints list every slot, so they stay valid as members rotate. Every child is killed by its pid
 //! when the [`Cluster`] is dropped, and each asks the kernel for SIGTERM if
 //! the thread that started it dies.
 
@@ -62,10 +71,15 @@ pub struct ClusterConfig {
     pub faketime: bool,
 }
 
-/// One member's process state.
+/// One slot's process state.
 #[derive(Debug)]
 struct Member {
+    /// The slot (address 127.0.0.(10+id)).
     id: u64,
+    /// The kvnode member id the slot hosts now.
+    raft_id: u64,
+    /// A spare slot hosts no member (no process, not in `ids()`).
+    spare: bool,
     child: Option<Child>,
     paused: bool,
 }
@@ -75,11 +89,36 @@ struct Member {
 pub struct Cluster {
     config: ClusterConfig,
     members: Vec<Member>,
+    /// The kvnode id the next [`Cluster::start_in_slot`] uses.
+    next_raft_id: u64,
+    /// Members advertise their peer proxy ([`super::proxy`]) as their
+    /// peer address (no-root mode).
+    behind_proxies: bool,
 }
 
 impl Cluster {
     /// Starts every member (node 1 bootstraps the cluster).
     pub fn start(config: ClusterConfig) -> anyhow::Result<Self> {
+        Self::start_with(config, false)
+    }
+
+    /// Like [`Cluster::start`], but every member advertises its peer proxy
+    /// ([`super::proxy::proxy_addr`]) as its peer address, so Raft traffic
+    /// goes through the proxies (the no-root fallback).
+    pub fn start_behind_proxies(config: ClusterConfig) -> anyhow::Result<Self> {
+        Self::start_with(config, true)
+    }
+
+    /// The peer address member `id` is known by to the others.
+    pub fn advertised_peer_addr(&self, id: u64) -> String {
+        if self.behind_proxies {
+            super::proxy::proxy_addr(id)
+        } else {
+            peer_addr(id)
+        }
+    }
+
+    fn start_with(config: ClusterConfig, behind_proxies: bool) -> anyhow::Result<Self> {
         if config.nodes == 0 || config.nodes > NODES_MAX {
             bail!(
                 "nodes = {}: must be 1 ..= NODES_MAX ({NODES_MAX})",
@@ -103,10 +142,14 @@ impl Cluster {
             members: (1..=config.nodes)
                 .map(|id| Member {
                     id,
+                    raft_id: id,
+                    spare: false,
                     child: None,
                     paused: false,
                 })
                 .collect(),
+            next_raft_id: config.nodes + 1,
+            behind_proxies,
             config,
         };
         for id in 1..=cluster.config.nodes {
@@ -121,14 +164,82 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// Member ids, ascending.
+    /// Member ids (slots hosting a member), ascending.
     pub fn ids(&self) -> Vec<u64> {
-        self.members.iter().map(|m| m.id).collect()
+        self.members
+            .iter()
+            .filter(|m| !m.spare)
+            .map(|m| m.id)
+            .collect()
     }
 
-    /// Every member's client address.
+    /// Every slot's client address (a spare slot refuses connections until
+    /// a member starts there).
     pub fn client_addrs(&self) -> Vec<String> {
         self.members.iter().map(|m| client_addr(m.id)).collect()
+    }
+
+    /// Adds `count` spare slots after the last one (at most [`NODES_MAX`]
+    /// slots in all), for membership changes. Call before taking
+    /// [`Cluster::client_addrs`] for the workload.
+    pub fn reserve_spare_slots(&mut self, count: u64) -> anyhow::Result<()> {
+        let slots = self.members.len() as u64;
+        if slots + count > NODES_MAX {
+            bail!("{slots} members and {count} spare slots exceed NODES_MAX ({NODES_MAX}) slots");
+        }
+        for id in slots + 1..=slots + count {
+            fs::create_dir_all(self.node_dir(id))
+                .with_context(|| format!("creating {}", self.node_dir(id).display()))?;
+            if self.config.faketime {
+                self.set_clock_offset(id, 0)?;
+            }
+            self.members.push(Member {
+                id,
+                raft_id: 0,
+                spare: true,
+                child: None,
+                paused: false,
+            });
+        }
+        self.next_raft_id = self.next_raft_id.max(slots + count + 1);
+        Ok(())
+    }
+
+    /// A spare slot, if any (the lowest).
+    pub fn spare_slot(&self) -> Option<u64> {
+        self.members.iter().find(|m| m.spare).map(|m| m.id)
+    }
+
+    /// The kvnode member id slot `id` hosts.
+    pub fn raft_id(&self, id: u64) -> Option<u64> {
+        self.member(id).filter(|m| !m.spare).map(|m| m.raft_id)
+    }
+
+    /// Starts a new kvnode member (a fresh id and data directory, only
+    /// itself as initial member, no bootstrap) in spare slot `id`, ready to
+    /// be added as a learner. Returns its kvnode id.
+    pub fn start_in_slot(&mut self, id: u64) -> anyhow::Result<u64> {
+        let raft_id = self.next_raft_id;
+        let member = self.member_mut(id)?;
+        if !member.spare {
+            bail!("slot {id} hosts member {} already", member.raft_id);
+        }
+        member.spare = false;
+        member.raft_id = raft_id;
+        self.next_raft_id += 1;
+        let data = self.data_dir(id);
+        fs::create_dir_all(&data).with_context(|| format!("creating {}", data.display()))?;
+        self.restart(id)?;
+        Ok(raft_id)
+    }
+
+    /// Stops the member in slot `id` (removed from the cluster) and frees
+    /// the slot; its data directory stays for the report.
+    pub fn retire(&mut self, id: u64) -> anyhow::Result<()> {
+        self.resume(id)?;
+        self.kill(id)?;
+        self.member_mut(id)?.spare = true;
+        Ok(())
     }
 
     /// The member whose client address is `addr`.
@@ -162,6 +273,9 @@ impl Cluster {
     pub fn restart(&mut self, id: u64) -> anyhow::Result<()> {
         if self.is_running(id) {
             return Ok(());
+        }
+        if self.member(id).is_some_and(|m| m.spare) {
+            bail!("slot {id} is spare: no member to start");
         }
         let child = self.spawn(id)?;
         let member = self.member_mut(id)?;
@@ -222,6 +336,15 @@ impl Cluster {
         self.config.dir.join(format!("node{id}"))
     }
 
+    /// Slot `id`'s data directory for the member it hosts: `data` for the
+    /// slot's first member, `data-id<N>` for a later one.
+    fn data_dir(&self, id: u64) -> PathBuf {
+        match self.member(id).map(|m| m.raft_id) {
+            Some(raft_id) if raft_id != id => self.node_dir(id).join(format!("data-id{raft_id}")),
+            _ => self.node_dir(id).join("data"),
+        }
+    }
+
     fn clock_file(&self, id: u64) -> PathBuf {
         self.node_dir(id).join("faketime")
     }
@@ -257,16 +380,26 @@ impl Cluster {
             .open(&log_path)
             .with_context(|| format!("opening {}", log_path.display()))?;
         let log_err = log.try_clone()?;
-        let initial_cluster = (1..=self.config.nodes)
-            .map(|m| format!("{m}={}/{}", client_addr(m), peer_addr(m)))
-            .collect::<Vec<_>>()
-            .join(",");
+        let raft_id = self.member(id).map_or(id, |m| m.raft_id);
+        // A member added later knows only itself; the cluster adds it.
+        let initial_cluster = if raft_id == id {
+            (1..=self.config.nodes)
+                .map(|m| format!("{m}={}/{}", client_addr(m), self.advertised_peer_addr(m)))
+                .collect::<Vec<_>>()
+                .join(",")
+        } else {
+            format!(
+                "{raft_id}={}/{}",
+                client_addr(id),
+                self.advertised_peer_addr(id)
+            )
+        };
         let mut command = Command::new(&self.config.kvnode_bin);
         command
             .arg("run")
-            .args(["--id", &id.to_string()])
+            .args(["--id", &raft_id.to_string()])
             .arg("--data-dir")
-            .arg(dir.join("data"))
+            .arg(self.data_dir(id))
             .args(["--client-addr", &client_addr(id)])
             .args(["--peer-addr", &peer_addr(id)])
             .args(["--initial-cluster", &initial_cluster])
@@ -275,7 +408,7 @@ impl Cluster {
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err);
-        if id == 1 {
+        if raft_id == 1 {
             command.arg("--bootstrap");
         }
         if self.config.faketime {

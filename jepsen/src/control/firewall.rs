@@ -18,30 +18,46 @@ use super::cluster::node_ip;
 /// The chain the rules go into.
 const CHAIN: &str = "INPUT";
 
-/// iptables inside the current network namespace.
+/// iptables inside the current network namespace, or (no root) the
+/// userspace peer proxies of [`super::proxy`].
 #[derive(Debug)]
 pub struct Firewall {
-    _private: (),
+    proxies: Option<super::proxy::ProxyNet>,
 }
 
 impl Firewall {
     /// Checks that iptables works here (root, the tool installed) and starts
     /// from an empty chain.
     pub fn new() -> anyhow::Result<Self> {
-        let firewall = Self { _private: () };
+        let firewall = Self { proxies: None };
         firewall
             .heal()
             .context("iptables does not work here (needs root and Debian's `iptables` package)")?;
         Ok(firewall)
     }
 
-    /// Drops every packet member `from` sends member `to` (one direction).
+    /// Cuts links through userspace proxies instead of iptables (no root).
+    pub fn with_proxies(proxies: super::proxy::ProxyNet) -> Self {
+        Self {
+            proxies: Some(proxies),
+        }
+    }
+
+    /// Drops every packet member `from` sends member `to` (one direction;
+    /// with proxies: every connection `from` opens to `to`).
     pub fn cut(&self, from: u64, to: u64) -> anyhow::Result<()> {
+        if let Some(proxies) = &self.proxies {
+            proxies.cut(from, to);
+            return Ok(());
+        }
         self.append(node_ip(from), node_ip(to), &[])
     }
 
     /// Drops packets member `from` sends member `to` with this probability.
     pub fn lossy(&self, from: u64, to: u64, probability: f64) -> anyhow::Result<()> {
+        if self.proxies.is_some() {
+            bail!("packet loss needs iptables (root); the userspace proxies cannot drop packets");
+        }
         let probability = format!("{probability:.3}");
         self.append(
             node_ip(from),
@@ -59,6 +75,10 @@ impl Firewall {
 
     /// Removes every rule.
     pub fn heal(&self) -> anyhow::Result<()> {
+        if let Some(proxies) = &self.proxies {
+            proxies.heal();
+            return Ok(());
+        }
         iptables(&["-F", CHAIN])
     }
 

@@ -3,13 +3,14 @@
 //! ([`cluster`]) and the firewall rules that cut links between them
 //! ([`firewall`]).
 //!
-//! Everything here needs root (CI runs as root). Without root the run fails
-//! at once and says so; the userspace-proxy fallback of DESIGN §7 is not
-//! built.
+//! The namespace and iptables need root (CI runs as root). Without root
+//! (or with `JEPSEN_FORCE_PROXY=1`), `jepsen run` falls back to the
+//! userspace peer proxies of [`proxy`]: partitions, kills and pauses only.
 
 pub mod cluster;
 pub mod firewall;
 pub mod netns;
+pub mod proxy;
 
 pub use cluster::{Cluster, ClusterConfig};
 pub use firewall::Firewall;

@@ -19,6 +19,8 @@
 //! - `power-loss`, `power-loss-minority`, `power-loss-all`: SIGKILL of a
 //!   lazy-disk build (un-fsynced writes lost), restart at the stop
 //!   ([`power`]).
+//! - `membership` ([`membership`]): a new member added and promoted, then
+//!   a voter (sometimes the leader) removed; at least three voters always.
 //!
 //! [`Nemesis::run_schedule`] alternates quiet periods and faults, in the
 //! order given, and never starts a fault that could not be healed and
@@ -35,6 +37,9 @@ use rand::rngs::SmallRng;
 use rand::seq::SliceRandom as _;
 use rand::{Rng as _, SeedableRng as _};
 use tokio::time::Instant;
+
+pub mod combined;
+pub mod membership;
 
 use crate::control::{Cluster, Firewall};
 use crate::workload::{History, Phase};
@@ -90,10 +95,15 @@ pub enum Fault {
     PowerLossMinority,
     /// Power cut of every member at once (lazy-disk build).
     PowerLossAll,
+    /// Add and promote a new member; at the stop remove a voter.
+    Membership,
+    /// `combined` / `all`: stands for a seeded random mix of every fault
+    /// the run allows ([`combined::expand`] replaces it before the run).
+    Combined,
 }
 
 /// Every fault, in the order `--help` lists them.
-pub const ALL_FAULTS: [Fault; 15] = [
+pub const ALL_FAULTS: [Fault; 16] = [
     Fault::PartitionLeader,
     Fault::PartitionHalf,
     Fault::PartitionOneWay,
@@ -109,6 +119,7 @@ pub const ALL_FAULTS: [Fault; 15] = [
     Fault::PowerLoss,
     Fault::PowerLossMinority,
     Fault::PowerLossAll,
+    Fault::Membership,
 ];
 
 impl Fault {
@@ -130,6 +141,8 @@ impl Fault {
             Self::PowerLoss => "power-loss",
             Self::PowerLossMinority => "power-loss-minority",
             Self::PowerLossAll => "power-loss-all",
+            Self::Membership => "membership",
+            Self::Combined => "combined",
         }
     }
 
@@ -137,13 +150,19 @@ impl Fault {
     pub fn nodes_min(self) -> u64 {
         match self {
             Self::PartitionBridge | Self::PartitionRing => BRIDGE_RING_NODES_MIN,
+            Self::Membership | Self::Combined => membership::VOTERS_MIN as u64,
             _ => 2,
         }
     }
 
+    /// Whether the run must keep a spare slot (address) for new members.
+    pub fn needs_spare_slot(self) -> bool {
+        matches!(self, Self::Membership | Self::Combined)
+    }
+
     /// Whether the members must run under libfaketime.
     pub fn needs_faketime(self) -> bool {
-        self == Self::Clock
+        matches!(self, Self::Clock | Self::Combined)
     }
 
     /// Whether the kvnode binary must be a `lazy-disk` build.
@@ -173,6 +192,9 @@ impl FromStr for Fault {
         // `partition-majority` is the tracker's name for the same fault.
         if name == "partition-majority" || name == "partition-minority" {
             return Ok(Self::PartitionHalf);
+        }
+        if name == "combined" || name == "all" {
+            return Ok(Self::Combined);
         }
         ALL_FAULTS
             .into_iter()
@@ -208,6 +230,8 @@ enum Undo {
     Resume(u64),
     Clock(u64),
     RestartMany(Vec<u64>),
+    /// The slot of the member the start added, and whether it was promoted.
+    Membership(Option<(u64, bool)>),
 }
 
 /// Timing of [`Nemesis::run_schedule`].
@@ -445,6 +469,8 @@ impl Nemesis {
                     format!("power cut (SIGKILL, lazy disk) of members {victims:?}"),
                 )
             }
+            Fault::Membership => self.start_membership().await?,
+            Fault::Combined => bail!("`combined` must be expanded before the run"),
         };
         self.active = Some((fault, undo));
         self.history.nemesis(fault.name(), Phase::Start, detail)
@@ -478,6 +504,7 @@ impl Nemesis {
                 }
                 format!("members {ids:?} powered on")
             }
+            Undo::Membership(added) => self.stop_membership(added).await?,
         };
         self.history.nemesis(fault.name(), Phase::Stop, detail)
     }

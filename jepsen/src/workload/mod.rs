@@ -7,7 +7,7 @@
 //! applied) is `info`; its process never issues another operation (the
 //! worker continues as a new process), as in Jepsen.
 //!
-//! Workloads ([`register`], [`set`]) run a bounded number of concurrent
+//! Workloads ([`register`], [`set`], [`ttl`]) run a bounded number of concurrent
 //! workers, each one kvclient session, paced to a total rate sized for two
 //! cores, until a deadline.
 //!
@@ -16,6 +16,7 @@
 
 pub mod register;
 pub mod set;
+pub mod ttl;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
@@ -96,6 +97,15 @@ pub struct Op {
     pub complete_wall_us: u64,
     /// Completion time, nanoseconds since the run started (monotonic).
     pub complete_ns: u64,
+    /// A write's time to live in ms (the `ttl` workload); absent = none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    /// A stale read's `min_index` (absent = a linearizable read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale_min_index: Option<u64>,
+    /// The member a read was sent to, when pinned to one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<u64>,
 }
 
 /// Whether a nemesis event starts or ends a fault.
@@ -207,6 +217,9 @@ impl History {
                 invoke_ns: self.now_ns(),
                 complete_wall_us: 0,
                 complete_ns: 0,
+                ttl_ms: None,
+                stale_min_index: None,
+                member: None,
             },
         }
     }

@@ -43,3 +43,7 @@ pub fn event(
     event.value = value.map(str::to_string);
     event
 }
+
+/// Serializes the tests that start real members: each checks that it left
+/// no child process behind, which another run's members would break.
+pub static RUN_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

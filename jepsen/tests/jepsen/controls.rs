@@ -53,6 +53,8 @@ async fn stale_local_reads_with_a_follower_isolated_are_caught() {
         min_ok_writes: 20,
         min_ok_reads: 20,
     };
+    // Runs start members as children of this process; one at a time.
+    let _serial = crate::common::RUN_LOCK.lock().await;
     let code = jepsen::run::run(args).await.expect("the run ran");
     let summary = std::fs::read_to_string(out.join("summary.txt")).unwrap_or_default();
     let checker = std::fs::read_to_string(out.join("checker.json")).expect("checker.json");

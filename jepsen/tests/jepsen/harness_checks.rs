@@ -30,6 +30,9 @@ fn op(
         invoke_ns,
         complete_wall_us: complete_ns / 1000,
         complete_ns,
+        ttl_ms: None,
+        stale_min_index: None,
+        member: None,
     })
 }
 

@@ -52,6 +52,7 @@ fn children_of_this_process() -> Vec<u32> {
 
 #[tokio::test]
 async fn register_run_with_leader_partition_and_kill_does_enough() {
+    let _serial = crate::common::RUN_LOCK.lock().await;
     assert!(
         rustix::process::geteuid().is_root(),
         "this test needs root (a private network namespace and iptables; CI runs as root)"
