@@ -75,7 +75,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Runs one member of a cluster.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Runs a local cluster: N `kvnode run` child processes on one host.
     Local(local::LocalArgs),
     /// Seeds a member of a new cluster from a backup archive.
@@ -416,7 +416,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         None => run_member(default_config()?).await,
-        Some(Cmd::Run(args)) => run_member(run_config(args)?).await,
+        Some(Cmd::Run(args)) => run_member(run_config(*args)?).await,
         Some(Cmd::Local(args)) => local::run(args).await,
         Some(Cmd::Restore(args)) => restore::run(args).await,
     }
