@@ -1696,10 +1696,9 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for LogStore<C> {
         &mut self,
         committed: Option<LogId<C::NodeId>>,
     ) -> Result<(), StorageError<C::NodeId>> {
-        // (The node opens its store with `persist_committed: false`, so the
-        // nc-skip-log-fsync control leaves no committed id pointing past the
-        // entries it lost.)
-        if self.shared.options.persist_committed {
+        // NEGATIVE CONTROL (feature nc-skip-log-fsync): the committed log id
+        // is not persisted either (it would point past the lost entries).
+        if self.shared.options.persist_committed && !cfg!(feature = "nc-skip-log-fsync") {
             self.save_meta(
                 COMMITTED_FILE,
                 META_KIND_COMMITTED,

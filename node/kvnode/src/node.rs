@@ -523,17 +523,14 @@ impl Node {
             let log_vfs: Arc<dyn bitcask::io::Vfs> = crate::lazy_disk::shared();
             #[cfg(not(feature = "lazy-disk"))]
             let log_vfs: Arc<dyn bitcask::io::Vfs> = Arc::new(RealFs);
-            // The committed id stays in memory: persisting it cost a write,
-            // an fsync, a rename and a directory fsync on every member
-            // before every apply (half the put latency in the etcd
-            // comparison, node/kvnode/BENCHMARKS.md). After a restart
-            // openraft recovers it from the state machine's last applied id
-            // and the leader; a committed id left on disk by `kvnode
-            // restore` is still read at open.
-            let log_options = LogStoreOptions {
-                persist_committed: false,
-                ..LogStoreOptions::default()
-            };
+            // The committed id is persisted (the default): openraft 0.9
+            // restarts a member whose vote says it led as the leader, without
+            // an election or a new no-op entry, so its read index is the
+            // committed id it recovers. Kept in memory only, that id falls
+            // back to the state machine's applied id, which a power cut can
+            // take below acknowledged writes: the power-loss suite saw such a
+            // leader serve stale linearizable reads (node/kvnode/BENCHMARKS.md).
+            let log_options = LogStoreOptions::default();
             let log = LogStore::<TypeConfig>::open_observed(
                 log_vfs,
                 log_dir,
