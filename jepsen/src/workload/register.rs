@@ -10,11 +10,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kvclient::{Consistency, PutOptions};
+use kvclient::{Consistency, Entry, PutOptions};
 use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
 
-use super::{Function, History, Outcome, Record, WorkloadConfig, client, write_error_outcome};
+use super::{Function, History, Op, Outcome, Record, WorkloadConfig, client, write_error_outcome};
 
 /// Operations one key takes before it is retired.
 pub const KEY_OPS_MAX: u64 = 200;
@@ -109,11 +109,8 @@ async fn worker_loop(
                 .await
             {
                 Ok(entry) => {
-                    let op = pending.op_mut();
-                    op.version = Some(entry.as_ref().map_or(0, |e| e.version));
-                    op.index = entry.as_ref().map(|e| e.applied_index);
-                    op.value = entry.map(|e| String::from_utf8_lossy(&e.value).into_owned());
-                    seen.insert(k, op.version.unwrap_or(0));
+                    let version = record_read(pending.op_mut(), entry);
+                    seen.insert(k, version);
                     history.complete(pending, Outcome::Ok)?.outcome
                 }
                 Err(err) => {
@@ -163,6 +160,15 @@ async fn worker_loop(
     Ok(())
 }
 
+/// Records what an ok read returned (`None`: the key is absent, version
+/// 0); returns the version read.
+fn record_read(op: &mut Op, entry: Option<Entry>) -> u64 {
+    op.version = Some(entry.as_ref().map_or(0, |e| e.version));
+    op.index = entry.as_ref().map(|e| e.applied_index);
+    op.value = entry.map(|e| String::from_utf8_lossy(&e.value).into_owned());
+    op.version.unwrap_or(0)
+}
+
 /// The final reads: once every fault is healed, one linearizable read of
 /// each key any write was invoked on, retried (bounded) until it succeeds.
 /// Each read is recorded like any other, so the linearizability checker
@@ -189,10 +195,7 @@ pub async fn final_reads(endpoints: &[String], history: &History) -> anyhow::Res
                 .await
             {
                 Ok(entry) => {
-                    let op = pending.op_mut();
-                    op.version = Some(entry.as_ref().map_or(0, |e| e.version));
-                    op.index = entry.as_ref().map(|e| e.applied_index);
-                    op.value = entry.map(|e| String::from_utf8_lossy(&e.value).into_owned());
+                    record_read(pending.op_mut(), entry);
                     history.complete(pending, Outcome::Ok)?;
                     read = true;
                     break;
