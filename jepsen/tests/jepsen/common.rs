@@ -47,3 +47,15 @@ pub fn event(
 /// Serializes the tests that start real members: each checks that it left
 /// no child process behind, which another run's members would break.
 pub static RUN_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A run directory that does not exist yet: `<tmp>/jepsen-<name>-<pid>-<ns>`
+/// (`jepsen run` creates it and refuses one that holds an earlier run).
+pub fn run_dir(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "jepsen-{name}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ))
+}

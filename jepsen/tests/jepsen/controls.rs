@@ -31,13 +31,7 @@ async fn stale_local_reads_with_a_follower_isolated_are_caught() {
     .await
     .expect("the build task")
     .expect("building the nc-local-reads kvnode");
-    let out: PathBuf = std::env::temp_dir().join(format!(
-        "jepsen-control-local-reads-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    ));
+    let out: PathBuf = crate::common::run_dir("control-local-reads");
     let args = RunArgs {
         workload: WorkloadKind::Register,
         nemesis: FaultList(vec![Fault::PartitionFollower]),

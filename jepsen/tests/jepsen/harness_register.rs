@@ -57,13 +57,7 @@ async fn register_run_with_leader_partition_and_kill_does_enough() {
         rustix::process::geteuid().is_root(),
         "this test needs root (a private network namespace and iptables; CI runs as root)"
     );
-    let out: PathBuf = std::env::temp_dir().join(format!(
-        "jepsen-harness-register-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    ));
+    let out: PathBuf = crate::common::run_dir("harness-register");
     let args = RunArgs {
         workload: WorkloadKind::Register,
         nemesis: FaultList(vec![

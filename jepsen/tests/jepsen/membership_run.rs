@@ -22,13 +22,7 @@ async fn membership_changes_keep_three_voters_and_the_register_linearizable() {
         rustix::process::geteuid().is_root(),
         "this test needs root (a private network namespace; CI runs as root)"
     );
-    let out: PathBuf = std::env::temp_dir().join(format!(
-        "jepsen-membership-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    ));
+    let out: PathBuf = crate::common::run_dir("membership");
     let args = RunArgs {
         workload: WorkloadKind::Register,
         nemesis: FaultList(vec![Fault::Membership]),

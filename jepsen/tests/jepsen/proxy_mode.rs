@@ -16,13 +16,7 @@ use jepsen::workload::{Function, Outcome, Record, read_history};
 #[test]
 fn a_partition_through_userspace_proxies_bites_and_the_run_passes() {
     let _serial = crate::common::RUN_LOCK.blocking_lock();
-    let out = std::env::temp_dir().join(format!(
-        "jepsen-proxy-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    ));
+    let out = crate::common::run_dir("proxy");
     let output = Command::new(env!("CARGO_BIN_EXE_jepsen"))
         .env(FORCE_PROXY_ENV, "1")
         .args([

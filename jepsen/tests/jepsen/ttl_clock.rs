@@ -33,13 +33,7 @@ async fn ttl_run_under_clock_jumps_expires_on_time_and_never_resurrects() {
         std::path::Path::new(jepsen::control::cluster::LIBFAKETIME_PATH).exists(),
         "this test needs libfaketime (apt-get install libfaketime)"
     );
-    let out: PathBuf = std::env::temp_dir().join(format!(
-        "jepsen-ttl-clock-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    ));
+    let out: PathBuf = crate::common::run_dir("ttl-clock");
     let args = RunArgs {
         workload: WorkloadKind::Ttl,
         nemesis: FaultList(vec![Fault::Clock]),
