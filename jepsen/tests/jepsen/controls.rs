@@ -21,6 +21,10 @@ async fn stale_local_reads_with_a_follower_isolated_are_caught() {
         rustix::process::geteuid().is_root(),
         "this test needs root (a private network namespace and iptables; CI runs as root)"
     );
+    // The build (cargo) and the run (the members) are children of this
+    // process, and the other run tests check that none of theirs is left:
+    // one at a time, the build included.
+    let _serial = crate::common::RUN_LOCK.lock().await;
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("the workspace")
@@ -47,8 +51,6 @@ async fn stale_local_reads_with_a_follower_isolated_are_caught() {
         min_ok_writes: 20,
         min_ok_reads: 20,
     };
-    // Runs start members as children of this process; one at a time.
-    let _serial = crate::common::RUN_LOCK.lock().await;
     let code = jepsen::run::run(args).await.expect("the run ran");
     let summary = std::fs::read_to_string(out.join("summary.txt")).unwrap_or_default();
     let checker = std::fs::read_to_string(out.join("checker.json")).expect("checker.json");
