@@ -536,7 +536,13 @@ impl Verdict {
 fn read_verdict(out: &Path) -> Option<Verdict> {
     let text = std::fs::read_to_string(out.join("checker.json")).ok()?;
     let json: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let verdict = json.get("verdict")?.as_str()?.to_string();
+    // The register and set checkers write `verdict`; the TTL checker
+    // writes `valid` (its anomalies are listed the same way).
+    let verdict = match json.get("verdict").and_then(|v| v.as_str()) {
+        Some(verdict) => verdict.to_string(),
+        None if json.get("valid")?.as_bool()? => "valid (ttl)".to_string(),
+        None => "not-valid (ttl)".to_string(),
+    };
     let mut anomalies: Vec<(String, usize)> = Vec::new();
     for anomaly in json
         .get("anomalies")
