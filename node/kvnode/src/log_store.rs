@@ -11,8 +11,12 @@
 //!   header (magic, format version, first index) and holds records, one per
 //!   entry, in index order. Only the last segment is appended to; it rotates
 //!   when the next batch would take it past [`LOG_SEGMENT_SIZE_BYTES`].
-//! - `vote.meta`, `committed.meta`, `purged.meta`: the vote, the committed log
-//!   id and the purge point. Each is replaced whole: written to `<name>.tmp`,
+//! - `vote.meta`, `purged.meta`: the vote and the purge point; and
+//!   `committed.meta`, the committed log id, only with
+//!   [`LogStoreOptions::persist_committed`] (off by default: the committed id
+//!   lives in memory, and a vote is always reopened uncommitted so that a
+//!   former leader wins a new term before it serves reads; see
+//!   [`uncommitted`]). Each is replaced whole: written to `<name>.tmp`,
 //!   fsynced, renamed over the old file, then the directory is fsynced. No
 //!   metadata file is ever truncated and rewritten in place.
 //!
@@ -24,8 +28,9 @@
 //! buffer to the writer and returns; the writer issues ONE positioned write
 //! for the batch and ONE fsync (batches queued behind each other for the same
 //! segment share that fsync), and only then fires openraft's
-//! [`LogFlushed`] callback. `save_vote`, `save_committed`, `truncate` and
-//! `purge` wait for the writer and return only once durable.
+//! [`LogFlushed`] callback. `save_vote`, `truncate` and `purge` (and
+//! `save_committed` when it persists) wait for the writer and return only
+//! once durable.
 //!
 //! # Reads
 //! An in-memory index maps every live log index to its log id, segment and
@@ -459,11 +464,15 @@ pub struct LogStoreOptions {
     /// Bytes of fsynced entry payloads kept in memory ([`LOG_CACHE_BYTES_MAX`]).
     pub cache_bytes_max: usize,
     /// Whether `save_committed` makes the committed log id durable (default
-    /// `true`). openraft calls it every time the commit index moves, and each
-    /// call costs a file fsync and a directory fsync on the Raft core's path;
-    /// with `false` the committed log id is kept in memory only (openraft
-    /// then recovers it from the state machine's last applied id and the
-    /// leader after a restart, which is also correct).
+    /// `false`). openraft 0.9 calls it every time the commit index moves,
+    /// awaited on the Raft core's path before the apply, so persisting it
+    /// costs a file fsync and a directory fsync per commit (half of a
+    /// one-client put's latency). With `false` it is kept in memory only:
+    /// after a restart openraft takes the state machine's applied id and
+    /// learns the rest from the leader. That is safe only because [`LogStore::open`]
+    /// never hands back a committed vote (see there), so a member that led
+    /// before a restart must win a new election, with a fresh no-op entry,
+    /// before it serves a linearizable read.
     pub persist_committed: bool,
 }
 
@@ -477,7 +486,7 @@ impl Default for LogStoreOptions {
         LogStoreOptions {
             segment_size_bytes: LOG_SEGMENT_SIZE_BYTES,
             cache_bytes_max: LOG_CACHE_BYTES_MAX,
-            persist_committed: true,
+            persist_committed: false,
         }
     }
 }
@@ -506,6 +515,25 @@ impl Poison {
             *cause = Some(err.to_string());
         }
     }
+}
+
+/// The vote as [`LogStore::open`] hands it to openraft: never committed.
+///
+/// openraft 0.9 restarts a member whose stored vote is committed and its own
+/// as the leader at once, without an election, reusing the first entry of
+/// its old term as its no-op. Its linearizable read index is then the
+/// committed log id it recovered, and that id is not durable (see
+/// [`LogStoreOptions::persist_committed`]): after a power cut it falls back
+/// to the state machine's applied id, which can be below acknowledged
+/// writes. Opened uncommitted, the vote keeps its term and candidate (so
+/// this member can never vote twice in a term), but a former leader starts
+/// as a follower and must win a new term with a fresh no-op entry, whose
+/// commit covers every earlier entry, before it serves a read. A follower
+/// whose vote named another leader commits it again on that leader's next
+/// message.
+fn uncommitted<NID: openraft::NodeId>(mut vote: Vote<NID>) -> Vote<NID> {
+    vote.committed = false;
+    vote
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -1163,7 +1191,7 @@ impl<C: RaftTypeConfig> LogStore<C> {
             Ok(Some(payload.to_vec()))
         };
         let vote: Option<Vote<C::NodeId>> = match read_meta(VOTE_FILE, META_KIND_VOTE)? {
-            Some(payload) => Some(decode_payload(dir, VOTE_FILE, &payload)?),
+            Some(payload) => Some(uncommitted(decode_payload(dir, VOTE_FILE, &payload)?)),
             None => None,
         };
         let committed: Option<LogId<C::NodeId>> =

@@ -295,12 +295,21 @@ async fn single_node_put_get_delete_and_restart() {
     );
 
     drop(client);
+    let term_before = node.raft().metrics().borrow().current_term;
     node.shutdown(Duration::from_secs(5)).await;
 
     // Restart on fresh ports with the same data; bootstrap is set again but
     // must not re-initialize.
     let node = start(1, dir.path(), &cluster, true, listeners().await).await;
     assert_eq!(wait_for_leader(&[&node]).await, 1);
+    // The former leader did not resume its old term: it won a new one (and
+    // so committed a fresh no-op before serving reads), because the
+    // committed index is not durable (log_store::uncommitted).
+    let term_after = node.raft().metrics().borrow().current_term;
+    assert!(
+        term_after > term_before,
+        "restarted leader kept term {term_before} (now {term_after})"
+    );
     let mut client = connect(&node).await;
     let beta = client
         .get(get("beta", Consistency::Linearizable, 0))

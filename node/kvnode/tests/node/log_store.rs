@@ -17,7 +17,10 @@ use crate::common::*;
 
 /// The whole lifecycle on one disk, reopening after every step.
 async fn lifecycle(vfs: Arc<dyn Vfs>, dir: std::path::PathBuf) {
-    let options = small_segments();
+    let options = LogStoreOptions {
+        persist_committed: true,
+        ..small_segments()
+    };
     let open = || LogStore::<TestConfig>::open_with(vfs.clone(), dir.clone(), options).unwrap();
 
     // Appends in batches, rotating through several segments.
@@ -123,7 +126,11 @@ async fn lifecycle_survives_power_cuts_between_steps() {
     // right after each close loses nothing.
     let fs = SimFs::new();
     let dir = sim_dir();
-    let mut store = open_sim(&fs, small_segments());
+    let options = LogStoreOptions {
+        persist_committed: true,
+        ..small_segments()
+    };
+    let mut store = open_sim(&fs, options);
     append(&mut store, entries(1, 0..50)).await;
     store.save_vote(&Vote::new(7, 1)).await.unwrap();
     store.truncate(log_id(1, 30)).await.unwrap();
@@ -131,7 +138,7 @@ async fn lifecycle_survives_power_cuts_between_steps() {
     store.save_committed(Some(log_id(1, 20))).await.unwrap();
     let fs = fs.power_cut(bitcask::sim::Torn::Nothing);
     drop(store);
-    let mut store = open_sim(&fs, small_segments());
+    let mut store = open_sim(&fs, options);
     assert_eq!(indexes(&mut store).await, (11..30).collect::<Vec<_>>());
     assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new(7, 1)));
     assert_eq!(store.read_committed().await.unwrap(), Some(log_id(1, 20)));
@@ -204,12 +211,10 @@ async fn an_oversized_entry_is_refused_naming_the_limit() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_committed_log_id_can_stay_in_memory() {
+async fn the_committed_log_id_stays_in_memory_by_default() {
     let fs = SimFs::new();
-    let options = LogStoreOptions {
-        persist_committed: false,
-        ..LogStoreOptions::default()
-    };
+    let options = LogStoreOptions::default();
+    assert!(!options.persist_committed);
     let mut store = open_sim(&fs, options);
     append(&mut store, entries(1, 0..3)).await;
     let before = fs.sync_count();
@@ -219,4 +224,22 @@ async fn the_committed_log_id_can_stay_in_memory() {
     drop(store);
     let mut store = open_sim(&fs, options);
     assert_eq!(store.read_committed().await.unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_vote_reopens_uncommitted_with_its_term_and_candidate() {
+    // A member that led must hold a new election after a restart (its
+    // committed index is not durable); it keeps its term and candidate, so
+    // it can never vote twice in one term.
+    let fs = SimFs::new();
+    let mut store = open_sim(&fs, LogStoreOptions::default());
+    store.save_vote(&Vote::new_committed(5, 2)).await.unwrap();
+    assert_eq!(
+        store.read_vote().await.unwrap(),
+        Some(Vote::new_committed(5, 2)),
+        "unchanged while open"
+    );
+    drop(store);
+    let mut store = open_sim(&fs, LogStoreOptions::default());
+    assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new(5, 2)));
 }
