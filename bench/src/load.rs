@@ -714,8 +714,8 @@ async fn get_once(
         let addr = &config.endpoints[client % config.endpoints.len()];
         return get_at(shared, addr, client, &key).await;
     }
-    // To the leader: a member that is not (a follower refuses linearizable
-    // reads with UNAVAILABLE) moves the shared guess on, like a write.
+    // To the leader: a failure (no leader known, unreachable, ...) moves
+    // the shared guess on, like a write.
     let mut last = None;
     for attempt in 0..ATTEMPTS_MAX {
         let addr = shared.leader();

@@ -8,7 +8,8 @@
 # and a 3-node raftcask (`kvnode local`, 127.0.78.1, which fsyncs its log
 # before acknowledging too), each in its own data directories under one
 # temporary directory, runs etcd-compare (put 256 B, put 4 KiB, linearizable
-# get, stale/serializable get x 1, 16, 64 clients; the two systems
+# get at the leader and at any member, stale/serializable get x 1, 16, 64
+# clients; the two systems
 # alternating inside each cell), prints one table, writes an SVG, and stops
 # everything it started (by PID, on any exit) and removes the data.
 #
@@ -175,12 +176,12 @@ wait_until "raftcask" raftcask_ready
 
 # --- the run -------------------------------------------------------------------
 if [ "$QUICK" = 1 ]; then
-    CELLS=8; PER_RUN=4; QUICK_ARG=(--quick)
+    CELLS=10; PER_RUN=4; QUICK_ARG=(--quick)
 else
-    CELLS=12; PER_RUN=15; QUICK_ARG=()
+    CELLS=15; PER_RUN=15; QUICK_ARG=()
 fi
 [ ${#SECONDS_ARG[@]} -gt 0 ] && PER_RUN=${SECONDS_ARG[1]}
-[ ${#CLIENTS_ARG[@]} -gt 0 ] && CELLS=$((4 * $(tr ',' '\n' <<<"${CLIENTS_ARG[1]}" | wc -l)))
+[ ${#CLIENTS_ARG[@]} -gt 0 ] && CELLS=$((5 * $(tr ',' '\n' <<<"${CLIENTS_ARG[1]}" | wc -l)))
 BOUND_S=$((CELLS * 2 * PER_RUN * 2 + RUN_SLACK_S))
 
 echo "## raftcask vs etcd ($(date -u '+%Y-%m-%d %H:%M UTC'))"
