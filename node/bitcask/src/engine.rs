@@ -125,6 +125,17 @@ pub struct Item {
     pub expiry_ms: u64,
 }
 
+/// What the key directory knows of a live key, without its value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ItemMeta {
+    /// Sequence number of the write that stored it (its version).
+    pub seq: u64,
+    /// Expiry in ms of the caller's clock; 0 = never.
+    pub expiry_ms: u64,
+    /// Length of the value in bytes.
+    pub value_len: u32,
+}
+
 /// One entry of a scan.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
@@ -552,6 +563,22 @@ impl Engine {
                 "key {:?} kept pointing at removed files",
                 String::from_utf8_lossy(key)
             ),
+        })
+    }
+
+    /// `key`'s version and expiry from the key directory alone: no disk
+    /// read (what a write needs to check a condition or to know whether it
+    /// replaced a key). An expired key is absent, as in [`Engine::get`].
+    pub fn meta(&self, key: &[u8], now_ms: u64) -> Option<ItemMeta> {
+        self.shared.note_now(now_ms);
+        let location = read(&self.shared.keydir).get(key)?;
+        if location.expired(now_ms) {
+            return None;
+        }
+        Some(ItemMeta {
+            seq: location.seq,
+            expiry_ms: location.expiry_ms,
+            value_len: location.value_len,
         })
     }
 

@@ -65,8 +65,8 @@ mod merge;
 mod recovery;
 
 pub use engine::{
-    Batch, Engine, Entry, FileInfo, FileStats, Item, KeyRange, MergeReport, Op, Pin, Scan, Stats,
-    Written,
+    Batch, Engine, Entry, FileInfo, FileStats, Item, ItemMeta, KeyRange, MergeReport, Op, Pin,
+    Scan, Stats, Written,
 };
 pub use error::{Error, Result};
 pub use keydir::SLOT_HEADER_SIZE_BYTES;

@@ -78,7 +78,11 @@ enum KeyState {
     Present {
         version: u64,
         expiry_ms: u64,
-        value: Vec<u8>,
+        /// `None` until an op needs it: a put or a delete only needs to
+        /// know the key exists, so the old value is never read from disk
+        /// for them (only expire and persist, which rewrite it, read it;
+        /// see [`EntryWrite::value_of`]).
+        value: Option<Vec<u8>>,
     },
 }
 
@@ -305,18 +309,20 @@ impl Applier {
                 (Op::Put { value, ttl_ms, .. }, _) => KeyState::Present {
                     version,
                     expiry_ms: expiry(*ttl_ms),
-                    value: value.clone(),
+                    value: Some(value.clone()),
                 },
                 (Op::Delete { .. }, _) => KeyState::Absent,
-                (Op::Expire { ttl_ms, .. }, KeyState::Present { value, .. }) => KeyState::Present {
-                    version,
-                    expiry_ms: expiry((*ttl_ms).max(1)),
-                    value,
-                },
-                (Op::Persist { .. }, KeyState::Present { value, .. }) => KeyState::Present {
+                (Op::Expire { ttl_ms, key }, KeyState::Present { value, .. }) => {
+                    KeyState::Present {
+                        version,
+                        expiry_ms: expiry((*ttl_ms).max(1)),
+                        value: Some(entry.value_of(key, value)?),
+                    }
+                }
+                (Op::Persist { key }, KeyState::Present { value, .. }) => KeyState::Present {
                     version,
                     expiry_ms: 0,
-                    value,
+                    value: Some(entry.value_of(key, value)?),
                 },
                 (Op::Expire { .. } | Op::Persist { .. }, KeyState::Absent) => {
                     return Ok(Outcome::KeyNotFound { index });
@@ -326,20 +332,36 @@ impl Applier {
             staged.push((op.key().to_vec(), next));
         }
         for (key, state) in staged {
-            match &state {
-                KeyState::Absent => entry
-                    .batch
-                    .ops
-                    .push(bitcask::Op::Delete { key: key.clone() }),
+            // The value moves into the batch; the overlay remembers only
+            // that the key is there (a later expire or persist in this
+            // entry finds the value in the batch).
+            let remembered = match state {
+                KeyState::Absent => {
+                    entry
+                        .batch
+                        .ops
+                        .push(bitcask::Op::Delete { key: key.clone() });
+                    KeyState::Absent
+                }
                 KeyState::Present {
-                    expiry_ms, value, ..
-                } => entry.batch.ops.push(bitcask::Op::Put {
-                    key: key.clone(),
-                    value: value.clone(),
-                    expiry_ms: *expiry_ms,
-                }),
-            }
-            entry.overlay.insert(key, state);
+                    version,
+                    expiry_ms,
+                    value,
+                } => {
+                    let value = entry.value_of(&key, value)?;
+                    entry.batch.ops.push(bitcask::Op::Put {
+                        key: key.clone(),
+                        value,
+                        expiry_ms,
+                    });
+                    KeyState::Present {
+                        version,
+                        expiry_ms,
+                        value: None,
+                    }
+                }
+            };
+            entry.overlay.insert(key, remembered);
         }
         Ok(Outcome::Applied { versions, existed })
     }
@@ -371,14 +393,54 @@ impl EntryWrite<'_> {
                 other => other.clone(),
             });
         }
-        Ok(match self.engine.get(key, now_ms)? {
-            Some(item) => KeyState::Present {
-                version: item.seq,
-                expiry_ms: item.expiry_ms,
-                value: item.value,
+        Ok(match self.engine.meta(key, now_ms) {
+            Some(meta) => KeyState::Present {
+                version: meta.seq,
+                expiry_ms: meta.expiry_ms,
+                value: None,
             },
             None => KeyState::Absent,
         })
+    }
+
+    /// The value of a key [`EntryWrite::state_of`] found present: `known`
+    /// if an op of this request set it, else the last put of this entry's
+    /// batch, else the engine's (one disk read).
+    fn value_of(&self, key: &[u8], known: Option<Vec<u8>>) -> Result<Vec<u8>, ApplyError> {
+        if let Some(value) = known {
+            return Ok(value);
+        }
+        let missing = |whence: &str| {
+            ApplyError::Engine(bitcask::Error::Corruption {
+                file: String::new(),
+                offset: 0,
+                reason: format!(
+                    "key {:?} is present but its value is not in {whence}",
+                    String::from_utf8_lossy(key)
+                ),
+            })
+        };
+        if self.overlay.contains_key(key) {
+            // Present in the overlay means an earlier put of this entry.
+            return self
+                .batch
+                .ops
+                .iter()
+                .rev()
+                .find_map(|op| match op {
+                    bitcask::Op::Put { key: k, value, .. } if k.as_slice() == key => {
+                        Some(value.clone())
+                    }
+                    _ => None,
+                })
+                .ok_or_else(|| missing("the entry's batch"));
+        }
+        // The key directory said present a moment ago and only this apply
+        // writes the engine, so a miss here is an inconsistent engine.
+        match self.engine.get(key, self.now_ms)? {
+            Some(item) => Ok(item.value),
+            None => Err(missing("the engine")),
+        }
     }
 }
 
@@ -560,6 +622,70 @@ mod tests {
             .unwrap();
         assert_eq!(response.outcomes, vec![Outcome::KeyNotFound { index: 1 }]);
         assert_eq!(engine.get(b"other", 6_010).unwrap(), None);
+    }
+
+    #[test]
+    fn expire_and_persist_keep_the_value_wherever_it_was_set() {
+        // A put or delete never reads the old value; expire and persist
+        // rewrite it, from the engine, from an earlier request of the same
+        // entry (its batch), or from an earlier op of the same request.
+        let fs = SimFs::new();
+        let engine = engine(&fs);
+        let mut applier = Applier::default();
+        let expire = |key: &str| Op::Expire {
+            key: key.into(),
+            ttl_ms: 1_000,
+        };
+        let persist = |key: &str| Op::Persist { key: key.into() };
+        applier
+            .apply(
+                &engine,
+                1,
+                &requests(0, vec![request(vec![put("in-engine", "e")])]),
+                Vec::new(),
+            )
+            .unwrap();
+        let response = applier
+            .apply(
+                &engine,
+                2,
+                &requests(
+                    0,
+                    vec![
+                        request(vec![expire("in-engine"), put("in-batch", "b")]),
+                        request(vec![expire("in-batch"), put("same", "s"), persist("same")]),
+                        request(vec![put("gone", "g"), Op::Delete { key: "gone".into() }]),
+                        request(vec![persist("gone")]),
+                    ],
+                ),
+                Vec::new(),
+            )
+            .unwrap();
+        assert!(matches!(
+            &response.outcomes[..3],
+            [
+                Outcome::Applied { .. },
+                Outcome::Applied { .. },
+                Outcome::Applied { .. }
+            ]
+        ));
+        assert_eq!(response.outcomes[3], Outcome::KeyNotFound { index: 0 });
+        for (key, value, expiry_ms) in [
+            ("in-engine", "e", 1_000),
+            ("in-batch", "b", 1_000),
+            ("same", "s", 0),
+        ] {
+            let item = engine.get(key.as_bytes(), 0).unwrap().unwrap();
+            assert_eq!(
+                (item.value.as_slice(), item.expiry_ms),
+                (value.as_bytes(), expiry_ms),
+                "{key}"
+            );
+        }
+        assert_eq!(engine.get(b"gone", 0).unwrap(), None);
+        let meta = engine.meta(b"in-engine", 0).unwrap();
+        assert_eq!((meta.expiry_ms, meta.value_len), (1_000, 1));
+        assert_eq!(engine.meta(b"in-engine", 1_000), None, "expired");
     }
 
     #[test]
