@@ -25,8 +25,10 @@ pub enum Op {
     /// Set `key` to `value`; `ttl_ms` 0 = no expiry.
     Put {
         /// The key.
+        #[serde(with = "serde_bytes")]
         key: Vec<u8>,
         /// The value.
+        #[serde(with = "serde_bytes")]
         value: Vec<u8>,
         /// Time to live in ms of cluster time; 0 = never expires.
         ttl_ms: u64,
@@ -34,11 +36,13 @@ pub enum Op {
     /// Delete `key`.
     Delete {
         /// The key.
+        #[serde(with = "serde_bytes")]
         key: Vec<u8>,
     },
     /// Give an existing key a new time to live (keeps its value).
     Expire {
         /// The key.
+        #[serde(with = "serde_bytes")]
         key: Vec<u8>,
         /// Time to live in ms; must be > 0.
         ttl_ms: u64,
@@ -46,6 +50,7 @@ pub enum Op {
     /// Remove an existing key's time to live (keeps its value).
     Persist {
         /// The key.
+        #[serde(with = "serde_bytes")]
         key: Vec<u8>,
     },
 }
@@ -66,6 +71,7 @@ impl Op {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Condition {
     /// The key.
+    #[serde(with = "serde_bytes")]
     pub key: Vec<u8>,
     /// Its expected version; 0 = the key must be absent.
     pub version: u64,
@@ -156,4 +162,95 @@ pub enum Outcome {
 pub struct EntryResponse {
     /// One outcome per request of a `Requests` entry; empty otherwise.
     pub outcomes: Vec<Outcome>,
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Serialize;
+
+    use super::*;
+    use crate::codec;
+
+    // The same shapes without `serde_bytes`: how entries were encoded before
+    // the byte fields were marked (one serde call per byte).
+    #[derive(Serialize)]
+    enum PlainOp {
+        Put {
+            key: Vec<u8>,
+            value: Vec<u8>,
+            ttl_ms: u64,
+        },
+        Delete {
+            key: Vec<u8>,
+        },
+        Expire {
+            key: Vec<u8>,
+            ttl_ms: u64,
+        },
+        Persist {
+            key: Vec<u8>,
+        },
+    }
+
+    #[derive(Serialize)]
+    struct PlainCondition {
+        key: Vec<u8>,
+        version: u64,
+    }
+
+    #[derive(Serialize)]
+    struct PlainRequest {
+        session: Option<SessionRef>,
+        conditions: Vec<PlainCondition>,
+        ops: Vec<PlainOp>,
+    }
+
+    #[test]
+    fn byte_fields_encode_exactly_as_before_so_old_logs_still_decode() {
+        let long: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+        let request = Request {
+            session: None,
+            conditions: vec![Condition {
+                key: b"c".to_vec(),
+                version: 300,
+            }],
+            ops: vec![
+                Op::Put {
+                    key: b"k".to_vec(),
+                    value: long.clone(),
+                    ttl_ms: 5,
+                },
+                Op::Delete { key: Vec::new() },
+                Op::Expire {
+                    key: vec![0xff; 251],
+                    ttl_ms: 1,
+                },
+                Op::Persist { key: b"p".to_vec() },
+            ],
+        };
+        let plain = PlainRequest {
+            session: None,
+            conditions: vec![PlainCondition {
+                key: b"c".to_vec(),
+                version: 300,
+            }],
+            ops: vec![
+                PlainOp::Put {
+                    key: b"k".to_vec(),
+                    value: long,
+                    ttl_ms: 5,
+                },
+                PlainOp::Delete { key: Vec::new() },
+                PlainOp::Expire {
+                    key: vec![0xff; 251],
+                    ttl_ms: 1,
+                },
+                PlainOp::Persist { key: b"p".to_vec() },
+            ],
+        };
+        let encoded = codec::encode(&request);
+        assert_eq!(encoded, codec::encode(&plain));
+        let decoded: Request = codec::decode(&encoded).unwrap();
+        assert_eq!(decoded, request);
+    }
 }
