@@ -401,6 +401,12 @@ async fn run_member(config: NodeConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// mimalloc instead of glibc malloc: a loaded member allocates per request
+/// and per entry on several threads, and glibc's arenas took about 12 % of
+/// its CPU in perf (node/kvnode/BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     // Logs go to stderr (stdout is for `local`'s table), coloured only on a
