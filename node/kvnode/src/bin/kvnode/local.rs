@@ -80,6 +80,21 @@ pub struct LocalArgs {
     /// admin +200).
     #[arg(long, default_value_t = 7001, value_parser = clap::value_parser!(u16).range(1..))]
     port_base: u16,
+    /// Runtime threads of each member (`kvnode run --worker-threads`);
+    /// default: the CPU cores divided among the members, at least 1 (the
+    /// members share one machine; more threads than cores only adds
+    /// context switches).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=i64::from(crate::WORKER_THREADS_MAX)))]
+    worker_threads: Option<u16>,
+}
+
+/// Runtime threads per member: `--worker-threads`, else the cores divided
+/// among `nodes` members, at least 1.
+fn worker_threads(args: &LocalArgs) -> u16 {
+    args.worker_threads.unwrap_or_else(|| {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        u16::try_from(cores / usize::from(args.nodes)).map_or(u16::MAX, |n| n.max(1))
+    })
 }
 
 /// One member's place in the layout.
@@ -151,7 +166,12 @@ fn describe(status: ExitStatus) -> String {
 }
 
 impl Children {
-    fn spawn(&mut self, exe: &std::path::Path, members: &[Member]) -> anyhow::Result<()> {
+    fn spawn(
+        &mut self,
+        exe: &std::path::Path,
+        members: &[Member],
+        worker_threads: u16,
+    ) -> anyhow::Result<()> {
         let initial_cluster = members
             .iter()
             .map(|m| format!("{}={}/{}", m.id, m.client, m.peer))
@@ -184,6 +204,8 @@ impl Children {
                 .arg(member.admin.to_string())
                 .arg("--initial-cluster")
                 .arg(&initial_cluster)
+                .arg("--worker-threads")
+                .arg(worker_threads.to_string())
                 .env(PARENT_PID_ENV, std::process::id().to_string())
                 .stdin(Stdio::null())
                 .stdout(log)
@@ -347,7 +369,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
     let mut children = Children::default();
-    children.spawn(&exe, &members)?;
+    children.spawn(&exe, &members, worker_threads(&args))?;
     children.print_table();
     let mut poll = tokio::time::interval(CHILD_POLL);
     loop {
@@ -377,7 +399,23 @@ mod tests {
             dir: PathBuf::from("d"),
             host: "127.0.0.1".parse().unwrap(),
             port_base,
+            worker_threads: None,
         }
+    }
+
+    #[test]
+    fn members_share_the_cores() {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        assert_eq!(
+            usize::from(worker_threads(&args(1, 7001))),
+            cores.min(usize::from(u16::MAX))
+        );
+        assert_eq!(worker_threads(&args(9, 7001)), (cores / 9).max(1) as u16);
+        let given = LocalArgs {
+            worker_threads: Some(3),
+            ..args(3, 7001)
+        };
+        assert_eq!(worker_threads(&given), 3);
     }
 
     #[test]

@@ -160,9 +160,18 @@ struct RunArgs {
     #[arg(long, env = "KVNODE_TEST_DROP_WRITE_REPLY_PERCENT", default_value_t = 0,
           value_parser = clap::value_parser!(u8).range(0..=100), hide = true)]
     test_drop_write_reply_percent: u8,
+    /// Threads of the async runtime (gRPC, Raft, replication); 0 = one per
+    /// CPU core. Lower it when several members share a machine (`kvnode
+    /// local` splits the cores among its members).
+    #[arg(long, env = "KVNODE_WORKER_THREADS", default_value_t = 0,
+          value_parser = clap::value_parser!(u16).range(0..=i64::from(WORKER_THREADS_MAX)))]
+    worker_threads: u16,
     #[command(flatten)]
     security: SecurityArgs,
 }
+
+/// Most runtime worker threads `--worker-threads` accepts.
+pub const WORKER_THREADS_MAX: u16 = 1024;
 
 /// TLS and client authentication flags of `kvnode run` (all off by
 /// default). `kvnode local` passes them to its members through the
@@ -407,8 +416,29 @@ async fn run_member(config: NodeConfig) -> anyhow::Result<()> {
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // The runtime is built here, not by #[tokio::main], so that `run` can
+    // size it from its flags.
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    match &cli.command {
+        Some(Cmd::Run(args)) if args.worker_threads > 0 => {
+            runtime.worker_threads(usize::from(args.worker_threads));
+        }
+        // `local` only supervises its children.
+        Some(Cmd::Local(_)) => {
+            runtime.worker_threads(1);
+        }
+        _ => {}
+    }
+    runtime
+        .build()
+        .context("starting the async runtime")?
+        .block_on(async_main(cli))
+}
+
+async fn async_main(cli: Cli) -> anyhow::Result<()> {
     // Logs go to stderr (stdout is for `local`'s table), coloured only on a
     // terminal (a `local` child writes to its log file).
     tracing_subscriber::fmt()
@@ -419,7 +449,6 @@ async fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER)),
         )
         .init();
-    let cli = Cli::parse();
     match cli.command {
         None => run_member(default_config()?).await,
         Some(Cmd::Run(args)) => run_member(run_config(*args)?).await,
