@@ -84,11 +84,19 @@ pub const KEY_SIZE_BYTES_MAX: usize = 4 * 1024;
 /// Largest value (the cluster's default value limit, DESIGN §4).
 pub const VALUE_SIZE_BYTES_MAX: usize = 1024 * 1024;
 /// Attempts of one write (or leader read) before it counts as failed
-/// (redirects and retries after errors together). With the doubling pause
-/// below, the retries of one operation span about 7.5 s: longer than an
-/// election after the leader stops (openraft 0.9 has no leader transfer,
-/// so a restarted leader leaves a gap of up to the 3 s election timeout).
-pub const ATTEMPTS_MAX: u32 = 12;
+/// (redirects and retries after errors together). With the pauses below,
+/// the retries of one operation span about 20 s: well past an election
+/// after the leader stops or restarts. openraft 0.9 has no leader transfer,
+/// and a restarted leader comes back as a follower that must win a new term
+/// (its committed index is not durable), so for up to two election
+/// timeouts (3 s each) the others may still name it while it names no one:
+/// redirects go round in a circle, which is why a repeated redirect pauses
+/// too ([`REDIRECT_PAUSE`]).
+pub const ATTEMPTS_MAX: u32 = 40;
+/// Pause before following a redirect that is not the operation's first:
+/// members that point at each other during an election must not use up
+/// the attempts in a few milliseconds.
+pub const REDIRECT_PAUSE: Duration = Duration::from_millis(50);
 /// First pause before retrying after an error other than a redirect;
 /// doubled on each retry up to [`RETRY_PAUSE_MAX`].
 pub const RETRY_PAUSE: Duration = Duration::from_millis(50);
@@ -596,6 +604,9 @@ async fn retry_elsewhere(
         {
             tally.redirects += 1;
             shared.follow_hint(addr, not_leader.leader_client_addr);
+            if attempt > 0 {
+                tokio::time::sleep(REDIRECT_PAUSE).await;
+            }
             true
         }
         Some(error_detail::Detail::NotLeader(_)) | None
