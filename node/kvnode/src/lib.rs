@@ -110,6 +110,14 @@ pub const BUILD_FEATURES: &[&str] = &[
     "nc-skip-log-fsync",
     #[cfg(feature = "nc-forget-sessions")]
     "nc-forget-sessions",
+    #[cfg(feature = "nc-old-clock")]
+    "nc-old-clock",
+    #[cfg(feature = "nc-unknown-sessions")]
+    "nc-unknown-sessions",
+    #[cfg(feature = "nc-snapshot-by-counter")]
+    "nc-snapshot-by-counter",
+    #[cfg(feature = "nc-rename-no-dir-fsync")]
+    "nc-rename-no-dir-fsync",
 ];
 
 pub use faults::Faults;
