@@ -5,7 +5,9 @@
 //! - `CURRENT`: names the engine directory in use (see [`Pointer`]);
 //! - `engine-<generation>/`: the engine's data directory;
 //! - `snapshots/snap-<counter>/`: a built or installed snapshot (its files
-//!   and `MANIFEST`); the two newest are kept, the newest is current;
+//!   and `MANIFEST`); the current one is the one with the highest last log
+//!   id (ties: the higher counter; never the counter alone, see `Rank`),
+//!   and the two best are kept;
 //! - `snapshots/staging-<counter>/`: a snapshot being received.
 //!
 //! Every applied entry (normal, blank, membership) is one engine batch whose
@@ -45,8 +47,9 @@ pub const SNAPSHOTS_DIR: &str = "snapshots";
 pub const SNAPSHOT_DIR_PREFIX: &str = "snap-";
 /// Prefix of a staging directory (`staging-<20-digit counter>`).
 pub const STAGING_DIR_PREFIX: &str = "staging-";
-/// Complete snapshots kept on disk (the newest is current; the one before
-/// stays so that a transfer of it in progress can finish).
+/// Complete snapshots kept on disk: the current one (the highest last log
+/// id, ties broken by the higher counter) and the next one in that order,
+/// which stays so that a transfer of it in progress can finish.
 pub const SNAPSHOTS_KEPT: usize = 2;
 
 /// Why the state machine failed. Any of these stops the node.
@@ -189,6 +192,30 @@ struct CurrentSnapshot {
     manifest: Manifest,
 }
 
+/// The order of complete snapshots: the current one is the greatest. By
+/// last log id (what the snapshot holds), ties broken by the higher counter
+/// (the later made; equal log ids hold equal state). Never by counter
+/// alone: a build that started on the old engine just after a received
+/// snapshot was sealed takes a higher counter with a lower last log id, and
+/// openraft may already have purged the log through the received one.
+type Rank = (Option<NodeLogId>, u64);
+
+fn rank(counter: u64, manifest: &Manifest) -> Rank {
+    // NEGATIVE CONTROL (feature nc-snapshot-by-counter): the highest counter
+    // wins whatever it holds (the old choice), so a stale build made on the
+    // old engine beats a received snapshot whose install was cut short.
+    if cfg!(feature = "nc-snapshot-by-counter") {
+        return (None, counter);
+    }
+    (manifest.last_log_id, counter)
+}
+
+impl CurrentSnapshot {
+    fn rank(&self) -> Rank {
+        rank(self.counter, &self.manifest)
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
     engine: Arc<Engine>,
@@ -327,7 +354,7 @@ impl StateMachine {
                 remove_dir_logged(&path);
             }
         }
-        let current = complete.last().cloned();
+        let current = complete.iter().max_by_key(|s| s.rank()).cloned();
         let (engine, applier, meta) = open_engine(&dir, &options, &pointer)?;
         let (last_applied, membership, time_ms) = match meta {
             Some(meta) => (Some(meta.log_id), meta.membership, meta.time_ms),
@@ -567,8 +594,13 @@ impl StateMachine {
         };
         {
             let mut inner = self.lock();
-            if inner.current.as_ref().is_none_or(|c| c.counter < counter) {
-                inner.current = Some(CurrentSnapshot { counter, manifest });
+            let built = CurrentSnapshot { counter, manifest };
+            if inner
+                .current
+                .as_ref()
+                .is_none_or(|c| c.rank() < built.rank())
+            {
+                inner.current = Some(built);
             }
         }
         self.prune_snapshots();
@@ -800,12 +832,13 @@ impl StateMachine {
         if self.failpoints().dead() || !snap.dir().exists() {
             return;
         }
-        let current = self.lock().current.as_ref().map(|c| c.counter);
+        let current = self.lock().current.as_ref().map(CurrentSnapshot::rank);
         let counter = self.own_counter(snap, SNAPSHOT_DIR_PREFIX);
-        // Installed (now current, or older than a snapshot built since):
+        // Installed (now current, or ranked below a snapshot made since):
         // kept; pruning deletes it in its turn.
         if let (Some(counter), Some(current)) = (counter, current)
-            && counter <= current
+            && let Ok(manifest) = snap.read_manifest()
+            && rank(counter, &manifest) <= current
         {
             return;
         }
@@ -977,9 +1010,9 @@ impl StateMachine {
         Ok(old_dir)
     }
 
-    /// At open: if the newest complete snapshot is ahead of the engine (a
-    /// crash after the snapshot was made durable but before the engine
-    /// switched to it), switch to it now, before Raft starts.
+    /// At open: if the current snapshot (the highest last log id) is ahead
+    /// of the engine (a crash after the snapshot was made durable but before
+    /// the engine switched to it), switch to it now, before Raft starts.
     fn switch_in_newer_snapshot(&self) -> Result<(), SmError> {
         let mut inner = self.lock();
         let Some(current) = inner.current.clone() else {
@@ -1017,28 +1050,34 @@ impl StateMachine {
         })
     }
 
-    /// Deletes complete snapshots beyond the newest [`SNAPSHOTS_KEPT`].
+    /// Deletes complete snapshots ranked (see [`Rank`]) at or below the
+    /// current one beyond the best [`SNAPSHOTS_KEPT`]; so a stale build (a
+    /// higher counter, a lower last log id) goes in its turn. Snapshots
+    /// ranked above the current one (a received one not installed yet, a
+    /// build not yet recorded) and directories without a manifest (a build
+    /// in progress) are left alone.
     fn prune_snapshots(&self) {
         let snapshots = self.snapshots_dir();
         let Ok(names) = list_dir(&snapshots) else {
             return;
         };
-        let current = self.lock().current.as_ref().map(|c| c.counter);
-        let mut complete: Vec<u64> = names
+        let Some(current) = self.lock().current.as_ref().map(CurrentSnapshot::rank) else {
+            return;
+        };
+        let mut complete: Vec<(Rank, u64)> = names
             .iter()
             .filter_map(|n| parse_counter(n, SNAPSHOT_DIR_PREFIX))
-            .filter(|c| Some(*c) <= current)
-            // A directory without a manifest is a build in progress.
-            .filter(|c| {
-                snapshots
-                    .join(counter_name(SNAPSHOT_DIR_PREFIX, *c))
-                    .join(snapshot::MANIFEST_FILE)
-                    .exists()
+            .filter_map(|c| {
+                let handle =
+                    SnapshotHandle::new(snapshots.join(counter_name(SNAPSHOT_DIR_PREFIX, c)));
+                let manifest = handle.read_manifest().ok()?;
+                Some((rank(c, &manifest), c))
             })
+            .filter(|(r, _)| *r <= current)
             .collect();
         complete.sort_unstable();
         let excess = complete.len().saturating_sub(SNAPSHOTS_KEPT);
-        for counter in &complete[..excess] {
+        for (_, counter) in &complete[..excess] {
             remove_dir_logged(&snapshots.join(counter_name(SNAPSHOT_DIR_PREFIX, *counter)));
         }
     }

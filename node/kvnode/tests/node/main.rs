@@ -21,6 +21,7 @@ mod merges;
 mod power_loss;
 mod process;
 mod replica_files;
+mod snapshot_choice;
 mod snapshot_transfer;
 mod state_machine;
 mod suite;
