@@ -744,6 +744,13 @@ impl Writer {
         self.vfs
             .rename(&tmp, &path)
             .map_err(|e| LogError::io("rename", &tmp, e))?;
+        // NEGATIVE CONTROL (feature nc-rename-no-dir-fsync): the rename is
+        // not made durable (no directory fsync), so a power cut can undo it
+        // and bring back the previous vote or purge point (only the lazy
+        // disk shows it).
+        if cfg!(feature = "nc-rename-no-dir-fsync") {
+            return Ok(());
+        }
         self.sync_dir()
     }
 
