@@ -71,6 +71,7 @@
 
 pub mod check;
 pub mod control;
+pub mod exactly_once;
 pub mod formats;
 pub mod history;
 pub mod index_checks;

@@ -352,6 +352,8 @@ mod tests {
             ttl_ms: None,
             stale_min_index: None,
             member: None,
+            versions: None,
+            final_read: false,
         })
     }
 

@@ -48,8 +48,13 @@ pub enum WorkloadKind {
     /// Unique adds, then a final read of every element.
     Set,
     /// Keys written once with a TTL, read around their expiry from every
-    /// member (pair it with `--nemesis clock`).
+    /// member (under `clock`, or leader changes: `restart-after-idle`,
+    /// `kill-leader`, partitions, `membership`).
     Ttl,
+    /// Unique put-if-absent adds retried across lost replies and leader
+    /// kills, then a final scan with versions: no element applied twice,
+    /// none acknowledged and lost.
+    ExactlyOnce,
 }
 
 /// Flags of `jepsen run`.
@@ -62,8 +67,10 @@ pub struct RunArgs {
     /// partition-half, partition-one-way, partition-bridge, partition-ring,
     /// loss, kill, kill-leader, pause, pause-leader, clock,
     /// partition-follower, power-loss, power-loss-minority, power-loss-all
-    /// (power loss: lazy-disk kvnode builds only), membership; `combined`
-    /// (or `all`) for a seeded random mix; `none` for none.
+    /// (power loss: lazy-disk kvnode builds only), membership,
+    /// restart-after-idle (a sequence: writes stop, idle, rolling restarts,
+    /// leader kills); `combined` (or `all`) for a seeded random mix; `none`
+    /// for none.
     #[arg(long, default_value = "none", value_parser = FaultList::parse)]
     pub nemesis: FaultList,
     /// How long the workload runs (e.g. 30s, 2m, 500ms).
@@ -96,12 +103,42 @@ pub struct RunArgs {
     /// Calm before the first fault and after each heal.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub quiet: Duration,
-    /// Acknowledged writes the run needs to count.
+    /// Acknowledged writes the run needs to count, per 30 s of `--time`
+    /// (invoked before the final reads).
     #[arg(long, default_value_t = 20)]
     pub min_ok_writes: usize,
-    /// Ok reads the run needs to count.
+    /// Ok reads the run needs to count, per 30 s of `--time` (invoked
+    /// before the final reads).
     #[arg(long, default_value_t = 20)]
     pub min_ok_reads: usize,
+    /// Shortest TTL the `ttl` workload writes.
+    #[arg(long, default_value = "1500ms", value_parser = parse_duration)]
+    pub ttl_min: Duration,
+    /// Longest TTL the `ttl` workload writes.
+    #[arg(long, default_value = "4000ms", value_parser = parse_duration)]
+    pub ttl_max: Duration,
+    /// `restart-after-idle`'s idle period (no write, no TTL key).
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub idle: Duration,
+    /// kvnode's session idle window in ms (`kvnode run
+    /// --test-session-idle-ms`, passed to every member as
+    /// KVNODE_TEST_SESSION_IDLE_MS); the exactly-once workload's slow
+    /// workers retry after longer than this. Default: kvnode's own.
+    #[arg(long, env = SESSION_IDLE_ENV)]
+    pub session_idle_ms: Option<u64>,
+}
+
+/// kvnode's variable for its session idle window (test builds of the
+/// suite only shorten it).
+pub const SESSION_IDLE_ENV: &str = "KVNODE_TEST_SESSION_IDLE_MS";
+/// The schedule length the minimum counts are given for.
+pub const MINIMUM_PER: Duration = Duration::from_secs(30);
+
+/// A per-[`MINIMUM_PER`] minimum scaled to a schedule of `time` (rounded
+/// up, never below `per_30s`).
+pub fn minimum_for(per_30s: usize, time: Duration) -> usize {
+    let scaled = (per_30s as f64 * time.as_secs_f64() / MINIMUM_PER.as_secs_f64()).ceil();
+    (scaled as usize).max(per_30s)
 }
 
 /// Parses `500ms`, `30s`, `2m`, `1h`, or bare seconds.
@@ -226,6 +263,13 @@ impl Checked {
         if args.time.is_zero() {
             bail!("--time must be above zero");
         }
+        if args.ttl_min.is_zero() || args.ttl_min > args.ttl_max {
+            bail!(
+                "--ttl-min {:?} / --ttl-max {:?}: need 0 < min <= max",
+                args.ttl_min,
+                args.ttl_max
+            );
+        }
         let kvnode_bin = match &args.kvnode_bin {
             Some(path) => path.clone(),
             None => default_kvnode_bin()?,
@@ -304,6 +348,11 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
         dir: args.out.clone(),
         nodes,
         faketime: args.nemesis.0.iter().any(|f| f.needs_faketime()),
+        env: args
+            .session_idle_ms
+            .map(|ms| (SESSION_IDLE_ENV.to_string(), ms.to_string()))
+            .into_iter()
+            .collect(),
     };
     let (firewall, mut cluster) = if proxy_mode {
         let proxies = crate::control::proxy::ProxyNet::start(NODES_MAX)?;
@@ -323,12 +372,17 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
     let history = History::create(&args.out.join("history.jsonl"))?;
     let deadline = Instant::now() + args.time;
     let mut nemesis = Nemesis::new(cluster, firewall, history.clone(), seed)?;
+    let gate = workload::WriteGate::new();
+    nemesis.set_idle(gate.clone(), args.idle, args.ttl_max);
     let config = WorkloadConfig {
         endpoints: endpoints.clone(),
         concurrency: args.concurrency,
         rate_per_second: args.rate,
         deadline,
         seed,
+        gate,
+        ttl_range: (args.ttl_min, args.ttl_max),
+        session_idle: args.session_idle_ms.map(Duration::from_millis),
     };
     let schedule = Schedule {
         hold: args.fault_hold,
@@ -340,6 +394,7 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
             WorkloadKind::Register => workload::register::run(config, history.clone()).await,
             WorkloadKind::Set => workload::set::run(config, history.clone()).await,
             WorkloadKind::Ttl => workload::ttl::run(config, history.clone()).await,
+            WorkloadKind::ExactlyOnce => workload::exactly_once::run(config, history.clone()).await,
         }
     };
     let (worked, nemesis_ran) = tokio::join!(
@@ -349,11 +404,14 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
     let healed = nemesis.heal_all().await;
     let final_read_ok = match args.workload {
         WorkloadKind::Set => Some(workload::set::final_read(&endpoints, &history).await?),
+        WorkloadKind::ExactlyOnce => {
+            Some(workload::exactly_once::final_read(&endpoints, &history).await?)
+        }
         WorkloadKind::Register | WorkloadKind::Ttl => None,
     };
     let unread = match args.workload {
         WorkloadKind::Register => workload::register::final_reads(&endpoints, &history).await?,
-        WorkloadKind::Set | WorkloadKind::Ttl => Vec::new(),
+        WorkloadKind::Set | WorkloadKind::Ttl | WorkloadKind::ExactlyOnce => Vec::new(),
     };
     let exited = nemesis.cluster_mut().exited_on_their_own();
     drop(nemesis.into_cluster());
@@ -363,13 +421,17 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
     healed.context("healing the faults failed")?;
 
     let records = history.records();
-    let mut problems = check_minimums(&records, args.min_ok_writes, args.min_ok_reads);
+    let mut problems = check_minimums(
+        &records,
+        minimum_for(args.min_ok_writes, args.time),
+        minimum_for(args.min_ok_reads, args.time),
+    );
     problems.extend(check_well_formed(&records));
     for (id, status) in &exited {
         problems.push(format!("member {id} exited on its own: {status}"));
     }
     if final_read_ok == Some(false) {
-        problems.push("the set's final read never succeeded".to_string());
+        problems.push("the final read (scan) never succeeded".to_string());
     }
     if !unread.is_empty() {
         problems.push(format!(
@@ -385,6 +447,16 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
             problems.extend(crate::ttl_check::shortfalls(&report));
             let json = serde_json::to_value(&report)?;
             (json, report.summary(), "ttl".to_string(), report.valid)
+        } else if args.workload == WorkloadKind::ExactlyOnce {
+            let report = crate::exactly_once::check(&records);
+            problems.extend(crate::exactly_once::shortfalls(&report));
+            let json = serde_json::to_value(&report)?;
+            (
+                json,
+                report.summary(),
+                "exactly-once".to_string(),
+                report.valid,
+            )
         } else {
             let report = crate::verdict::check_run(&records, args.workload)?;
             let json = serde_json::to_value(&report)?;
@@ -434,18 +506,35 @@ async fn wait_ready(endpoints: &[String]) -> anyhow::Result<()> {
 }
 
 /// Item 7 of the fault suite: a run proves something only if it did
-/// something. Returns the shortfalls: fewer than `min_ok_writes`
-/// acknowledged writes or `min_ok_reads` ok reads, or a heal (fault stop)
-/// with no ok operation invoked after it.
+/// something **during the fault schedule**. Only operations invoked before
+/// the final reads count (an op marked `final_read` does not, nor does
+/// anything invoked after the first of them). Returns the shortfalls:
+/// fewer than `min_ok_writes` acknowledged writes or `min_ok_reads` ok
+/// reads (the caller scales them to the run's length: [`minimum_for`]);
+/// or a heal — a fault stop that leaves no fault active — with no ok read
+/// and no ok write invoked between it and the next fault's start (or the
+/// end of the schedule).
 pub fn check_minimums(
     records: &[Record],
     min_ok_writes: usize,
     min_ok_reads: usize,
 ) -> Vec<String> {
+    let schedule_end = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Op(op) if op.final_read => Some(op.invoke_ns),
+            _ => None,
+        })
+        .min()
+        .unwrap_or(u64::MAX);
     let ok_ops: Vec<_> = records
         .iter()
         .filter_map(|r| match r {
-            Record::Op(op) if op.outcome == Outcome::Ok => Some(op),
+            Record::Op(op)
+                if op.outcome == Outcome::Ok && !op.final_read && op.invoke_ns < schedule_end =>
+            {
+                Some(op)
+            }
             _ => None,
         })
         .collect();
@@ -454,24 +543,63 @@ pub fn check_minimums(
     let mut problems = Vec::new();
     if ok_writes < min_ok_writes {
         problems.push(format!(
-            "{ok_writes} ok writes, fewer than min_ok_writes ({min_ok_writes})"
+            "{ok_writes} ok writes invoked during the schedule, fewer than min_ok_writes \
+             ({min_ok_writes})"
         ));
     }
     if ok_reads < min_ok_reads {
         problems.push(format!(
-            "{ok_reads} ok reads, fewer than min_ok_reads ({min_ok_reads})"
+            "{ok_reads} ok reads invoked during the schedule, fewer than min_ok_reads \
+             ({min_ok_reads})"
         ));
     }
+    // The calm gaps: from a stop that leaves no fault active to the next
+    // start (or the schedule's end).
+    let mut active: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut gaps: Vec<(String, u64, u64)> = Vec::new();
     for record in records {
-        if let Record::Nemesis(event) = record
-            && event.phase == Phase::Stop
-            && !ok_ops.iter().any(|op| op.invoke_ns >= event.time_ns)
-        {
-            problems.push(format!(
-                "no ok operation after the heal of {} at +{:.2} s",
-                event.fault,
-                seconds(event.time_ns)
-            ));
+        let Record::Nemesis(event) = record else {
+            continue;
+        };
+        match event.phase {
+            Phase::Start => {
+                if active.values().all(|&n| n == 0)
+                    && let Some(gap) = gaps.last_mut()
+                    && gap.2 == u64::MAX
+                {
+                    gap.2 = event.time_ns;
+                }
+                *active.entry(event.fault.as_str()).or_default() += 1;
+            }
+            Phase::Stop => {
+                let open = active.entry(event.fault.as_str()).or_default();
+                *open = open.saturating_sub(1);
+                if active.values().all(|&n| n == 0) {
+                    gaps.push((event.fault.clone(), event.time_ns, u64::MAX));
+                }
+            }
+        }
+    }
+    for (fault, from, to) in gaps {
+        let to = to.min(schedule_end);
+        let in_gap = |write: bool| {
+            ok_ops
+                .iter()
+                .any(|op| op.f.is_write() == write && op.invoke_ns >= from && op.invoke_ns < to)
+        };
+        for (write, what) in [(false, "read"), (true, "write")] {
+            if !in_gap(write) {
+                problems.push(format!(
+                    "no ok {what} invoked between the heal of {fault} at +{:.2} s and the next \
+                     fault{}",
+                    seconds(from),
+                    if to == u64::MAX || to == schedule_end {
+                        " (the end of the schedule)".to_string()
+                    } else {
+                        format!(" at +{:.2} s", seconds(to))
+                    }
+                ));
+            }
         }
     }
     problems
@@ -523,7 +651,7 @@ fn summary(
         let ops: Vec<_> = records
             .iter()
             .filter_map(|r| match r {
-                Record::Op(op) if op.f == f => Some(op),
+                Record::Op(op) if op.f == f && !op.final_read => Some(op),
                 _ => None,
             })
             .collect();
@@ -542,6 +670,30 @@ fn summary(
             count(Outcome::Ok),
             count(Outcome::Fail),
             count(Outcome::Info)
+        );
+    }
+    let finals: Vec<_> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Op(op) if op.final_read => Some(op),
+            _ => None,
+        })
+        .collect();
+    if !finals.is_empty() {
+        let _ = writeln!(
+            out,
+            "{:<10} {:>8} {:>8} {:>8} {:>8}   (after the schedule; not counted as work)",
+            "final-read",
+            finals.len(),
+            finals.iter().filter(|op| op.outcome == Outcome::Ok).count(),
+            finals
+                .iter()
+                .filter(|op| op.outcome == Outcome::Fail)
+                .count(),
+            finals
+                .iter()
+                .filter(|op| op.outcome == Outcome::Info)
+                .count()
         );
     }
     let _ = writeln!(out, "\nfaults (seconds since the workload started):");

@@ -31,6 +31,9 @@ pub fn model_of(workload: WorkloadKind) -> ModelName {
         // The ttl workload has a checker of its own (`ttl_check`); its
         // reads and writes are still those of a register.
         WorkloadKind::Ttl => ModelName::Register,
+        // The exactly-once workload has a checker of its own
+        // (`exactly_once`); its adds and final scan are those of a set.
+        WorkloadKind::ExactlyOnce => ModelName::Set,
     }
 }
 

@@ -69,6 +69,8 @@ pub struct ClusterConfig {
     /// Start every member under libfaketime, with a per-member offset file
     /// (for the clock nemesis).
     pub faketime: bool,
+    /// Extra environment of every member (e.g. kvnode's test knobs).
+    pub env: Vec<(String, String)>,
 }
 
 /// One slot's process state.
@@ -411,6 +413,7 @@ impl Cluster {
         if raft_id == 1 {
             command.arg("--bootstrap");
         }
+        command.envs(self.config.env.iter().map(|(k, v)| (k, v)));
         if self.config.faketime {
             command
                 .env("LD_PRELOAD", LIBFAKETIME_PATH)

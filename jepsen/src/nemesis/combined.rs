@@ -6,7 +6,8 @@
 //! `membership` when no slot is left for a spare member, and any power-loss
 //! fault (its name starts with [`POWER_FAULT_PREFIX`]): power loss is only
 //! meaningful with a lazy-disk build of kvnode, so a combined run does not
-//! pick it; name it explicitly with such a build.
+//! pick it; name it explicitly with such a build. Nor `restart-after-idle`
+//! (a sequence that stops the writes for half a minute; name it).
 
 use rand::SeedableRng as _;
 use rand::rngs::SmallRng;
@@ -27,7 +28,10 @@ const SEED_SALT: u64 = 0xc0b1_7ed5;
 
 /// Whether a combined schedule over `nodes` members may pick `fault`.
 pub fn allowed(fault: Fault, nodes: u64) -> bool {
-    if fault.name().starts_with(POWER_FAULT_PREFIX) || nodes < fault.nodes_min() {
+    if fault.name().starts_with(POWER_FAULT_PREFIX)
+        || fault.is_sequence()
+        || nodes < fault.nodes_min()
+    {
         return false;
     }
     !(fault.needs_spare_slot() && nodes + 1 > NODES_MAX)

@@ -21,6 +21,9 @@
 //!   ([`power`]).
 //! - `membership` ([`membership`]): a new member added and promoted, then
 //!   a voter (sometimes the leader) removed; at least three voters always.
+//! - `restart-after-idle` ([`idle`]): a sequence, not a hold: writes stop
+//!   until no TTL key is left, an idle period, rolling restarts of every
+//!   member but one, then leader kills until that one leads.
 //!
 //! [`Nemesis::run_schedule`] alternates quiet periods and faults, in the
 //! order given, and never starts a fault that could not be healed and
@@ -39,10 +42,11 @@ use rand::{Rng as _, SeedableRng as _};
 use tokio::time::Instant;
 
 pub mod combined;
+pub mod idle;
 pub mod membership;
 
 use crate::control::{Cluster, Firewall};
-use crate::workload::{History, Phase};
+use crate::workload::{History, Phase, WriteGate};
 
 /// Share of packets the `loss` fault drops on every member-to-member link.
 pub const LOSS_PROBABILITY: f64 = 0.3;
@@ -97,13 +101,16 @@ pub enum Fault {
     PowerLossAll,
     /// Add and promote a new member; at the stop remove a voter.
     Membership,
+    /// Writes stop, idle, rolling restarts, leader kills until the member
+    /// that was not restarted leads ([`idle`]).
+    RestartAfterIdle,
     /// `combined` / `all`: stands for a seeded random mix of every fault
     /// the run allows ([`combined::expand`] replaces it before the run).
     Combined,
 }
 
 /// Every fault, in the order `--help` lists them.
-pub const ALL_FAULTS: [Fault; 16] = [
+pub const ALL_FAULTS: [Fault; 17] = [
     Fault::PartitionLeader,
     Fault::PartitionHalf,
     Fault::PartitionOneWay,
@@ -120,6 +127,7 @@ pub const ALL_FAULTS: [Fault; 16] = [
     Fault::PowerLossMinority,
     Fault::PowerLossAll,
     Fault::Membership,
+    Fault::RestartAfterIdle,
 ];
 
 impl Fault {
@@ -142,6 +150,7 @@ impl Fault {
             Self::PowerLossMinority => "power-loss-minority",
             Self::PowerLossAll => "power-loss-all",
             Self::Membership => "membership",
+            Self::RestartAfterIdle => "restart-after-idle",
             Self::Combined => "combined",
         }
     }
@@ -150,7 +159,9 @@ impl Fault {
     pub fn nodes_min(self) -> u64 {
         match self {
             Self::PartitionBridge | Self::PartitionRing => BRIDGE_RING_NODES_MIN,
-            Self::Membership | Self::Combined => membership::VOTERS_MIN as u64,
+            Self::Membership | Self::Combined | Self::RestartAfterIdle => {
+                membership::VOTERS_MIN as u64
+            }
             _ => 2,
         }
     }
@@ -171,6 +182,12 @@ impl Fault {
             self,
             Self::PowerLoss | Self::PowerLossMinority | Self::PowerLossAll
         )
+    }
+
+    /// Whether the fault is a sequence that runs to its end when started
+    /// (no hold): `restart-after-idle`.
+    pub fn is_sequence(self) -> bool {
+        matches!(self, Self::RestartAfterIdle)
     }
 
     /// How long the fault lasts, given the run's default hold.
@@ -232,6 +249,8 @@ enum Undo {
     RestartMany(Vec<u64>),
     /// The slot of the member the start added, and whether it was promoted.
     Membership(Option<(u64, bool)>),
+    /// A sequence that ran to its end at the start; what it did.
+    Sequence(String),
 }
 
 /// Timing of [`Nemesis::run_schedule`].
@@ -254,6 +273,15 @@ pub struct Nemesis {
     rng: SmallRng,
     lookup: kvclient::Client,
     active: Option<(Fault, Undo)>,
+    /// The workload's write gate (`restart-after-idle` closes it).
+    gate: Arc<WriteGate>,
+    /// `restart-after-idle`'s idle period.
+    idle: Duration,
+    /// The longest TTL the workload writes (the sequence's estimate).
+    ttl_max: Duration,
+    /// When a sequence must be over (the schedule's end less a quiet
+    /// period).
+    sequence_deadline: Option<Instant>,
 }
 
 impl Nemesis {
@@ -277,7 +305,28 @@ impl Nemesis {
             rng: SmallRng::seed_from_u64(seed),
             lookup,
             active: None,
+            gate: WriteGate::new(),
+            idle: idle::IDLE_DEFAULT,
+            ttl_max: crate::workload::ttl::TTL_MAX,
+            sequence_deadline: None,
         })
+    }
+
+    /// Connects the workload's write gate and sets `restart-after-idle`'s
+    /// idle period and the workload's longest TTL.
+    pub fn set_idle(&mut self, gate: Arc<WriteGate>, idle: Duration, ttl_max: Duration) {
+        self.gate = gate;
+        self.idle = idle;
+        self.ttl_max = ttl_max;
+    }
+
+    /// How long `fault` is planned to last (a sequence: its estimate).
+    fn planned(&self, fault: Fault, hold: Duration) -> Duration {
+        if fault.is_sequence() {
+            idle::estimate(self.idle, self.ttl_max)
+        } else {
+            fault.hold(hold)
+        }
     }
 
     /// The cluster (to check on members).
@@ -302,12 +351,13 @@ impl Nemesis {
         }
         tokio::time::sleep_until((Instant::now() + schedule.quiet).min(schedule.end)).await;
         for fault in faults.iter().cycle() {
-            let hold = fault.hold(schedule.hold);
+            let hold = self.planned(*fault, schedule.hold);
             if Instant::now() + hold + schedule.quiet > schedule.end {
                 break;
             }
+            self.sequence_deadline = schedule.end.checked_sub(schedule.quiet);
             let started = self.start(*fault).await;
-            if started.is_ok() {
+            if started.is_ok() && !fault.is_sequence() {
                 // A slow leader lookup delays the start; the heal and its
                 // quiet period must still fit before the end.
                 let latest = schedule
@@ -470,6 +520,24 @@ impl Nemesis {
                 )
             }
             Fault::Membership => self.start_membership().await?,
+            Fault::RestartAfterIdle => {
+                // The window opens before the sequence runs: its steps are
+                // recorded inside it.
+                self.history.nemesis(
+                    fault.name(),
+                    Phase::Start,
+                    format!(
+                        "writes stopped; idle {} s after the last TTL key",
+                        self.idle.as_secs()
+                    ),
+                )?;
+                let deadline = self
+                    .sequence_deadline
+                    .unwrap_or_else(|| Instant::now() + idle::estimate(self.idle, self.ttl_max));
+                let detail = self.restart_after_idle(deadline).await;
+                self.active = Some((fault, Undo::Sequence(detail)));
+                return Ok(());
+            }
             Fault::Combined => bail!("`combined` must be expanded before the run"),
         };
         self.active = Some((fault, undo));
@@ -505,6 +573,7 @@ impl Nemesis {
                 format!("members {ids:?} powered on")
             }
             Undo::Membership(added) => self.stop_membership(added).await?,
+            Undo::Sequence(detail) => detail,
         };
         self.history.nemesis(fault.name(), Phase::Stop, detail)
     }

@@ -14,6 +14,7 @@
 //! This record type is the harness's own until it is mapped onto the
 //! checker's history type.
 
+pub mod exactly_once;
 pub mod register;
 pub mod set;
 pub mod ttl;
@@ -106,6 +107,18 @@ pub struct Op {
     /// The member a read was sent to, when pinned to one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member: Option<u64>,
+    /// Versions a `read-all` returned, one per element in `values` (the
+    /// exactly-once workload's final read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub versions: Option<Vec<u64>>,
+    /// A final read done after the schedule ended and every fault was
+    /// healed: it does not count towards the run's minimum work.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub final_read: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 /// Whether a nemesis event starts or ends a fault.
@@ -220,6 +233,8 @@ impl History {
                 ttl_ms: None,
                 stale_min_index: None,
                 member: None,
+                versions: None,
+                final_read: false,
             },
         }
     }
@@ -367,6 +382,100 @@ pub struct WorkloadConfig {
     pub deadline: tokio::time::Instant,
     /// Seed of the workers' random choices.
     pub seed: u64,
+    /// The nemesis's switch that stops the workload's writes (the
+    /// `restart-after-idle` fault's idle period).
+    pub gate: Arc<WriteGate>,
+    /// TTLs the `ttl` workload writes, lowest and highest.
+    pub ttl_range: (Duration, Duration),
+    /// The exactly-once workload's session idle window (kvnode's
+    /// `--test-session-idle-ms`), when shortened: its slow-retry workers
+    /// wait longer than this before retrying a write.
+    pub session_idle: Option<Duration>,
+}
+
+/// The nemesis's switch over the workload's writes: while closed, workers
+/// invoke no write (reads go on). The workload reports the latest instant
+/// at which a TTL key it wrote (or may have written) can still be alive, and
+/// whether a write is in flight, so the nemesis knows when no TTL key is
+/// left.
+#[derive(Debug, Default)]
+pub struct WriteGate {
+    closed: std::sync::atomic::AtomicBool,
+    in_flight: AtomicU64,
+    /// Monotonic instant (ns since the gate was made) by which every TTL
+    /// key written so far has expired, by real time.
+    ttl_horizon_ns: AtomicU64,
+    origin: std::sync::OnceLock<Instant>,
+}
+
+impl WriteGate {
+    /// A new, open gate.
+    pub fn new() -> Arc<Self> {
+        let gate = Self::default();
+        let _ = gate.origin.set(Instant::now());
+        Arc::new(gate)
+    }
+
+    fn now_ns(&self) -> u64 {
+        let origin = self.origin.get_or_init(Instant::now);
+        u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Stops (true) or resumes (false) the writes.
+    pub fn set_closed(&self, closed: bool) {
+        self.closed.store(closed, Ordering::SeqCst);
+    }
+
+    /// Whether writes are stopped.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Starts a write if the gate is open: the guard counts it in flight.
+    pub fn begin_write(self: &Arc<Self>) -> Option<WriteGuard> {
+        if self.is_closed() {
+            return None;
+        }
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        if self.is_closed() {
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(WriteGuard { gate: self.clone() })
+    }
+
+    /// Writes in flight now.
+    pub fn writes_in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// A TTL key written now (or possibly written: unknown outcomes too)
+    /// with this TTL may live until `ttl` from now.
+    pub fn note_ttl(&self, ttl: Duration) {
+        let until = self
+            .now_ns()
+            .saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX));
+        self.ttl_horizon_ns.fetch_max(until, Ordering::SeqCst);
+    }
+
+    /// How long until every TTL key noted so far has expired (by real
+    /// time; zero when none is left).
+    pub fn ttl_horizon_left(&self) -> Duration {
+        let horizon = self.ttl_horizon_ns.load(Ordering::SeqCst);
+        Duration::from_nanos(horizon.saturating_sub(self.now_ns()))
+    }
+}
+
+/// One write in flight through an open [`WriteGate`].
+#[derive(Debug)]
+pub struct WriteGuard {
+    gate: Arc<WriteGate>,
+}
+
+impl Drop for WriteGuard {
+    fn drop(&mut self) {
+        self.gate.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl WorkloadConfig {
@@ -409,4 +518,21 @@ pub fn write_error_outcome(err: &kvclient::Error) -> Outcome {
         | Error::Unimplemented { .. } => Outcome::Fail,
         _ => Outcome::Info,
     }
+}
+
+/// A client whose retries wait `pause` ..= 2 × `pause` between attempts
+/// (kvclient's backoff: half the current backoff plus jitter up to it),
+/// within `operation_timeout`: the exactly-once workload's slow retries.
+pub fn slow_retry_client(
+    endpoints: &[String],
+    pause: Duration,
+    operation_timeout: Duration,
+) -> anyhow::Result<kvclient::Client> {
+    kvclient::Client::builder(endpoints.iter().cloned())
+        .operation_timeout(operation_timeout)
+        .request_timeout(REQUEST_TIMEOUT)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .backoff(pause * 2, pause * 2)
+        .build()
+        .context("building a slow-retry kvclient")
 }

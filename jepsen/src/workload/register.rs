@@ -102,7 +102,14 @@ async fn worker_loop(
             .pick(slot);
         let key = key_name(k);
         let dice = rng.random_range(0..100);
-        let outcome = if dice < READ_PERCENT {
+        // A write needs the nemesis's gate open; while it is closed (an
+        // idle period) the worker reads instead.
+        let write_guard = if dice >= READ_PERCENT {
+            config.gate.begin_write()
+        } else {
+            None
+        };
+        let outcome = if write_guard.is_none() {
             let mut pending = history.invoke(process, Function::Read, &key);
             match client
                 .get_with(key.clone(), Consistency::Linearizable)
@@ -152,6 +159,7 @@ async fn worker_loop(
                 }
             }
         };
+        drop(write_guard);
         if outcome == Outcome::Info {
             process = history.new_process();
         }
@@ -190,6 +198,7 @@ pub async fn final_reads(endpoints: &[String], history: &History) -> anyhow::Res
         let mut read = false;
         for attempt in 1..=FINAL_READ_ATTEMPTS_MAX {
             let mut pending = history.invoke(process, Function::Read, &key);
+            pending.op_mut().final_read = true;
             match client
                 .get_with(key.clone(), Consistency::Linearizable)
                 .await

@@ -80,6 +80,10 @@ async fn worker_loop(
             tokio::time::sleep(pause).await;
             continue;
         }
+        let Some(_write) = config.gate.begin_write() else {
+            tokio::time::sleep(pause).await;
+            continue;
+        };
         let element = next.fetch_add(1, Ordering::Relaxed).to_string();
         let key = element_key(&element);
         let mut pending = history.invoke(process, Function::Add, &key);
@@ -112,6 +116,7 @@ pub async fn final_read(endpoints: &[String], history: &History) -> anyhow::Resu
     let process = history.new_process();
     for attempt in 1..=FINAL_READ_ATTEMPTS_MAX {
         let mut pending = history.invoke(process, Function::ReadAll, PREFIX);
+        pending.op_mut().final_read = true;
         let scan = Scan::prefix(PREFIX).consistency(Consistency::Linearizable);
         let mut after = None;
         let mut values = Vec::new();

@@ -2,7 +2,8 @@
 //! around their expiry from every member, linearizably and stale.
 //!
 //! Worker 0 writes a fresh key (`t/<n>`, a unique value, a TTL drawn from
-//! [`TTL_MIN`] ..= [`TTL_MAX`]) on [`WRITE_PERCENT`] of its turns; every
+//! the run's TTL range, by default [`TTL_MIN`] ..= [`TTL_MAX`]), while the
+//! nemesis's write gate is open, on [`WRITE_PERCENT`] of its turns; every
 //! other turn of every worker reads a key acknowledged within the last
 //! TTL + [`READ_AFTER_TTL`]: half the reads linearizable (any member,
 //! through the full client), half stale from one member picked at random
@@ -25,11 +26,11 @@ use tokio::time::Instant;
 
 use super::{Function, History, Outcome, WorkloadConfig, client, write_error_outcome};
 
-/// Shortest TTL written (well above the 250 ms tick, so early expiry
-/// would show).
+/// Shortest TTL written by default (well above the 250 ms tick, so early
+/// expiry would show; `jepsen run --ttl-min`).
 pub const TTL_MIN: Duration = Duration::from_millis(1500);
-/// Longest TTL written (short enough that most keys expire within a 30 s
-/// run).
+/// Longest TTL written by default (short enough that most keys expire
+/// within a 30 s run; `jepsen run --ttl-max`).
 pub const TTL_MAX: Duration = Duration::from_millis(4000);
 /// How long after its TTL a key is still read (its expiry must stick).
 pub const READ_AFTER_TTL: Duration = Duration::from_secs(3);
@@ -88,9 +89,12 @@ impl Shared {
     }
 }
 
+/// The prefix of every TTL key.
+pub const PREFIX: &str = "t/";
+
 /// The key name of TTL key `n`.
 pub fn key_name(n: u64) -> String {
-    format!("t/{n:06}")
+    format!("{PREFIX}{n:06}")
 }
 
 /// Runs the workload until the deadline; every operation goes into
@@ -130,7 +134,13 @@ async fn worker_loop(
             shared.pick(&mut rng)
         };
         let outcome = match key {
-            None if worker == 0 => write(&full, &history, process, &shared, &mut rng).await?,
+            None if worker == 0 => match config.gate.begin_write() {
+                Some(_write) => write(&full, &config, &history, process, &shared, &mut rng).await?,
+                None => {
+                    tokio::time::sleep(pause).await;
+                    continue;
+                }
+            },
             None => {
                 tokio::time::sleep(pause).await;
                 continue;
@@ -184,6 +194,7 @@ async fn worker_loop(
 /// readable by every worker.
 async fn write(
     client: &kvclient::Client,
+    config: &WorkloadConfig,
     history: &History,
     process: u64,
     shared: &Shared,
@@ -191,8 +202,17 @@ async fn write(
 ) -> anyhow::Result<Outcome> {
     let n = shared.next_key.fetch_add(1, Ordering::Relaxed);
     let key = key_name(n);
-    let ttl_ms = rng.random_range(TTL_MIN.as_millis()..=TTL_MAX.as_millis()) as u64;
+    let (low, high) = config.ttl_range;
+    let ttl_ms = rng.random_range(low.as_millis()..=high.as_millis().max(low.as_millis())) as u64;
     let ttl = Duration::from_millis(ttl_ms);
+    // Whatever the outcome, the key may live until a TTL after the reply.
+    struct NoteTtl<'a>(&'a WorkloadConfig, Duration);
+    impl Drop for NoteTtl<'_> {
+        fn drop(&mut self) {
+            self.0.gate.note_ttl(self.1);
+        }
+    }
+    let _note = NoteTtl(config, ttl);
     let value = format!("t{n}-p{process}");
     let mut pending = history.invoke(process, Function::Write, &key);
     pending.op_mut().value = Some(value.clone());

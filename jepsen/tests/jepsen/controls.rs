@@ -50,6 +50,10 @@ async fn stale_local_reads_with_a_follower_isolated_are_caught() {
         quiet: Duration::from_secs(2),
         min_ok_writes: 20,
         min_ok_reads: 20,
+        ttl_min: jepsen::workload::ttl::TTL_MIN,
+        ttl_max: jepsen::workload::ttl::TTL_MAX,
+        idle: jepsen::nemesis::idle::IDLE_DEFAULT,
+        session_idle_ms: None,
     };
     let code = jepsen::run::run(args).await.expect("the run ran");
     let summary = std::fs::read_to_string(out.join("summary.txt")).unwrap_or_default();

@@ -33,6 +33,8 @@ fn op(
         ttl_ms: None,
         stale_min_index: None,
         member: None,
+        versions: None,
+        final_read: false,
     })
 }
 
@@ -46,8 +48,8 @@ fn event(fault: &str, phase: Phase, time_ns: u64) -> Record {
     })
 }
 
-/// Two ok writes and two ok reads on two processes, a fault healed at 50
-/// with an ok read invoked at 60.
+/// Three ok writes and two ok reads on two processes, a fault healed at
+/// 50 with an ok read and an ok write invoked after it.
 fn good_history() -> Vec<Record> {
     vec![
         op(0, 0, Function::Write, Outcome::Ok, 0, 10),
@@ -56,7 +58,24 @@ fn good_history() -> Vec<Record> {
         op(2, 0, Function::Cas, Outcome::Ok, 30, 40),
         event("kill", Phase::Stop, 50),
         op(3, 1, Function::Read, Outcome::Ok, 60, 70),
+        op(4, 0, Function::Write, Outcome::Ok, 62, 72),
     ]
+}
+
+/// A final read after the schedule (it does not count as work).
+fn final_read(id: u64, process: u64, outcome: Outcome, invoke_ns: u64) -> Record {
+    let mut record = op(
+        id,
+        process,
+        Function::Read,
+        outcome,
+        invoke_ns,
+        invoke_ns + 5,
+    );
+    if let Record::Op(op) = &mut record {
+        op.final_read = true;
+    }
+    record
 }
 
 #[test]
@@ -69,7 +88,7 @@ fn a_history_that_did_enough_passes() {
 #[test]
 fn too_few_ok_writes_or_reads_fail_the_run() {
     let history = good_history();
-    let problems = check_minimums(&history, 3, 2);
+    let problems = check_minimums(&history, 4, 2);
     assert!(
         problems.len() == 1 && problems[0].contains("min_ok_writes"),
         "{problems:?}"
@@ -84,15 +103,103 @@ fn too_few_ok_writes_or_reads_fail_the_run() {
 #[test]
 fn no_ok_operation_after_a_heal_fails_the_run() {
     let mut history = good_history();
-    // The last op, the only one after the heal, did not succeed.
+    // The only read after the heal did not succeed.
     history[5] = op(3, 1, Function::Read, Outcome::Fail, 60, 70);
     let problems = check_minimums(&history, 1, 1);
     assert!(
-        problems
-            .iter()
-            .any(|p| p.contains("after the heal of kill")),
+        problems.len() == 1 && problems[0].contains("no ok read invoked between the heal of kill"),
         "{problems:?}"
     );
+    // An ok read after the heal, but no ok write: also short.
+    let mut history = good_history();
+    history.pop();
+    let problems = check_minimums(&history, 1, 1);
+    assert!(
+        problems.len() == 1 && problems[0].contains("no ok write invoked between the heal of kill"),
+        "{problems:?}"
+    );
+    // The ok read after the heal comes only after the next fault started.
+    let mut history = good_history();
+    history.insert(5, event("kill", Phase::Start, 55));
+    history.push(event("kill", Phase::Stop, 80));
+    history.push(op(5, 1, Function::Read, Outcome::Ok, 90, 95));
+    history.push(op(6, 0, Function::Write, Outcome::Ok, 91, 96));
+    let problems = check_minimums(&history, 1, 1);
+    assert!(
+        problems.len() == 2 && problems.iter().all(|p| p.contains("+0.00 s")),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn a_stop_inside_an_outer_fault_window_is_not_a_heal() {
+    // A sequence fault with steps of its own: the step's stop leaves the
+    // outer window open, so no ok op is needed before the next step.
+    let history = vec![
+        op(0, 0, Function::Write, Outcome::Ok, 0, 10),
+        op(1, 1, Function::Read, Outcome::Ok, 5, 15),
+        event("restart-after-idle", Phase::Start, 20),
+        event("idle-restart", Phase::Start, 30),
+        event("idle-restart", Phase::Stop, 40),
+        event("idle-restart", Phase::Start, 45),
+        event("idle-restart", Phase::Stop, 50),
+        event("restart-after-idle", Phase::Stop, 60),
+        op(2, 1, Function::Read, Outcome::Ok, 70, 75),
+        op(3, 0, Function::Write, Outcome::Ok, 71, 76),
+    ];
+    assert_eq!(check_minimums(&history, 2, 2), Vec::<String>::new());
+}
+
+#[test]
+fn final_reads_do_not_count_as_work() {
+    // Every read during the schedule failed; only the final healed reads
+    // succeeded. The old rule (every ok read counted) passed this run.
+    let mut history = vec![
+        op(0, 0, Function::Write, Outcome::Ok, 0, 10),
+        op(1, 1, Function::Read, Outcome::Fail, 5, 15),
+        event("partition-leader", Phase::Start, 20),
+        op(2, 0, Function::Write, Outcome::Ok, 30, 40),
+        op(3, 1, Function::Read, Outcome::Fail, 31, 41),
+        event("partition-leader", Phase::Stop, 50),
+        op(4, 0, Function::Write, Outcome::Ok, 60, 70),
+        op(5, 1, Function::Read, Outcome::Fail, 61, 71),
+    ];
+    for id in 6..10 {
+        history.push(final_read(id, 2 + id, Outcome::Ok, 100 + id));
+    }
+    let problems = check_minimums(&history, 3, 2);
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("0 ok reads invoked during the schedule")),
+        "{problems:?}"
+    );
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("no ok read invoked between the heal of partition-leader")),
+        "{problems:?}"
+    );
+    // An op invoked after the first final read does not count either.
+    let mut late = history.clone();
+    late.push(op(10, 1, Function::Read, Outcome::Ok, 200, 210));
+    let problems = check_minimums(&late, 3, 2);
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("0 ok reads invoked during the schedule")),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn minimums_scale_with_the_schedule() {
+    use jepsen::run::minimum_for;
+    use std::time::Duration;
+    assert_eq!(minimum_for(20, Duration::from_secs(30)), 20);
+    assert_eq!(minimum_for(20, Duration::from_secs(10)), 20);
+    assert_eq!(minimum_for(20, Duration::from_secs(100)), 67);
+    assert_eq!(minimum_for(20, Duration::from_secs(600)), 400);
 }
 
 #[test]

@@ -75,6 +75,10 @@ async fn register_run_with_leader_partition_and_kill_does_enough() {
         quiet: Duration::from_secs(2),
         min_ok_writes: MIN_OK,
         min_ok_reads: MIN_OK,
+        ttl_min: jepsen::workload::ttl::TTL_MIN,
+        ttl_max: jepsen::workload::ttl::TTL_MAX,
+        idle: jepsen::nemesis::idle::IDLE_DEFAULT,
+        session_idle_ms: None,
     };
     let code = jepsen::run::run(args).await.expect("the run ran");
     let summary = std::fs::read_to_string(out.join("summary.txt")).expect("summary.txt");

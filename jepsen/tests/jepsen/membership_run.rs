@@ -37,6 +37,10 @@ async fn membership_changes_keep_three_voters_and_the_register_linearizable() {
         quiet: Duration::from_secs(3),
         min_ok_writes: 50,
         min_ok_reads: 50,
+        ttl_min: jepsen::workload::ttl::TTL_MIN,
+        ttl_max: jepsen::workload::ttl::TTL_MAX,
+        idle: jepsen::nemesis::idle::IDLE_DEFAULT,
+        session_idle_ms: None,
     };
     let code = jepsen::run::run(args).await.expect("the run ran");
     let summary = std::fs::read_to_string(out.join("summary.txt")).expect("summary.txt");

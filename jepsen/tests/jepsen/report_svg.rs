@@ -73,6 +73,8 @@ fn op(id: u64, f: Function, outcome: Outcome, at_ms: u64, latency_ms: u64) -> Re
         ttl_ms: None,
         stale_min_index: None,
         member: None,
+        versions: None,
+        final_read: false,
     })
 }
 

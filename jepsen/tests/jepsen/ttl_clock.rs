@@ -48,6 +48,10 @@ async fn ttl_run_under_clock_jumps_expires_on_time_and_never_resurrects() {
         quiet: Duration::from_secs(2),
         min_ok_writes: 30,
         min_ok_reads: 200,
+        ttl_min: jepsen::workload::ttl::TTL_MIN,
+        ttl_max: jepsen::workload::ttl::TTL_MAX,
+        idle: jepsen::nemesis::idle::IDLE_DEFAULT,
+        session_idle_ms: None,
     };
     let code = jepsen::run::run(args).await.expect("the run ran");
     let summary = std::fs::read_to_string(out.join("summary.txt")).expect("summary.txt");
