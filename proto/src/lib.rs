@@ -51,7 +51,7 @@
 //! use prost::Message;
 //!
 //! let put = PutRequest {
-//!     session: Some(Session { client_id: 7, sequence: 1, lowest_unacked_sequence: 1 }),
+//!     session: Some(Session { client_id: 7, sequence: 1, lowest_unacked_sequence: 1, opens: true }),
 //!     key: "greeting".into(),
 //!     value: "hello".into(),
 //!     ttl_ms: 10_000,
@@ -63,6 +63,12 @@
 //! // Linearizable is the default (0 on the wire).
 //! assert_eq!(GetRequest::default().consistency(), Consistency::Linearizable);
 //! ```
+
+/// Cluster time (ms) a session may stay idle before the state machine
+/// evicts it and forgets its answers (DESIGN §3). A client must not retry a
+/// write for longer than half of it (kvclient refuses a longer operation
+/// timeout), so a retry always finds its session.
+pub const SESSION_IDLE_MS: u64 = 10 * 60 * 1000;
 
 // The generated code passes the workspace lints as it is (checked by clippy
 // with `-D warnings`), so the modules below carry no `allow`: prost derives

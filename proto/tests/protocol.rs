@@ -40,6 +40,7 @@ fn kv_messages_survive_a_round_trip() {
         client_id: 0xdead_beef,
         sequence: 42,
         lowest_unacked_sequence: 40,
+        opens: false,
     });
     round_trip(&kv::PutRequest {
         session,

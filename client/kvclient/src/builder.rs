@@ -27,6 +27,11 @@ pub const BACKOFF_BASE_DEFAULT: Duration = Duration::from_millis(20);
 pub const BACKOFF_CAP_DEFAULT: Duration = Duration::from_millis(500);
 /// Upper bound on any timeout or backoff setting.
 pub const DURATION_SETTING_MAX: Duration = Duration::from_secs(3600);
+/// Upper bound on the operation timeout: half the cluster's session idle
+/// window (`kvproto::SESSION_IDLE_MS`), so a write is never retried after
+/// its session could have been evicted (a retry then could not be told
+/// from a new write).
+pub const OPERATION_TIMEOUT_MAX: Duration = Duration::from_millis(kvproto::SESSION_IDLE_MS / 2);
 /// Upper bound on the number of endpoints given to the builder.
 pub const ENDPOINTS_MAX: usize = 1024;
 /// Longest bearer token accepted (it travels in every request's headers;
@@ -279,6 +284,14 @@ impl ClientBuilder {
                 )));
             }
         }
+        if s.operation_timeout > OPERATION_TIMEOUT_MAX {
+            return Err(Error::InvalidConfig(format!(
+                "operation_timeout: {:?} is above {OPERATION_TIMEOUT_MAX:?} \
+                 (OPERATION_TIMEOUT_MAX, half the session idle window: a longer retry could \
+                 apply a write twice)",
+                s.operation_timeout
+            )));
+        }
         if s.backoff_base > s.backoff_cap {
             return Err(Error::InvalidConfig(format!(
                 "backoff: base {:?} is above cap {:?}",
@@ -347,6 +360,22 @@ mod tests {
                 .backoff(Duration::from_secs(2), Duration::from_secs(1))
                 .build()
                 .is_err()
+        );
+        // An operation may not be retried for longer than half the session
+        // idle window.
+        assert!(
+            ClientBuilder::new(["h:1"])
+                .operation_timeout(OPERATION_TIMEOUT_MAX)
+                .build()
+                .is_ok()
+        );
+        let err = ClientBuilder::new(["h:1"])
+            .operation_timeout(OPERATION_TIMEOUT_MAX + Duration::from_millis(1))
+            .build()
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("OPERATION_TIMEOUT_MAX"),
+            "names the limit: {err}"
         );
         assert_eq!(
             normalize("http://127.0.0.1:7000/").unwrap(),

@@ -153,12 +153,27 @@ impl Client {
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let ticket = self.inner.sessions.begin();
-        self.inner
+        let ticket = &ticket;
+        let result = self
+            .inner
             .router
             .run(Target::Leader, true, |channel| {
-                call(channel, ticket.session())
+                let attempt = call(channel, ticket.session());
+                async move {
+                    let answer = attempt.await;
+                    if let Err(status) = &answer
+                        && crate::error::is_session_expired(status)
+                    {
+                        ticket.session_expired();
+                    }
+                    answer
+                }
             })
-            .await
+            .await;
+        if result.is_ok() {
+            ticket.answered();
+        }
+        result
     }
 
     fn consistency(&self, consistency: Option<Consistency>) -> (i32, u64) {

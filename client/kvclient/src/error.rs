@@ -133,6 +133,16 @@ pub(crate) fn detail_of(status: &Status) -> Option<error_detail::Detail> {
     ErrorDetail::decode(bytes).ok()?.detail
 }
 
+/// Whether the status is SESSION_EXPIRED (ABORTED with a `SessionExpired`
+/// detail): the cluster no longer holds the write's session.
+pub(crate) fn is_session_expired(status: &Status) -> bool {
+    status.code() == Code::Aborted
+        && matches!(
+            detail_of(status),
+            Some(error_detail::Detail::SessionExpired(_))
+        )
+}
+
 /// Whether the status is a refused connection: the request never left the
 /// client, so it cannot have applied.
 fn connect_refused(status: &Status) -> bool {

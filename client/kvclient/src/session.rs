@@ -2,6 +2,16 @@
 //! client id, a sequence number per new write, and the lowest sequence whose
 //! answer has not yet been delivered, which lets the servers forget older
 //! answers. Several writes may be outstanding at once.
+//!
+//! Opening: the state machine creates a session only for a request that
+//! says it opens it (`opens`). A write begun before this client had any
+//! answer for its id opens the session; once an answer arrived, the session
+//! exists, and later writes do not open it, so a retry that reaches the
+//! cluster after the session was evicted is answered SESSION_EXPIRED
+//! (outcome unknown) instead of applying a second time. After a
+//! SESSION_EXPIRED the client moves to a fresh id (a fresh session): the old
+//! id's outstanding writes keep the old id, so none of them can open a new
+//! session under it.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -11,61 +21,65 @@ use kvproto::kv::v1::Session;
 /// The session state shared by all calls of one client.
 #[derive(Debug)]
 pub(crate) struct Sessions {
-    client_id: u64,
     state: Mutex<State>,
 }
 
 #[derive(Debug)]
 struct State {
+    /// The current session's id (random, non-zero).
+    client_id: u64,
     /// The next new write's sequence (starts at 1).
     next: u64,
-    /// Sequences whose final answer has not been delivered yet.
+    /// Sequences of the current id whose final answer has not been
+    /// delivered yet.
     outstanding: BTreeSet<u64>,
+    /// Whether an answer for the current id arrived (the session exists).
+    confirmed: bool,
+}
+
+fn random_client_id() -> u64 {
+    loop {
+        let id: u64 = rand::random();
+        if id != 0 {
+            return id;
+        }
+    }
 }
 
 impl Sessions {
     /// A session with a random non-zero client id.
     pub(crate) fn new() -> Self {
-        let client_id = loop {
-            let id: u64 = rand::random();
-            if id != 0 {
-                break id;
-            }
-        };
         Sessions {
-            client_id,
             state: Mutex::new(State {
+                client_id: random_client_id(),
                 next: 1,
                 outstanding: BTreeSet::new(),
+                confirmed: false,
             }),
         }
     }
 
-    /// The client id.
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The current client id.
     pub(crate) fn client_id(&self) -> u64 {
-        self.client_id
+        self.lock().client_id
     }
 
     /// Starts a new write: its sequence stays outstanding until the ticket
     /// is dropped (the answer delivered, or the write given up).
     pub(crate) fn begin(self: &Arc<Self>) -> Ticket {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.lock();
         let sequence = state.next;
         state.next += 1;
         state.outstanding.insert(sequence);
         Ticket {
             sessions: Arc::clone(self),
+            client_id: state.client_id,
             sequence,
-        }
-    }
-
-    fn session(&self, sequence: u64) -> Session {
-        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let lowest = state.outstanding.first().copied().unwrap_or(state.next);
-        Session {
-            client_id: self.client_id,
-            sequence,
-            lowest_unacked_sequence: lowest.min(sequence),
+            opens: !state.confirmed,
         }
     }
 }
@@ -74,25 +88,61 @@ impl Sessions {
 #[derive(Debug)]
 pub(crate) struct Ticket {
     sessions: Arc<Sessions>,
+    client_id: u64,
     sequence: u64,
+    /// Begun before the session was known to exist.
+    opens: bool,
 }
 
 impl Ticket {
     /// The session to send with this attempt (the lowest unacked sequence is
     /// read afresh each time, so it advances while a write is retried).
     pub(crate) fn session(&self) -> Session {
-        self.sessions.session(self.sequence)
+        let state = self.sessions.lock();
+        let lowest = if state.client_id == self.client_id {
+            state.outstanding.first().copied().unwrap_or(state.next)
+        } else {
+            // An abandoned id: its session is gone already.
+            self.sequence
+        };
+        Session {
+            client_id: self.client_id,
+            sequence: self.sequence,
+            lowest_unacked_sequence: lowest.min(self.sequence),
+            opens: self.opens,
+        }
+    }
+
+    /// The cluster answered this write (any outcome but SESSION_EXPIRED):
+    /// the session exists.
+    pub(crate) fn answered(&self) {
+        let mut state = self.sessions.lock();
+        if state.client_id == self.client_id {
+            state.confirmed = true;
+        }
+    }
+
+    /// The cluster answered SESSION_EXPIRED: the session is gone; later
+    /// writes use a fresh id that opens a fresh session.
+    pub(crate) fn session_expired(&self) {
+        let mut state = self.sessions.lock();
+        if state.client_id == self.client_id {
+            *state = State {
+                client_id: random_client_id(),
+                next: 1,
+                outstanding: BTreeSet::new(),
+                confirmed: false,
+            };
+        }
     }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut state = self
-            .sessions
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        state.outstanding.remove(&self.sequence);
+        let mut state = self.sessions.lock();
+        if state.client_id == self.client_id {
+            state.outstanding.remove(&self.sequence);
+        }
     }
 }
 
@@ -117,5 +167,44 @@ mod tests {
         let d = sessions.begin();
         assert_eq!(d.session().sequence, 4);
         assert_eq!(d.session().lowest_unacked_sequence, 4);
+    }
+
+    #[test]
+    fn writes_open_the_session_until_an_answer_arrives() {
+        let sessions = Arc::new(Sessions::new());
+        let a = sessions.begin();
+        let b = sessions.begin();
+        assert!(a.session().opens && b.session().opens);
+        b.answered();
+        let c = sessions.begin();
+        assert!(!c.session().opens, "the session exists now");
+        assert!(a.session().opens, "a write keeps what it was begun with");
+    }
+
+    #[test]
+    fn after_session_expired_a_fresh_id_opens_a_fresh_session() {
+        let sessions = Arc::new(Sessions::new());
+        let old_id = sessions.client_id();
+        let a = sessions.begin();
+        a.answered();
+        let b = sessions.begin();
+        let c = sessions.begin();
+        assert!(!b.session().opens);
+        b.session_expired();
+        let new_id = sessions.client_id();
+        assert_ne!(new_id, old_id);
+        // The old id's writes keep their id and never open.
+        assert_eq!(c.session().client_id, old_id);
+        assert!(!c.session().opens);
+        let d = sessions.begin();
+        assert_eq!((d.session().client_id, d.session().sequence), (new_id, 1));
+        assert!(d.session().opens);
+        // An old ticket dropping does not touch the new id's bookkeeping.
+        drop(c);
+        drop(a);
+        assert_eq!(d.session().lowest_unacked_sequence, 1);
+        // A late answer of an old-id write does not confirm the new session.
+        b.answered();
+        assert!(sessions.begin().session().opens);
     }
 }

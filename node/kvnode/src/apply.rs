@@ -86,11 +86,36 @@ enum KeyState {
     },
 }
 
+/// The cluster time an entry applies at: the time it was stamped with, but
+/// never below the time already applied. Two proposals in flight are stamped
+/// in one order and may reach the log in the other, so the stamps along the
+/// log may step back by the time between them (about a millisecond); taking
+/// the max keeps cluster time from ever decreasing (ARCHITECTURE.md, "Cluster
+/// time").
+pub fn entry_time_ms(applied_ms: u64, stamped_ms: u64) -> u64 {
+    // NEGATIVE CONTROL (feature nc-old-clock): the stamp as it is.
+    if cfg!(feature = "nc-old-clock") {
+        return stamped_ms;
+    }
+    applied_ms.max(stamped_ms)
+}
+
 /// Applies entries to one engine; holds the sessions in memory (they are
 /// also in the engine, so a restart or a snapshot carries them).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Applier {
     sessions: BTreeMap<u64, SessionRecord>,
+    /// Cluster time a session may stay idle before it is evicted.
+    session_idle_ms: u64,
+}
+
+impl Default for Applier {
+    fn default() -> Self {
+        Applier {
+            sessions: BTreeMap::new(),
+            session_idle_ms: SESSION_IDLE_MS_MAX,
+        }
+    }
 }
 
 impl Applier {
@@ -128,7 +153,19 @@ impl Applier {
                 _ => break,
             }
         }
-        Ok(Applier { sessions })
+        Ok(Applier {
+            sessions,
+            ..Applier::default()
+        })
+    }
+
+    /// Evicts sessions idle for `ms` of cluster time instead of
+    /// [`SESSION_IDLE_MS_MAX`]. Test builds only shorten it (`kvnode run
+    /// --test-session-idle-ms`), and every member of a cluster must use the
+    /// same value: it decides which entries delete which session records.
+    pub fn with_session_idle_ms(mut self, ms: u64) -> Applier {
+        self.session_idle_ms = ms;
+        self
     }
 
     /// Number of live sessions.
@@ -172,7 +209,7 @@ impl Applier {
             .sessions
             .iter()
             .filter(|(_, record)| {
-                record.last_active_ms.saturating_add(SESSION_IDLE_MS_MAX) <= now_ms
+                record.last_active_ms.saturating_add(self.session_idle_ms) <= now_ms
             })
             .map(|(client_id, _)| *client_id)
             .collect();
@@ -206,7 +243,10 @@ impl Applier {
             && let Some(session) = request.session
             && let Some(answer) = self.replay(session, entry.now_ms)
         {
-            entry.touched_sessions.insert(session.client_id);
+            // An unknown session stays unknown: nothing to store.
+            if self.sessions.contains_key(&session.client_id) {
+                entry.touched_sessions.insert(session.client_id);
+            }
             return Ok(answer);
         }
         let outcome = self.evaluate(entry, request)?;
@@ -226,9 +266,24 @@ impl Applier {
     }
 
     /// For a request already seen: its stored answer, or `SessionExpired`
-    /// when that answer was forgotten. `None` for a new request.
+    /// when that answer was forgotten. `SessionExpired` too for a session
+    /// this state machine does not hold, unless the request opens it (it was
+    /// evicted, or never existed: applying the request now could apply a
+    /// write a second time). `None` for a new request, whose session now
+    /// exists.
     fn replay(&mut self, session: SessionRef, now_ms: u64) -> Option<Outcome> {
-        let record = self.sessions.entry(session.client_id).or_default();
+        let record = match self.sessions.entry(session.client_id) {
+            std::collections::btree_map::Entry::Occupied(known) => known.into_mut(),
+            std::collections::btree_map::Entry::Vacant(unknown) => {
+                // NEGATIVE CONTROL (feature nc-unknown-sessions): any request
+                // opens a fresh session, so a retry whose session was evicted
+                // applies again.
+                if !session.opens && !cfg!(feature = "nc-unknown-sessions") {
+                    return Some(Outcome::SessionExpired);
+                }
+                unknown.insert(SessionRecord::default())
+            }
+        };
         record.last_active_ms = record.last_active_ms.max(now_ms);
         // Answers below the lowest unacknowledged sequence were delivered.
         while record
@@ -698,6 +753,7 @@ mod tests {
                 client_id: 42,
                 sequence,
                 lowest_unacked,
+                opens: sequence == 1,
             })
         };
         let write = Request {
@@ -760,6 +816,83 @@ mod tests {
         assert_eq!(Applier::load(&engine).unwrap().session_count(), 0);
     }
 
+    /// A request for a session this state machine does not hold is not
+    /// applied unless it opens the session: after an eviction, a retry of a
+    /// write that may have applied gets SESSION_EXPIRED (outcome unknown),
+    /// never a second application. Fails with `nc-unknown-sessions`.
+    #[test]
+    fn a_request_for_an_unknown_session_that_does_not_open_it_is_not_applied() {
+        let fs = SimFs::new();
+        let engine = engine(&fs);
+        let mut applier = Applier::default().with_session_idle_ms(1_000);
+        let write = |sequence, opens, value: &str| Request {
+            session: Some(SessionRef {
+                client_id: 7,
+                sequence,
+                lowest_unacked: sequence,
+                opens,
+            }),
+            ..request(vec![put("counter", value)])
+        };
+        // Never opened: refused.
+        let never = applier
+            .apply(
+                &engine,
+                1,
+                &requests(0, vec![write(5, false, "x")]),
+                Vec::new(),
+            )
+            .unwrap();
+        assert_eq!(never.outcomes, vec![Outcome::SessionExpired]);
+        assert_eq!(applier.session_count(), 0, "no session was created");
+        assert_eq!(engine.get(b"counter", 0).unwrap(), None);
+        // Opened, applied; then idle past the window: evicted.
+        let first = applier
+            .apply(
+                &engine,
+                2,
+                &requests(10, vec![write(1, true, "a")]),
+                Vec::new(),
+            )
+            .unwrap();
+        assert!(matches!(first.outcomes[0], Outcome::Applied { .. }));
+        applier
+            .apply(&engine, 3, &requests(2_000, vec![]), Vec::new())
+            .unwrap();
+        assert_eq!(applier.session_count(), 0, "evicted after 1 s idle");
+        // Someone else writes the key; then the client's retry of sequence 2
+        // (its reply lost before the eviction) arrives: not applied again.
+        applier
+            .apply(
+                &engine,
+                4,
+                &requests(2_100, vec![request(vec![put("counter", "other")])]),
+                Vec::new(),
+            )
+            .unwrap();
+        let retry = applier
+            .apply(
+                &engine,
+                5,
+                &requests(2_200, vec![write(2, false, "a")]),
+                Vec::new(),
+            )
+            .unwrap();
+        assert_eq!(retry.outcomes, vec![Outcome::SessionExpired]);
+        assert_eq!(engine.get(b"counter", 0).unwrap().unwrap().value, b"other");
+        assert_eq!(applier.session_count(), 0);
+        assert_eq!(Applier::load(&engine).unwrap().session_count(), 0);
+    }
+
+    /// Cluster time never decreases along the log, even when the leader's
+    /// stamps arrive out of order. Fails with `nc-old-clock`.
+    #[test]
+    fn entry_time_never_steps_back() {
+        assert_eq!(entry_time_ms(100, 250), 250);
+        assert_eq!(entry_time_ms(250, 249), 250, "a stamp 1 ms behind");
+        assert_eq!(entry_time_ms(0, 0), 0);
+    }
+
     #[test]
     fn reserved_keys_are_refused() {
         let fs = SimFs::new();
@@ -786,6 +919,7 @@ mod tests {
                     client_id: i % 3,
                     sequence: i,
                     lowest_unacked: i.saturating_sub(2),
+                    opens: i < 3,
                 });
                 let ops = vec![
                     Op::Put {

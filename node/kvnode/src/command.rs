@@ -14,8 +14,10 @@ pub const ENTRY_OPS_MAX: usize = 65_535;
 /// Every key at or after this prefix is reserved for the node's own
 /// bookkeeping (exactly-once sessions) and refused as a user key.
 pub const RESERVED_KEY_PREFIX: &[u8] = b"\xff\xffraftcask/";
-/// Sessions idle longer than this (cluster time) are evicted.
-pub const SESSION_IDLE_MS_MAX: u64 = 10 * 60 * 1000;
+/// Sessions idle longer than this (cluster time) are evicted: the wire
+/// constant clients size their retries by (a test build may shorten it per
+/// cluster, [`crate::state_machine::StateMachineOptions::session_idle_ms`]).
+pub const SESSION_IDLE_MS_MAX: u64 = kvproto::SESSION_IDLE_MS;
 /// Answers kept per session (requests in flight per client, at most).
 pub const SESSION_ANSWERS_MAX: usize = 1024;
 
@@ -87,6 +89,10 @@ pub struct SessionRef {
     /// Every sequence below this was acknowledged to the client: its answer
     /// may be forgotten.
     pub lowest_unacked: u64,
+    /// Whether this request may open the session. A request for a session
+    /// the state machine does not hold that does not open it is answered
+    /// [`Outcome::SessionExpired`] and not applied (DESIGN §3).
+    pub opens: bool,
 }
 
 /// One client write request: conditions, then ops, all or nothing.

@@ -190,29 +190,105 @@ impl std::fmt::Debug for Node {
     }
 }
 
-/// The leader's cluster clock: never decreasing, advanced by a monotonic
-/// clock from the replicated time.
-#[derive(Debug)]
+/// Most that cluster time may advance between two entries beyond the
+/// real time between their proposals, from rounding (ARCHITECTURE.md,
+/// "Cluster time": the rule and its proof). A leader's monotonic clock may
+/// also run fast by its slew rate (at most 500 ppm under NTP).
+pub const CLUSTER_TIME_STEP_BOUND_MS: u64 = 1;
+
+/// The leader's cluster clock. In each term this member leads, it starts
+/// from the cluster time applied when the term's first proposal is stamped
+/// (the leader has then applied every entry of earlier terms, see
+/// [`leader_caught_up`]) and advances with this process's monotonic clock.
+/// So time between two entries never runs ahead of the real time between
+/// their proposals (plus [`CLUSTER_TIME_STEP_BOUND_MS`]); across a
+/// leaderless gap it stands still. It never jumps by time this member spent
+/// as a follower or idle, which a base taken at process start would carry.
 struct ClusterClock {
-    state_machine: StateMachine,
-    /// (base time, when it was taken, last stamp).
-    inner: Mutex<(u64, Instant, u64)>,
+    /// The cluster time this member has applied.
+    applied_ms: Box<dyn Fn() -> u64 + Send + Sync>,
+    inner: Mutex<ClockState>,
+}
+
+impl std::fmt::Debug for ClusterClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterClock")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+struct ClockState {
+    /// The term the base was taken in (`None`: no stamp yet).
+    term: Option<u64>,
+    /// The cluster time applied when the base was taken.
+    base_ms: u64,
+    /// When the base was taken.
+    at: Instant,
+    /// The last stamp given in this term (stamps never decrease).
+    last_ms: u64,
 }
 
 impl ClusterClock {
-    fn stamp(&self) -> u64 {
-        let applied = self.state_machine.cluster_time_ms();
+    fn new(state_machine: StateMachine) -> ClusterClock {
+        ClusterClock::with_source(
+            Box::new(move || state_machine.cluster_time_ms()),
+            Instant::now(),
+        )
+    }
+
+    /// A clock over any source of the applied time, created at `now`.
+    fn with_source(applied_ms: Box<dyn Fn() -> u64 + Send + Sync>, now: Instant) -> ClusterClock {
+        let applied = applied_ms();
+        ClusterClock {
+            applied_ms,
+            inner: Mutex::new(ClockState {
+                // NEGATIVE CONTROL (feature nc-old-clock): the base is the
+                // time applied at process start, in every term.
+                term: cfg!(feature = "nc-old-clock").then_some(0),
+                base_ms: applied,
+                at: now,
+                last_ms: 0,
+            }),
+        }
+    }
+
+    /// The time of a proposal of `term`, by a leader that has applied an
+    /// entry of `term` (its blank entry).
+    fn stamp(&self, term: u64) -> u64 {
+        self.stamp_at(term, Instant::now())
+    }
+
+    /// [`ClusterClock::stamp`] at the instant `now`.
+    fn stamp_at(&self, term: u64, now_instant: Instant) -> u64 {
+        let applied = (self.applied_ms)();
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let (base, at, last) = &mut *inner;
-        let mut now = base.saturating_add(at.elapsed().as_millis() as u64);
+        let term = if cfg!(feature = "nc-old-clock") {
+            0
+        } else {
+            term
+        };
+        if inner.term != Some(term) {
+            *inner = ClockState {
+                term: Some(term),
+                base_ms: applied,
+                at: now_instant,
+                last_ms: applied,
+            };
+        }
+        let elapsed = now_instant.saturating_duration_since(inner.at);
+        let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+        let mut now = inner.base_ms.saturating_add(elapsed_ms);
         if applied > now {
-            // Another leader advanced the time beyond our clock: rebase.
-            *base = applied;
-            *at = Instant::now();
+            // Only the old clock gets here (in a term, every applied entry
+            // was stamped by this clock or came before its base).
+            inner.base_ms = applied;
+            inner.at = now_instant;
             now = applied;
         }
-        let stamp = now.max(*last);
-        *last = stamp;
+        let stamp = now.max(inner.last_ms);
+        inner.last_ms = stamp;
         stamp
     }
 }
@@ -223,18 +299,22 @@ pub const LEADER_CATCH_UP_WAIT: Duration = Duration::from_secs(5);
 
 /// Waits until this leader has applied an entry of its own term (its blank
 /// entry): then every earlier entry is applied, so the cluster time it
-/// stamps is never below an entry earlier in the log.
-async fn leader_caught_up(raft: &openraft::Raft<TypeConfig>) -> Result<(), ProposeError> {
+/// stamps is never below an entry earlier in the log. Returns that term,
+/// which the cluster clock re-bases on when it changes.
+async fn leader_caught_up(raft: &openraft::Raft<TypeConfig>) -> Result<u64, ProposeError> {
     let caught_up = |m: &openraft::RaftMetrics<u64, NodeInfo>| {
         m.last_applied
             .is_some_and(|applied| applied.leader_id.term >= m.current_term)
     };
-    if caught_up(&raft.metrics().borrow()) {
-        return Ok(());
+    {
+        let now = raft.metrics().borrow().clone();
+        if caught_up(&now) {
+            return Ok(now.current_term);
+        }
     }
     let mut metrics = raft.metrics();
     match tokio::time::timeout(LEADER_CATCH_UP_WAIT, metrics.wait_for(caught_up)).await {
-        Ok(Ok(_)) => Ok(()),
+        Ok(Ok(now)) => Ok(now.current_term),
         Ok(Err(_)) => Err(ProposeError::Stopped),
         Err(_) => Err(ProposeError::NotApplied(
             "the leader has not applied its own first entry yet".to_string(),
@@ -247,9 +327,9 @@ fn propose_fn(raft: openraft::Raft<TypeConfig>, clock: Arc<ClusterClock>) -> Pro
         let raft = raft.clone();
         let clock = clock.clone();
         Box::pin(async move {
-            leader_caught_up(&raft).await?;
+            let term = leader_caught_up(&raft).await?;
             let proposal = Proposal {
-                time_ms: clock.stamp(),
+                time_ms: clock.stamp(term),
                 command: Command::Requests(requests),
             };
             match raft.client_write(proposal).await {
@@ -273,11 +353,11 @@ fn propose_merge_fn(raft: openraft::Raft<TypeConfig>, clock: Arc<ClusterClock>) 
         let raft = raft.clone();
         let clock = clock.clone();
         Box::pin(async move {
-            leader_caught_up(&raft)
+            let term = leader_caught_up(&raft)
                 .await
                 .map_err(|err| format!("{err:?}"))?;
             let merge = Proposal {
-                time_ms: clock.stamp(),
+                time_ms: clock.stamp(term),
                 command: Command::Merge { inputs },
             };
             raft.client_write(merge)
@@ -324,11 +404,11 @@ async fn tick_loop(
         if pending == 0 || pending <= state_machine.cluster_time_ms() {
             continue;
         }
-        if leader_caught_up(&raft).await.is_err() {
+        let Ok(term) = leader_caught_up(&raft).await else {
             continue;
-        }
+        };
         let tick = Proposal {
-            time_ms: clock.stamp(),
+            time_ms: clock.stamp(term),
             command: Command::Tick,
         };
         if let Err(err) = raft.client_write(tick).await {
@@ -603,10 +683,7 @@ impl Node {
             }
         }
 
-        let clock = Arc::new(ClusterClock {
-            inner: Mutex::new((state_machine.cluster_time_ms(), Instant::now(), 0)),
-            state_machine: state_machine.clone(),
-        });
+        let clock = Arc::new(ClusterClock::new(state_machine.clone()));
         let batcher = Batcher::spawn_observed(
             propose_fn(raft.clone(), clock.clone()),
             Some(member_metrics.proposal_observer()),
@@ -842,5 +919,76 @@ impl Node {
         if let Err(err) = self.raft.shutdown().await {
             tracing::warn!(error = %err, "raft shutdown");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+
+    fn clock(applied: &Arc<AtomicU64>, start: Instant) -> ClusterClock {
+        let source = applied.clone();
+        ClusterClock::with_source(Box::new(move || source.load(Ordering::SeqCst)), start)
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// Issue 15's first finding, replayed on one member's clock: the member
+    /// started when the cluster time was 1 000, then followed through 40 s
+    /// in which the cluster time advanced only 5 s (a leaderless gap, and
+    /// leaders whose clocks lagged). When it becomes leader, its first stamp
+    /// must continue from the applied time, not jump by the 35 s it spent
+    /// as a follower. Fails with `nc-old-clock` (which stamps 41 000).
+    #[test]
+    fn a_new_leader_continues_from_the_applied_time() {
+        let start = Instant::now();
+        let applied = Arc::new(AtomicU64::new(1_000));
+        let clock = clock(&applied, start);
+        applied.store(6_000, Ordering::SeqCst);
+        let first = clock.stamp_at(7, start + ms(40_000));
+        assert_eq!(first, 6_000, "re-based on the applied time at term start");
+        // Within the term it advances with real time.
+        assert_eq!(clock.stamp_at(7, start + ms(40_250)), 6_250);
+        assert_eq!(clock.stamp_at(7, start + ms(41_000)), 7_000);
+    }
+
+    /// A member that led term 3, lost leadership while its last stamps were
+    /// not committed, and leads term 5 later continues from what was
+    /// applied, not from its own old stamps or its old base.
+    #[test]
+    fn every_term_re_bases() {
+        let start = Instant::now();
+        let applied = Arc::new(AtomicU64::new(0));
+        let clock = clock(&applied, start);
+        assert_eq!(clock.stamp_at(3, start), 0);
+        assert_eq!(clock.stamp_at(3, start + ms(5_000)), 5_000);
+        // Term 4 (another leader) applied up to 2 000 more than what this
+        // member saw committed (4 000 of its own), over 30 s.
+        applied.store(6_000, Ordering::SeqCst);
+        assert_eq!(clock.stamp_at(5, start + ms(35_000)), 6_000);
+        assert_eq!(clock.stamp_at(5, start + ms(35_100)), 6_100);
+    }
+
+    /// Stamps of one term never decrease, and never run ahead of real time.
+    #[test]
+    fn stamps_follow_real_time_and_never_decrease() {
+        let start = Instant::now();
+        let applied = Arc::new(AtomicU64::new(500));
+        let clock = clock(&applied, start);
+        let mut last = 0;
+        for step in 0..100u64 {
+            let at = start + ms(step * 7);
+            let stamp = clock.stamp_at(2, at);
+            assert!(stamp >= last, "stamps decreased: {last} then {stamp}");
+            assert!(stamp <= 500 + step * 7, "ran ahead of real time: {stamp}");
+            last = stamp;
+        }
+        // An instant from before the base (two proposals stamped on two
+        // threads): no step back.
+        assert_eq!(clock.stamp_at(2, start), last);
     }
 }

@@ -82,6 +82,10 @@ pub struct StateMachineOptions {
     /// Test-only crash points of a snapshot receive and install (off by
     /// default).
     pub failpoints: InstallFailpoints,
+    /// Test-only: cluster time a session may stay idle before it is evicted;
+    /// `None` = [`crate::command::SESSION_IDLE_MS_MAX`]. Every member must
+    /// use the same value (`kvnode run --test-session-idle-ms`).
+    pub session_idle_ms: Option<u64>,
 }
 
 /// A point in receiving and installing a snapshot where a test can make the
@@ -439,7 +443,8 @@ impl StateMachine {
             }
             let engine = inner.engine.clone();
             let (response, time_ms, membership) = match entry.payload {
-                EntryPayload::Normal(proposal) => {
+                EntryPayload::Normal(mut proposal) => {
+                    proposal.time_ms = crate::apply::entry_time_ms(inner.time_ms, proposal.time_ms);
                     if index == 0 {
                         return Err(SmError::Inconsistent(
                             "a normal entry at log index 0 has no versions".to_string(),
@@ -1114,7 +1119,10 @@ fn open_engine(
     };
     let engine = Engine::open(dir.join(pointer.engine_dir_name()), opts)?;
     let meta = decode_meta(&engine)?;
-    let applier = Applier::load(&engine)?;
+    let mut applier = Applier::load(&engine)?;
+    if let Some(ms) = options.session_idle_ms {
+        applier = applier.with_session_idle_ms(ms);
+    }
     Ok((engine, applier, meta))
 }
 

@@ -184,6 +184,7 @@ impl KvService {
                     client_id: 0,
                     sequence: 0,
                     lowest_unacked: 0,
+                    opens: false,
                 });
                 Err(convert::status_with_detail(
                     Code::Aborted,
@@ -293,6 +294,7 @@ fn session(session: Option<kvproto::kv::v1::Session>) -> Option<SessionRef> {
         client_id: s.client_id,
         sequence: s.sequence,
         lowest_unacked: s.lowest_unacked_sequence,
+        opens: s.opens,
     })
 }
 

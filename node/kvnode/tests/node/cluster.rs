@@ -260,6 +260,7 @@ async fn single_node_put_get_delete_and_restart() {
                     client_id: 7,
                     sequence: seq as u64 + 1,
                     lowest_unacked_sequence: 1,
+                    opens: true,
                 }),
                 ..put(key, "session")
             })

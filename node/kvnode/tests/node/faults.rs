@@ -61,6 +61,7 @@ async fn a_lost_reply_retried_to_the_new_leader_applies_once() {
             client_id: 4242,
             sequence: 1,
             lowest_unacked_sequence: 1,
+            opens: true,
         }),
         ..put("once", "v1")
     };
@@ -121,6 +122,7 @@ async fn a_lost_reply_retried_to_the_new_leader_applies_once() {
                 client_id: 4242,
                 sequence: 2,
                 lowest_unacked_sequence: 2,
+                opens: false,
             }),
             ..put("once", "v2")
         })

@@ -103,6 +103,7 @@ fn proposal(i: u64) -> Proposal {
                         client_id: 42,
                         sequence: i,
                         lowest_unacked: i.saturating_sub(2),
+                        opens: i == 1,
                     }),
                     conditions: vec![Condition {
                         key: b"k".to_vec(),

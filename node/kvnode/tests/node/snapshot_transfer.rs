@@ -108,6 +108,7 @@ impl Trio {
                     ..bitcask::Options::default()
                 },
                 failpoints,
+                ..StateMachineOptions::default()
             };
         })
         .await

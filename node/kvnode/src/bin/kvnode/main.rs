@@ -160,6 +160,13 @@ struct RunArgs {
     #[arg(long, env = "KVNODE_TEST_DROP_WRITE_REPLY_PERCENT", default_value_t = 0,
           value_parser = clap::value_parser!(u8).range(0..=100), hide = true)]
     test_drop_write_reply_percent: u8,
+    /// Evict exactly-once sessions after this many ms of cluster time without
+    /// a request, instead of 10 minutes; 0 = the default. Every member must
+    /// be given the same value. For the fault suite only (its exactly-once
+    /// scenario evicts sessions within a short run).
+    #[arg(long, env = "KVNODE_TEST_SESSION_IDLE_MS", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=kvproto::SESSION_IDLE_MS), hide = true)]
+    test_session_idle_ms: u64,
     /// Threads of the async runtime (gRPC, Raft, replication); 0 = one per
     /// CPU core. Lower it when several members share a machine (`kvnode
     /// local` splits the cores among its members).
@@ -293,6 +300,13 @@ fn run_config(args: RunArgs) -> anyhow::Result<NodeConfig> {
         config
             .faults
             .set_drop_write_reply_percent(args.test_drop_write_reply_percent);
+    }
+    if args.test_session_idle_ms > 0 {
+        tracing::warn!(
+            ms = args.test_session_idle_ms,
+            "TEST SETTING: sessions evicted after this much idle cluster time"
+        );
+        config.state_machine.session_idle_ms = Some(args.test_session_idle_ms);
     }
     config.admin_addr = args.admin_addr;
     config.security = args.security.security()?;
