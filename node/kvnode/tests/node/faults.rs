@@ -23,6 +23,14 @@ const POLL: Duration = Duration::from_millis(50);
 
 /// Starts members 1..=3 (member 1 bootstraps), each with its own faults.
 async fn three_nodes() -> (Vec<tempfile::TempDir>, Vec<Node>, Vec<Faults>) {
+    three_nodes_evicting_after(None).await
+}
+
+/// [`three_nodes`] whose sessions are evicted after `session_idle_ms` of
+/// idle cluster time (`None`: the default window).
+async fn three_nodes_evicting_after(
+    session_idle_ms: Option<u64>,
+) -> (Vec<tempfile::TempDir>, Vec<Node>, Vec<Faults>) {
     let (dirs, pairs, cluster) = three_node_layout().await;
     let mut nodes = Vec::new();
     let mut faults = Vec::new();
@@ -32,6 +40,7 @@ async fn three_nodes() -> (Vec<tempfile::TempDir>, Vec<Node>, Vec<Faults>) {
         let set = hooks.clone();
         let node = try_start(id, dirs[i].path(), &cluster, id == 1, pair, |config| {
             config.faults = set;
+            config.state_machine.session_idle_ms = session_idle_ms;
         })
         .await
         .expect("start node");
@@ -39,6 +48,91 @@ async fn three_nodes() -> (Vec<tempfile::TempDir>, Vec<Node>, Vec<Faults>) {
         faults.push(hooks);
     }
     (dirs, nodes, faults)
+}
+
+/// Session idle window of the eviction test (cluster time, ms).
+const SHORT_SESSION_IDLE_MS: u64 = 1_500;
+
+/// A write whose reply was lost is retried after its session was evicted
+/// (the client was idle longer than the window): the retry is answered
+/// ABORTED with a `SessionExpired` detail (outcome unknown) and is NOT
+/// applied a second time, although it does not carry an "opens" flag that
+/// would let it start a new session. Fails with `nc-unknown-sessions`
+/// (the retry opens a fresh session and applies again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_its_session_was_evicted_is_refused_not_applied_again() {
+    let (_dirs, nodes, faults) = three_nodes_evicting_after(Some(SHORT_SESSION_IDLE_MS)).await;
+    let leader_id = wait_for_leader(&nodes.iter().collect::<Vec<_>>()).await;
+    let at = nodes.iter().position(|n| n.id() == leader_id).unwrap();
+    let leader = &nodes[at];
+    let mut client = connect(leader).await;
+    let session = |sequence, opens| {
+        Some(Session {
+            client_id: 777,
+            sequence,
+            lowest_unacked_sequence: sequence,
+            opens,
+        })
+    };
+    // The session opens with an answered write.
+    client
+        .put(PutRequest {
+            session: session(1, true),
+            ..put("counter", "opened")
+        })
+        .await
+        .unwrap();
+    // The next write applies, but its reply is lost.
+    let write = PutRequest {
+        session: session(2, false),
+        ..put("counter", "once")
+    };
+    faults[at].set_drop_write_replies(true);
+    let lost = client.put(write.clone()).await.unwrap_err();
+    assert_eq!(lost.code(), tonic::Code::Unavailable, "{lost:?}");
+    faults[at].set_drop_write_replies(false);
+    let lost_at_ms = leader.state_machine().cluster_time_ms();
+    let applied_at_loss = leader.raft().metrics().borrow().last_applied.unwrap().index;
+    // Another client overwrites the key, then writes (no session) until
+    // cluster time is past the window: the idle session is evicted.
+    let overwritten = version_of(&client.put(put("counter", "other")).await.unwrap().into_inner());
+    let start = Instant::now();
+    while leader.state_machine().cluster_time_ms() <= lost_at_ms + SHORT_SESSION_IDLE_MS {
+        assert!(start.elapsed() < DEADLINE, "cluster time did not advance");
+        client.put(put("clock", "tick")).await.unwrap();
+        tokio::time::sleep(POLL).await;
+    }
+    // The retry arrives now.
+    let retried = client.put(write).await;
+    let status = match retried {
+        Ok(reply) => panic!(
+            "the retry after its session was evicted applied again: {:?} (entry {} > {applied_at_loss})",
+            reply.get_ref().outcome,
+            version_of(reply.get_ref()) >> 16
+        ),
+        Err(status) => status,
+    };
+    assert_eq!(status.code(), tonic::Code::Aborted, "{status:?}");
+    assert!(
+        matches!(
+            kvnode::convert::detail_of(&status).and_then(|d| d.detail),
+            Some(kvproto::kv::v1::error_detail::Detail::SessionExpired(_))
+        ),
+        "{status:?}"
+    );
+    let got = client
+        .get(get("counter", Consistency::Linearizable, 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (&got.value[..], got.version),
+        (&b"other"[..], overwritten),
+        "the key keeps the later write"
+    );
+    for node in nodes {
+        node.shutdown(Duration::from_secs(5)).await;
+    }
 }
 
 fn version_of(reply: &kvproto::kv::v1::PutResponse) -> u64 {
