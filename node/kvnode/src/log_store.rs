@@ -108,7 +108,9 @@ pub const GROUP_COMMIT_BATCHES_MAX: usize = 256;
 // ---------------------------------------------------------------------------
 
 /// Format version written in every segment and metadata file header.
-pub const LOG_FORMAT_VERSION: u32 = 1;
+/// 2: a client request's session carries `opens` (issue 15); a version-1
+/// log is refused by name rather than decoded wrongly.
+pub const LOG_FORMAT_VERSION: u32 = 2;
 
 /// Magic number opening every segment file.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"RCLOGSEG";

@@ -139,20 +139,29 @@ async fn unknown_fates_are_reported_as_outcome_unknown() {
             .attempts(attempts)
             .build()
             .expect("client");
-        // A first write to move the sequence past 1.
+        // A first write to move the sequence past 1 (after SESSION_EXPIRED
+        // the client moves to a fresh id, whose first sequence is 1).
         let _ = client.put("k0", "v").await;
         sessions.lock().expect("lock").clear();
+        let id = client.client_id();
         let result = client.put("k", "v").await;
         assert!(
             matches!(result, Err(Error::OutcomeUnknown { .. })),
             "{result:?}"
         );
+        let sequence = if matches!(mode, Mode::Expired) { 1 } else { 2 };
         let seen = sessions.lock().expect("lock").clone();
         assert_eq!(seen.len(), expect_calls, "{seen:?}");
         for s in &seen {
-            assert_eq!(s.client_id, client.client_id());
-            assert_eq!(s.sequence, 2, "every retry reuses the sequence");
-            assert_eq!(s.lowest_unacked_sequence, 2, "sequence 1 was given up");
+            assert_eq!(s.client_id, id);
+            assert_eq!(s.sequence, sequence, "every retry reuses the sequence");
+            assert_eq!(s.lowest_unacked_sequence, sequence, "earlier ones were given up");
+            assert!(s.opens, "no answer arrived for this id: the write opens its session");
+        }
+        if matches!(mode, Mode::Expired) {
+            assert_ne!(client.client_id(), id, "a fresh id after SESSION_EXPIRED");
+        } else {
+            assert_eq!(client.client_id(), id);
         }
     }
 }
