@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use kvnode::convert::detail_of;
-use kvnode::{Listeners, Node, NodeConfig, NodeInfo, StateMachineOptions};
+use kvnode::{Faults, Listeners, Node, NodeConfig, NodeInfo, StateMachineOptions};
 use kvproto::kv::v1::kv_client::KvClient;
 use kvproto::kv::v1::{Consistency, GetRequest, GetResponse, ScanRequest, error_detail};
 use tokio::net::TcpListener;
@@ -37,6 +37,8 @@ struct Member {
     client_addr: SocketAddr,
     peer_addr: SocketAddr,
     options: StateMachineOptions,
+    /// The member's test hooks (kept across restarts).
+    faults: Faults,
     node: Option<Node>,
 }
 
@@ -86,6 +88,7 @@ impl Cluster {
                 client_addr: client.local_addr().unwrap(),
                 peer_addr: peer.local_addr().unwrap(),
                 options: options(id),
+                faults: Faults::default(),
                 node: None,
             };
             cluster.members.insert(id, member);
@@ -119,6 +122,7 @@ impl Cluster {
         );
         config.bootstrap = id == 1;
         config.state_machine = member.options.clone();
+        config.faults = member.faults.clone();
         Node::start_with_listeners(
             config,
             Listeners {
@@ -146,6 +150,11 @@ impl Cluster {
             .node
             .as_ref()
             .unwrap_or_else(|| panic!("member {id} is not running"))
+    }
+
+    /// A member's test hooks (the same across its restarts).
+    pub fn faults(&self, id: u64) -> &Faults {
+        &self.member(id).faults
     }
 
     /// A member's state-machine engine directory (`DATA/state/engine-<gen>`).
