@@ -58,9 +58,12 @@ async fn leader_among(cluster: &Cluster, among: &[u64]) -> u64 {
 }
 
 /// Moves leadership to `target` without restarting it: stops the leader,
-/// asks `target` to campaign until someone leads, restarts the stopped
-/// member; repeats while another member won.
+/// asks `target` to campaign once the stopped leader's lease has run out
+/// (before the other member's own election timeout, most of the time),
+/// waits until someone leads, restarts the stopped member; repeats while
+/// another member won.
 async fn make_leader(cluster: &mut Cluster, target: u64) {
+    let lease = Duration::from_millis(kvnode::node::ELECTION_TIMEOUT_MIN_MS + 100);
     for _ in 0..LEADER_CHANGES_MAX {
         let leader = cluster.leader().await;
         if leader == target {
@@ -68,9 +71,8 @@ async fn make_leader(cluster: &mut Cluster, target: u64) {
         }
         cluster.stop(leader).await;
         let start = Instant::now();
+        let mut campaigned: Option<Instant> = None;
         loop {
-            let _ = cluster.node(target).raft().trigger().elect().await;
-            tokio::time::sleep(Duration::from_millis(100)).await;
             let now = cluster
                 .node(target)
                 .raft()
@@ -80,10 +82,21 @@ async fn make_leader(cluster: &mut Cluster, target: u64) {
             if now.is_some_and(|l| l != leader) {
                 break;
             }
+            // One campaign per election timeout at most: a campaign started
+            // again before its votes arrive would never finish.
+            if start.elapsed() >= lease
+                && campaigned.is_none_or(|at| {
+                    at.elapsed() >= Duration::from_millis(kvnode::node::ELECTION_TIMEOUT_MAX_MS)
+                })
+            {
+                let _ = cluster.node(target).raft().trigger().elect().await;
+                campaigned = Some(Instant::now());
+            }
             assert!(
                 start.elapsed() < DEADLINE,
                 "no new leader after stopping {leader}"
             );
+            tokio::time::sleep(POLL).await;
         }
         cluster.restart(leader).await;
     }
