@@ -721,7 +721,7 @@ fn summary(
     if problems.is_empty() {
         let _ = writeln!(
             out,
-            "\nenough: yes (minimums met, an ok op after every heal, history well-formed)"
+            "\nenough: yes (minimums met during the schedule, an ok read and write after every heal, history well-formed)"
         );
     } else {
         let _ = writeln!(out, "\nenough: NO");

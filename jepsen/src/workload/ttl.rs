@@ -1,9 +1,10 @@
 //! The TTL workload: keys written once each with a time to live, read
 //! around their expiry from every member, linearizably and stale.
 //!
-//! Worker 0 writes a fresh key (`t/<n>`, a unique value, a TTL drawn from
-//! the run's TTL range, by default [`TTL_MIN`] ..= [`TTL_MAX`]), while the
-//! nemesis's write gate is open, on [`WRITE_PERCENT`] of its turns; every
+//! The writers (the first half of the workers, [`writers`]) write a fresh
+//! key (`t/<n>`, a unique value, a TTL drawn from the run's TTL range, by
+//! default [`TTL_MIN`] ..= [`TTL_MAX`]), while the nemesis's write gate is
+//! open, on [`WRITE_PERCENT`] of their turns; every
 //! other turn of every worker reads a key acknowledged within the last
 //! TTL + [`READ_AFTER_TTL`]: half the reads linearizable (any member,
 //! through the full client), half stale from one member picked at random
@@ -34,7 +35,7 @@ pub const TTL_MIN: Duration = Duration::from_millis(1500);
 pub const TTL_MAX: Duration = Duration::from_millis(4000);
 /// How long after its TTL a key is still read (its expiry must stick).
 pub const READ_AFTER_TTL: Duration = Duration::from_secs(3);
-/// Percentage of worker 0's turns that write a new key.
+/// Percentage of a writer's turns that write a new key.
 pub const WRITE_PERCENT: u32 = 40;
 /// Percentage of reads that are linearizable (the rest are stale).
 pub const LINEARIZABLE_PERCENT: u32 = 50;
@@ -89,6 +90,13 @@ impl Shared {
     }
 }
 
+/// Workers that write (the first half, at least one): more than one, so a
+/// writer stuck on a read of a member that is down does not leave a calm
+/// period without an acknowledged write.
+pub fn writers(concurrency: usize) -> usize {
+    (concurrency / 2).max(1)
+}
+
 /// The prefix of every TTL key.
 pub const PREFIX: &str = "t/";
 
@@ -128,13 +136,14 @@ async fn worker_loop(
     let mut process = history.new_process();
     let pause = config.worker_pause();
     while Instant::now() < config.deadline {
-        let key = if worker == 0 && rng.random_range(0..100) < WRITE_PERCENT {
+        let writer = worker < writers(config.concurrency) as u64;
+        let key = if writer && rng.random_range(0..100) < WRITE_PERCENT {
             None
         } else {
             shared.pick(&mut rng)
         };
         let outcome = match key {
-            None if worker == 0 => match config.gate.begin_write() {
+            None if writer => match config.gate.begin_write() {
                 Some(_write) => write(&full, &config, &history, process, &shared, &mut rng).await?,
                 None => {
                     tokio::time::sleep(pause).await;
