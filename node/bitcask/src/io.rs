@@ -64,7 +64,8 @@ pub trait Vfs: Send + Sync + std::fmt::Debug + 'static {
     fn open(&self, path: &Path) -> io::Result<Arc<dyn VfsFile>>;
     /// Names of the entries of a directory (not paths).
     fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
-    /// Renames a file, replacing any file of the target name.
+    /// Renames a file (or, where the file system supports it, a
+    /// directory), replacing any file of the target name.
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Deletes a file.
     fn remove(&self, path: &Path) -> io::Result<()>;
@@ -72,6 +73,29 @@ pub trait Vfs: Send + Sync + std::fmt::Debug + 'static {
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
     /// Creates a directory and its parents.
     fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// Makes `to` a second name of the file `from` (a hard link); fails if
+    /// `to` exists. Durable, like a create, once `to`'s directory is
+    /// synced. The default refuses (the engine never links; the node's
+    /// snapshots do).
+    fn hard_link(&self, _from: &Path, _to: &Path) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this file system does not make hard links",
+        ))
+    }
+    /// Deletes a directory and everything in it. The default refuses (the
+    /// engine never deletes directories; the node's snapshots do).
+    fn remove_dir_all(&self, _dir: &Path) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this file system does not delete directories",
+        ))
+    }
+    /// Whether a file exists at `path` (as this process sees it). The
+    /// default tries to open it.
+    fn file_exists(&self, path: &Path) -> bool {
+        self.open(path).is_ok()
+    }
     /// Takes an exclusive lock on the directory for as long as the returned
     /// guard lives; fails with `WouldBlock` if another engine holds it. The
     /// default takes no lock (test file systems live in one process).
@@ -163,6 +187,15 @@ impl Vfs for RealFs {
     }
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         std::fs::create_dir_all(dir)
+    }
+    fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::hard_link(from, to)
+    }
+    fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
+        std::fs::remove_dir_all(dir)
+    }
+    fn file_exists(&self, path: &Path) -> bool {
+        std::fs::metadata(path).is_ok_and(|m| m.is_file())
     }
     fn lock_dir(&self, dir: &Path) -> io::Result<DirLock> {
         let file = OpenOptions::new()

@@ -370,12 +370,16 @@ pub fn write_snapshot_dir<W: Write>(handle: &SnapshotHandle, out: W) -> Result<W
     let mut buf = vec![0u8; ARCHIVE_COPY_BYTES];
     for file in &files {
         let path = handle.file_path(&file.name)?;
-        let mut source = File::open(&path)
-            .map_err(io_err("open", &path))?
-            .take(file.len);
+        // Through the node's vfs (the lazy disk in a lazy-disk build).
+        let source = snapshot::node_vfs()
+            .open(&path)
+            .map_err(io_err("open", &path))?;
         let mut offset = 0u64;
-        loop {
-            let n = source.read(&mut buf).map_err(io_err("read", &path))?;
+        while offset < file.len {
+            let want = (file.len - offset).min(buf.len() as u64) as usize;
+            let n = source
+                .read_at(&mut buf[..want], offset)
+                .map_err(io_err("read", &path))?;
             if n == 0 {
                 break;
             }
@@ -782,7 +786,7 @@ pub async fn restore(options: RestoreOptions) -> Result<Restored, BackupError> {
     .await;
     if let Err(err) = result {
         let doomed = tmp.clone();
-        let _ = tokio::task::spawn_blocking(move || fs::remove_dir_all(doomed)).await;
+        let _ = tokio::task::spawn_blocking(move || snapshot::remove_dir_all(&doomed)).await;
         return Err(err);
     }
 
@@ -790,7 +794,9 @@ pub async fn restore(options: RestoreOptions) -> Result<Restored, BackupError> {
     {
         let (tmp, data_dir) = (tmp.clone(), data_dir.clone());
         blocking(move || {
-            fs::rename(&tmp, &data_dir).map_err(io_err("rename", &tmp))?;
+            snapshot::node_vfs()
+                .rename(&tmp, &data_dir)
+                .map_err(io_err("rename", &tmp))?;
             if let Some(parent) = data_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
                 snapshot::fsync_dir(parent)?;
             }

@@ -31,9 +31,11 @@
 //! peer is first seen.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+
+use crate::snapshot::node_vfs;
 
 /// Name of the identity file inside the data directory.
 pub const IDENTITY_FILE: &str = "IDENTITY";
@@ -229,28 +231,43 @@ impl Identity {
     /// yet) when the directory has none. Refuses a directory made for
     /// another member id.
     pub fn load_or_create(dir: &Path, member_id: u64) -> Result<Identity, IdentityError> {
-        std::fs::create_dir_all(dir).map_err(|source| IdentityError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        let vfs = node_vfs();
+        vfs.create_dir_all(dir)
+            .map_err(|source| IdentityError::Io {
+                path: dir.to_path_buf(),
+                source,
+            })?;
         let path = dir.join(IDENTITY_FILE);
-        let record = match std::fs::File::open(&path) {
+        let opened = if vfs.file_exists(&path) {
+            vfs.open(&path)
+        } else {
+            Err(std::io::Error::from(std::io::ErrorKind::NotFound))
+        };
+        let record = match opened {
             Ok(file) => {
-                let mut text = String::new();
-                file.take(IDENTITY_FILE_BYTES_MAX + 1)
-                    .read_to_string(&mut text)
-                    .map_err(|source| IdentityError::Io {
-                        path: path.clone(),
-                        source,
-                    })?;
-                if text.len() as u64 > IDENTITY_FILE_BYTES_MAX {
+                let read = || -> std::io::Result<Option<String>> {
+                    let len = file.len()?;
+                    if len > IDENTITY_FILE_BYTES_MAX {
+                        return Ok(None);
+                    }
+                    let mut bytes = vec![0u8; len as usize];
+                    file.read_exact_at(&mut bytes, 0)?;
+                    String::from_utf8(bytes)
+                        .map(Some)
+                        .map_err(|err| std::io::Error::new(std::io::ErrorKind::InvalidData, err))
+                };
+                let text = read().map_err(|source| IdentityError::Io {
+                    path: path.clone(),
+                    source,
+                })?;
+                let Some(text) = text else {
                     return Err(IdentityError::Malformed {
                         path,
                         reason: format!(
                             "larger than IDENTITY_FILE_BYTES_MAX ({IDENTITY_FILE_BYTES_MAX} bytes)"
                         ),
                     });
-                }
+                };
                 let record = Record::decode(&text)
                     .map_err(|reason| IdentityError::Malformed { path, reason })?;
                 if record.member_id != member_id {
@@ -467,15 +484,15 @@ fn write_record(dir: &Path, record: &Record) -> Result<(), IdentityError> {
         let path = path.to_path_buf();
         move |source| IdentityError::Io { path, source }
     };
-    let mut file = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-    file.write_all(record.encode().as_bytes())
+    // Through the node's vfs (the lazy disk in a lazy-disk build).
+    let vfs = node_vfs();
+    let file = vfs.create(&tmp).map_err(io(&tmp))?;
+    file.write_all_at(record.encode().as_bytes(), 0)
         .map_err(io(&tmp))?;
-    file.sync_all().map_err(io(&tmp))?;
+    file.sync().map_err(io(&tmp))?;
     drop(file);
-    std::fs::rename(&tmp, &path).map_err(io(&path))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))?;
+    vfs.rename(&tmp, &path).map_err(io(&path))?;
+    vfs.sync_dir(dir).map_err(io(dir))?;
     Ok(())
 }
 

@@ -7,12 +7,17 @@
 //!
 //! This module is pure format and file plumbing (encode, decode, verify,
 //! durable writes); the state machine decides when to build, switch and
-//! delete.
+//! delete. Every file operation goes through [`node_vfs`] (the lazy disk
+//! in a `lazy-disk` build).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[cfg(not(feature = "lazy-disk"))]
+use bitcask::io::RealFs;
+use bitcask::io::{Vfs, VfsFile};
 
 use openraft::{CommittedLeaderId, LogId, Membership, StoredMembership};
 
@@ -513,114 +518,165 @@ fn put_log_id(out: &mut Vec<u8>, log_id: Option<&NodeLogId>) {
     }
 }
 
+/// The file system every file of the node goes through: the lazy disk
+/// (`crate::lazy_disk`, power loss = SIGKILL) in a `lazy-disk` build, the
+/// real files otherwise. The Raft log store, the engine, snapshots,
+/// `CURRENT` and `IDENTITY` all use it.
+pub fn node_vfs() -> Arc<dyn Vfs> {
+    #[cfg(feature = "lazy-disk")]
+    {
+        crate::lazy_disk::shared()
+    }
+    #[cfg(not(feature = "lazy-disk"))]
+    {
+        static REAL: std::sync::OnceLock<Arc<dyn Vfs>> = std::sync::OnceLock::new();
+        REAL.get_or_init(|| Arc::new(RealFs)).clone()
+    }
+}
+
+/// Bytes read or copied per call.
+const COPY_BUF_BYTES: usize = 256 * 1024;
+
+fn open(path: &Path) -> Result<Arc<dyn VfsFile>, SnapshotError> {
+    node_vfs().open(path).map_err(io_err("open", path))
+}
+
 /// Reads a whole file of at most `max` bytes.
 pub fn read_capped(path: &Path, max: usize) -> Result<Vec<u8>, SnapshotError> {
-    let file = File::open(path).map_err(io_err("open", path))?;
-    let mut bytes = Vec::new();
-    file.take(max as u64 + 1)
-        .read_to_end(&mut bytes)
-        .map_err(io_err("read", path))?;
-    if bytes.len() > max {
+    let file = open(path)?;
+    let len = file.len().map_err(io_err("read", path))?;
+    if len > max as u64 {
         return Err(SnapshotError::Malformed {
             path: path.to_path_buf(),
             reason: format!("longer than {max} bytes"),
         });
     }
+    let mut bytes = vec![0u8; len as usize];
+    file.read_exact_at(&mut bytes, 0)
+        .map_err(io_err("read", path))?;
     Ok(bytes)
 }
 
-/// Length and crc32 of a whole file.
-pub fn crc_of_file(path: &Path) -> Result<(u64, u32), SnapshotError> {
-    let mut file = File::open(path).map_err(io_err("open", path))?;
-    let mut hasher = crc32fast::Hasher::new();
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut len = 0u64;
-    loop {
-        let n = file.read(&mut buf).map_err(io_err("read", path))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        len += n as u64;
-    }
-    Ok((len, hasher.finalize()))
-}
-
-/// crc32 of the first `len` bytes of a file; `None` if it is shorter.
-pub fn crc_of_prefix(path: &Path, len: u64) -> Result<Option<u32>, SnapshotError> {
-    let file = File::open(path).map_err(io_err("open", path))?;
-    let mut reader = file.take(len);
-    let mut hasher = crc32fast::Hasher::new();
-    let mut buf = vec![0u8; 256 * 1024];
+/// Feeds the first `len` bytes of `file` to `hasher`; returns how many there
+/// were (fewer if the file is shorter).
+fn hash_prefix(
+    file: &dyn VfsFile,
+    path: &Path,
+    len: u64,
+    hasher: &mut crc32fast::Hasher,
+) -> Result<u64, SnapshotError> {
+    let mut buf = vec![0u8; COPY_BUF_BYTES];
     let mut read = 0u64;
-    loop {
-        let n = reader.read(&mut buf).map_err(io_err("read", path))?;
+    while read < len {
+        let want = (len - read).min(buf.len() as u64) as usize;
+        let n = file
+            .read_at(&mut buf[..want], read)
+            .map_err(io_err("read", path))?;
         if n == 0 {
             break;
         }
         hasher.update(&buf[..n]);
         read += n as u64;
     }
+    Ok(read)
+}
+
+/// Length and crc32 of a whole file.
+pub fn crc_of_file(path: &Path) -> Result<(u64, u32), SnapshotError> {
+    let file = open(path)?;
+    let len = file.len().map_err(io_err("read", path))?;
+    let mut hasher = crc32fast::Hasher::new();
+    let read = hash_prefix(&*file, path, len, &mut hasher)?;
+    Ok((read, hasher.finalize()))
+}
+
+/// crc32 of the first `len` bytes of a file; `None` if it is shorter.
+pub fn crc_of_prefix(path: &Path, len: u64) -> Result<Option<u32>, SnapshotError> {
+    let file = open(path)?;
+    let mut hasher = crc32fast::Hasher::new();
+    let read = hash_prefix(&*file, path, len, &mut hasher)?;
     Ok((read == len).then(|| hasher.finalize()))
 }
 
 /// Copies the first `len` bytes of `from` into a new file `to` (which must
-/// not exist) and fsyncs it.
+/// not exist) and fsyncs it (its name is durable once the caller fsyncs
+/// the directory).
 pub fn copy_prefix(from: &Path, to: &Path, len: u64) -> Result<(), SnapshotError> {
-    let source = File::open(from).map_err(io_err("open", from))?;
-    let mut out = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(to)
-        .map_err(io_err("create", to))?;
-    let copied = io::copy(&mut source.take(len), &mut out).map_err(io_err("copy into", to))?;
+    let vfs = node_vfs();
+    if vfs.file_exists(to) {
+        return Err(SnapshotError::Io {
+            op: "create",
+            path: to.to_path_buf(),
+            source: io::Error::new(io::ErrorKind::AlreadyExists, "the file exists"),
+        });
+    }
+    let source = open(from)?;
+    let out = vfs.create(to).map_err(io_err("create", to))?;
+    let mut buf = vec![0u8; COPY_BUF_BYTES];
+    let mut copied = 0u64;
+    while copied < len {
+        let want = (len - copied).min(buf.len() as u64) as usize;
+        let n = source
+            .read_at(&mut buf[..want], copied)
+            .map_err(io_err("read", from))?;
+        if n == 0 {
+            break;
+        }
+        out.write_all_at(&buf[..n], copied)
+            .map_err(io_err("copy into", to))?;
+        copied += n as u64;
+    }
     if copied != len {
         return Err(SnapshotError::Mismatch {
             path: from.to_path_buf(),
             reason: format!("only {copied} of {len} bytes could be copied"),
         });
     }
-    out.sync_all().map_err(io_err("fsync", to))
+    out.sync().map_err(io_err("fsync", to))
 }
 
 /// fsyncs a file.
 pub fn fsync_file(path: &Path) -> Result<(), SnapshotError> {
-    File::open(path)
-        .and_then(|f| f.sync_all())
-        .map_err(io_err("fsync", path))
+    open(path)?.sync().map_err(io_err("fsync", path))
 }
 
 /// fsyncs a directory (makes its entries durable).
 pub fn fsync_dir(path: &Path) -> Result<(), SnapshotError> {
-    File::open(path)
-        .and_then(|f| f.sync_all())
+    node_vfs()
+        .sync_dir(path)
         .map_err(io_err("fsync directory", path))
 }
 
 /// Creates a directory (and parents) and fsyncs its parent.
 pub fn create_dir_durable(path: &Path) -> Result<(), SnapshotError> {
-    fs::create_dir_all(path).map_err(io_err("create directory", path))?;
-    if let Some(parent) = path.parent() {
+    node_vfs()
+        .create_dir_all(path)
+        .map_err(io_err("create directory", path))?;
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         fsync_dir(parent)?;
     }
     Ok(())
 }
 
+/// Deletes a directory and everything in it.
+pub fn remove_dir_all(path: &Path) -> io::Result<()> {
+    node_vfs().remove_dir_all(path)
+}
+
 /// Writes `dir/name` atomically: `name.tmp` written and fsynced, renamed
 /// over `name`, directory fsynced. No file is ever truncated and rewritten.
 pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), SnapshotError> {
+    let vfs = node_vfs();
     let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
     let target = dir.join(name);
-    let _ = fs::remove_file(&tmp);
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&tmp)
-        .map_err(io_err("create", &tmp))?;
-    file.write_all(bytes).map_err(io_err("write", &tmp))?;
-    file.sync_all().map_err(io_err("fsync", &tmp))?;
+    if vfs.file_exists(&tmp) {
+        vfs.remove(&tmp).map_err(io_err("remove", &tmp))?;
+    }
+    let file = vfs.create(&tmp).map_err(io_err("create", &tmp))?;
+    file.write_all_at(bytes, 0).map_err(io_err("write", &tmp))?;
+    file.sync().map_err(io_err("fsync", &tmp))?;
     drop(file);
-    fs::rename(&tmp, &target).map_err(io_err("rename", &tmp))?;
+    vfs.rename(&tmp, &target).map_err(io_err("rename", &tmp))?;
     fsync_dir(dir)
 }
 

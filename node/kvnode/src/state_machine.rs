@@ -18,13 +18,10 @@
 //! merges on its own; merges come as `Command::Merge` entries.
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-#[cfg(not(feature = "lazy-disk"))]
-use bitcask::io::RealFs;
 use bitcask::{Batch, Engine, Options, PublishedPrefix, SyncPolicy};
 use openraft::storage::RaftStateMachine;
 use openraft::{
@@ -37,7 +34,7 @@ use crate::codec::CodecError;
 use crate::command::{Command, EntryResponse};
 use crate::snapshot::{
     self, CURRENT_BYTES_MAX, CURRENT_FILE, KIND_ACTIVE_PREFIX, KIND_SEALED, Manifest, ManifestFile,
-    Pointer, SnapshotError, SnapshotHandle, io_err,
+    Pointer, SnapshotError, SnapshotHandle, io_err, node_vfs,
 };
 use crate::types::{CommitMeta, NodeInfo, NodeLogId, NodeMembership, TypeConfig};
 
@@ -76,7 +73,8 @@ pub enum SmError {
 #[derive(Clone, Debug, Default)]
 pub struct StateMachineOptions {
     /// Engine options; `sync`, `auto_merge`, `published_prefix` and `vfs` are
-    /// overridden (never, off, from `CURRENT`, real files). Options that
+    /// overridden (never, off, from `CURRENT`, `snapshot::node_vfs`: the
+    /// lazy disk in a `lazy-disk` build, real files otherwise). Options that
     /// shape files (segment size) must be equal on every replica.
     pub engine: Options,
     /// Test-only crash points of a snapshot receive and install (off by
@@ -274,19 +272,21 @@ fn parse_counter(name: &str, prefix: &str) -> Option<u64> {
 }
 
 fn list_dir(dir: &Path) -> Result<Vec<String>, SnapshotError> {
-    let mut names = Vec::new();
-    for entry in fs::read_dir(dir).map_err(io_err("list", dir))? {
-        let entry = entry.map_err(io_err("list", dir))?;
-        if let Some(name) = entry.file_name().to_str() {
-            names.push(name.to_string());
-        }
-    }
-    names.sort();
-    Ok(names)
+    node_vfs().list(dir).map_err(io_err("list", dir))
+}
+
+fn remove_file(path: &Path) {
+    let _ = node_vfs().remove(path);
+}
+
+fn hard_link(from: &Path, to: &Path) -> Result<(), SnapshotError> {
+    node_vfs()
+        .hard_link(from, to)
+        .map_err(io_err("hard-link", to))
 }
 
 fn remove_dir_logged(path: &Path) {
-    if let Err(err) = fs::remove_dir_all(path)
+    if let Err(err) = snapshot::remove_dir_all(path)
         && err.kind() != std::io::ErrorKind::NotFound
     {
         tracing::warn!(path = %path.display(), error = %err, "could not delete a directory");
@@ -308,7 +308,7 @@ impl StateMachine {
         let snapshots = dir.join(SNAPSHOTS_DIR);
         snapshot::create_dir_durable(&snapshots)?;
         let current_path = dir.join(CURRENT_FILE);
-        let pointer = if current_path.exists() {
+        let pointer = if node_vfs().file_exists(&current_path) {
             let bytes = snapshot::read_capped(&current_path, CURRENT_BYTES_MAX)?;
             Pointer::decode(&bytes).map_err(|reason| SnapshotError::Malformed {
                 path: current_path.clone(),
@@ -332,7 +332,7 @@ impl StateMachine {
                 if path.is_dir() {
                     remove_dir_logged(&path);
                 } else {
-                    let _ = fs::remove_file(&path);
+                    remove_file(&path);
                 }
             }
         }
@@ -542,12 +542,14 @@ impl StateMachine {
         let snap_dir = self
             .snapshots_dir()
             .join(counter_name(SNAPSHOT_DIR_PREFIX, counter));
-        fs::create_dir(&snap_dir).map_err(io_err("create directory", &snap_dir))?;
+        node_vfs()
+            .create_dir_all(&snap_dir)
+            .map_err(io_err("create directory", &snap_dir))?;
         let mut files = Vec::new();
         for file in &sealed {
             let from = engine.dir().join(&file.name);
             let to = snap_dir.join(&file.name);
-            fs::hard_link(&from, &to).map_err(io_err("hard-link", &to))?;
+            hard_link(&from, &to)?;
             files.push(ManifestFile {
                 kind: KIND_SEALED,
                 name: file.name.clone(),
@@ -735,12 +737,12 @@ impl StateMachine {
                 .filter(|c| c.len == file.len && c.crc == file.crc)
                 .any(|c| {
                     let staged = if c.immutable {
-                        fs::hard_link(&c.path, &to).is_ok()
+                        hard_link(&c.path, &to).is_ok()
                     } else {
                         snapshot::copy_prefix(&c.path, &to, file.len).is_ok()
                     };
                     if !staged {
-                        let _ = fs::remove_file(&to);
+                        remove_file(&to);
                     }
                     staged
                 });
@@ -772,7 +774,7 @@ impl StateMachine {
                 });
                 continue;
             }
-            let _ = fs::remove_file(&to);
+            remove_file(&to);
             plan.needed.push(NeededRange {
                 name: file.name.clone(),
                 offset: 0,
@@ -826,7 +828,9 @@ impl StateMachine {
             inner.next_counter - 1
         };
         let snap_dir = snapshots.join(counter_name(SNAPSHOT_DIR_PREFIX, counter));
-        fs::rename(staging.dir(), &snap_dir).map_err(io_err("rename", staging.dir()))?;
+        node_vfs()
+            .rename(staging.dir(), &snap_dir)
+            .map_err(io_err("rename", staging.dir()))?;
         snapshot::fsync_dir(&snapshots)?;
         Ok(SnapshotHandle::new(snap_dir))
     }
@@ -908,8 +912,8 @@ impl StateMachine {
                 for file in &manifest.files {
                     let from = handle.file_path(&file.name)?;
                     let to = staging.file_path(&file.name)?;
-                    if fs::hard_link(&from, &to).is_err() {
-                        fs::copy(&from, &to).map_err(io_err("copy", &to))?;
+                    if hard_link(&from, &to).is_err() {
+                        snapshot::copy_prefix(&from, &to, file.len)?;
                     }
                 }
                 staging
@@ -967,7 +971,7 @@ impl StateMachine {
             if file.kind == KIND_ACTIVE_PREFIX {
                 snapshot::copy_prefix(&from, &to, file.len)?;
             } else {
-                fs::hard_link(&from, &to).map_err(io_err("hard-link", &to))?;
+                hard_link(&from, &to)?;
             }
         }
         snapshot::fsync_dir(&engine_dir)?;
@@ -1111,10 +1115,7 @@ fn open_engine(
                 file: file.clone(),
                 len: *len,
             }),
-        #[cfg(not(feature = "lazy-disk"))]
-        vfs: Arc::new(RealFs),
-        #[cfg(feature = "lazy-disk")]
-        vfs: crate::lazy_disk::shared(),
+        vfs: node_vfs(),
         ..options.engine.clone()
     };
     let engine = Engine::open(dir.join(pointer.engine_dir_name()), opts)?;

@@ -20,7 +20,10 @@
 //! files are held open for the stream's life).
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
+
+use bitcask::io::VfsFile;
 
 use kvproto::cluster::v1::cluster_server::{Cluster, ClusterServer};
 use kvproto::cluster::v1::{
@@ -32,7 +35,6 @@ use kvproto::cluster::v1::{
 };
 use kvproto::kv::v1::Header;
 use openraft::{RaftMetrics, ServerState};
-use tokio::io::AsyncReadExt as _;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
@@ -40,7 +42,7 @@ use tonic::{Request, Response, Status};
 
 use crate::identity::Identity;
 use crate::membership::{Members, Membership, known_leader};
-use crate::snapshot::{MANIFEST_BYTES_MAX, Manifest, SnapshotError, read_capped};
+use crate::snapshot::{MANIFEST_BYTES_MAX, Manifest, SnapshotError, node_vfs, read_capped};
 use crate::state_machine::StateMachine;
 use crate::types::{NodeInfo, TypeConfig};
 
@@ -435,7 +437,7 @@ pub const SAVE_OPEN_ATTEMPTS_MAX: usize = 5;
 struct OpenedSnapshot {
     manifest: Manifest,
     manifest_bytes: Vec<u8>,
-    files: Vec<std::fs::File>,
+    files: Vec<Arc<dyn VfsFile>>,
 }
 
 /// Builds a snapshot through openraft (so it knows of it) and waits for it.
@@ -483,7 +485,8 @@ fn open_current_snapshot(state_machine: &StateMachine) -> Result<OpenedSnapshot,
             let mut files = Vec::with_capacity(manifest.files.len());
             for file in &manifest.files {
                 let path = handle.file_path(&file.name)?;
-                let opened = std::fs::File::open(&path).map_err(|source| SnapshotError::Io {
+                // Through the node's vfs (the lazy disk in a lazy-disk build).
+                let opened = node_vfs().open(&path).map_err(|source| SnapshotError::Io {
                     op: "open",
                     path: path.clone(),
                     source,
@@ -519,7 +522,7 @@ async fn stream_snapshot(
     tx: mpsc::Sender<Result<SaveSnapshotResponse, Status>>,
     first: SaveSnapshotResponse,
     manifest: Manifest,
-    files: Vec<std::fs::File>,
+    files: Vec<Arc<dyn VfsFile>>,
 ) {
     let send = async |message: Result<SaveSnapshotResponse, Status>| {
         matches!(
@@ -531,20 +534,28 @@ async fn stream_snapshot(
         return;
     }
     for (entry, file) in manifest.files.iter().zip(files) {
-        let mut reader = tokio::fs::File::from_std(file).take(entry.len);
         let mut hasher = crc32fast::Hasher::new();
         let mut offset = 0u64;
         loop {
             let want = (entry.len - offset).min(SAVE_CHUNK_BYTES as u64) as usize;
-            let mut data = vec![0u8; want];
-            if let Err(err) = reader.read_exact(&mut data).await {
-                let _ = send(Err(Status::data_loss(format!(
-                    "snapshot file {} is shorter than its {} bytes: {err}",
-                    entry.name, entry.len
-                ))))
-                .await;
-                return;
-            }
+            let reader = file.clone();
+            let read = tokio::task::spawn_blocking(move || {
+                let mut data = vec![0u8; want];
+                reader.read_exact_at(&mut data, offset).map(|()| data)
+            })
+            .await
+            .unwrap_or_else(|err| Err(std::io::Error::other(err.to_string())));
+            let data = match read {
+                Ok(data) => data,
+                Err(err) => {
+                    let _ = send(Err(Status::data_loss(format!(
+                        "snapshot file {} is shorter than its {} bytes: {err}",
+                        entry.name, entry.len
+                    ))))
+                    .await;
+                    return;
+                }
+            };
             hasher.update(&data);
             let chunk = SaveSnapshotResponse {
                 part: Some(save_snapshot_response::Part::Chunk(SnapshotChunk {

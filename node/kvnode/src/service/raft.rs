@@ -20,6 +20,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bitcask::io::VfsFile;
 use kvproto::raft::v1::raft_server::{Raft as RaftRpc, RaftServer};
 use kvproto::raft::v1::{
     AppendEntriesRequest, AppendEntriesResponse, FileRange, IdentifyRequest, IdentifyResponse,
@@ -29,7 +30,6 @@ use kvproto::raft::v1::{
 };
 use openraft::raft::SnapshotResponse;
 use openraft::{Snapshot, SnapshotMeta, Vote};
-use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
@@ -282,7 +282,11 @@ impl RaftRpc for PeerService {
                 Err(Abandon::Crashed) => return,
                 Err(Abandon::Failed(status)) => {
                     tracing::warn!(error = %status.message(), "snapshot transfer abandoned");
-                    let _ = tokio::fs::remove_dir_all(plan.staging.dir()).await;
+                    let doomed = plan.staging.dir().to_path_buf();
+                    let _ = tokio::task::spawn_blocking(move || {
+                        crate::snapshot::remove_dir_all(&doomed)
+                    })
+                    .await;
                     let _ = tx.send(Err(status)).await;
                     return;
                 }
@@ -391,7 +395,7 @@ impl Receiver<'_> {
                 (n.name.clone(), file)
             })
             .collect();
-        let mut open: Option<(String, tokio::fs::File)> = None;
+        let mut open: Option<(String, Arc<dyn VfsFile>)> = None;
         let mut refetches = 0usize;
         let failpoints = self.sm.failpoints().clone();
         loop {
@@ -423,11 +427,9 @@ impl Receiver<'_> {
                     }
                 }
                 Some(transfer_snapshot_request::Step::Done(_)) => {
-                    if let Some((name, mut file)) = open.take() {
-                        file.flush()
-                            .await
-                            .map_err(|err| Status::internal(format!("write {name}: {err}")))?;
-                    }
+                    // Written with positioned writes: nothing to flush (the
+                    // seal fsyncs every file).
+                    open = None;
                     let staging = self.staging.clone();
                     let manifest = self.manifest.clone();
                     let mismatched = tokio::task::spawn_blocking(move || {
@@ -462,7 +464,10 @@ impl Receiver<'_> {
                     files.clear();
                     for name in &mismatched {
                         if let Ok(path) = self.staging.file_path(name) {
-                            let _ = tokio::fs::remove_file(path).await;
+                            let _ = tokio::task::spawn_blocking(move || {
+                                crate::snapshot::node_vfs().remove(&path)
+                            })
+                            .await;
                         }
                         let len = lens.get(name.as_str()).copied().unwrap_or(0);
                         files.insert(
@@ -494,7 +499,7 @@ impl Receiver<'_> {
     async fn chunk(
         &self,
         files: &mut BTreeMap<String, Incoming>,
-        open: &mut Option<(String, tokio::fs::File)>,
+        open: &mut Option<(String, Arc<dyn VfsFile>)>,
         chunk: SnapshotChunk,
     ) -> Result<(), Abandon> {
         let Some(file) = files.get_mut(&chunk.file_name) else {
@@ -528,39 +533,38 @@ impl Receiver<'_> {
             .as_ref()
             .is_none_or(|(name, _)| *name != chunk.file_name);
         if reopen || restart {
-            if let Some((name, mut previous)) = open.take() {
-                previous
-                    .flush()
-                    .await
-                    .map_err(|err| Status::internal(format!("write {name}: {err}")))?;
-            }
+            *open = None;
             let path = self
                 .staging
                 .file_path(&chunk.file_name)
                 .map_err(|err| Status::invalid_argument(err.to_string()))?;
-            let mut handle = tokio::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)
-                .await
+            // Through the node's vfs (the lazy disk in a lazy-disk build):
+            // the staged prefix copy if there is one, else a new file; cut
+            // to where this chunk starts.
+            let handle = tokio::task::spawn_blocking(move || {
+                let vfs = crate::snapshot::node_vfs();
+                let handle = if vfs.file_exists(&path) {
+                    vfs.open(&path)
+                } else {
+                    vfs.create(&path)
+                }
                 .map_err(|err| Status::internal(format!("open {}: {err}", path.display())))?;
-            handle
-                .set_len(at)
-                .await
-                .map_err(|err| Status::internal(format!("truncate {}: {err}", path.display())))?;
-            handle
-                .seek(std::io::SeekFrom::Start(at))
-                .await
-                .map_err(|err| Status::internal(format!("seek {}: {err}", path.display())))?;
+                handle.truncate(at).map_err(|err| {
+                    Status::internal(format!("truncate {}: {err}", path.display()))
+                })?;
+                Ok::<_, Status>(handle)
+            })
+            .await
+            .map_err(|err| Status::internal(format!("snapshot file task: {err}")))??;
             *open = Some((chunk.file_name.clone(), handle));
         }
-        let Some((_, handle)) = open.as_mut() else {
+        let Some((_, handle)) = open.as_ref() else {
             return Err(Status::internal("no open staged file").into());
         };
-        handle
-            .write_all(&chunk.data)
+        let (handle, data) = (handle.clone(), chunk.data);
+        tokio::task::spawn_blocking(move || handle.write_all_at(&data, at))
             .await
+            .map_err(|err| Status::internal(format!("snapshot write task: {err}")))?
             .map_err(|err| Status::internal(format!("write snapshot file: {err}")))?;
         file.written = at + data_len;
         file.started = true;
