@@ -155,8 +155,14 @@ async fn unknown_fates_are_reported_as_outcome_unknown() {
         for s in &seen {
             assert_eq!(s.client_id, id);
             assert_eq!(s.sequence, sequence, "every retry reuses the sequence");
-            assert_eq!(s.lowest_unacked_sequence, sequence, "earlier ones were given up");
-            assert!(s.opens, "no answer arrived for this id: the write opens its session");
+            assert_eq!(
+                s.lowest_unacked_sequence, sequence,
+                "earlier ones were given up"
+            );
+            assert!(
+                s.opens,
+                "no answer arrived for this id: the write opens its session"
+            );
         }
         if matches!(mode, Mode::Expired) {
             assert_ne!(client.client_id(), id, "a fresh id after SESSION_EXPIRED");

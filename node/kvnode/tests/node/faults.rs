@@ -95,7 +95,13 @@ async fn a_retry_after_its_session_was_evicted_is_refused_not_applied_again() {
     let applied_at_loss = leader.raft().metrics().borrow().last_applied.unwrap().index;
     // Another client overwrites the key, then writes (no session) until
     // cluster time is past the window: the idle session is evicted.
-    let overwritten = version_of(&client.put(put("counter", "other")).await.unwrap().into_inner());
+    let overwritten = version_of(
+        &client
+            .put(put("counter", "other"))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
     let start = Instant::now();
     while leader.state_machine().cluster_time_ms() <= lost_at_ms + SHORT_SESSION_IDLE_MS {
         assert!(start.elapsed() < DEADLINE, "cluster time did not advance");
