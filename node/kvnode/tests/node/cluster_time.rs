@@ -35,28 +35,6 @@ fn put(key: &str, ttl_ms: u64) -> PutRequest {
     }
 }
 
-/// Waits until `among` agree on a leader that is one of them.
-async fn leader_among(cluster: &Cluster, among: &[u64]) -> u64 {
-    let start = Instant::now();
-    loop {
-        let seen: Vec<Option<u64>> = among
-            .iter()
-            .map(|id| cluster.node(*id).raft().metrics().borrow().current_leader)
-            .collect();
-        if let Some(Some(leader)) = seen.first()
-            && seen.iter().all(|l| *l == Some(*leader))
-            && among.contains(leader)
-        {
-            return *leader;
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "no leader among {among:?}: {seen:?}"
-        );
-        tokio::time::sleep(POLL).await;
-    }
-}
-
 /// Moves leadership to `target` without restarting it: stops the leader,
 /// asks `target` to campaign once the stopped leader's lease has run out
 /// (before the other member's own election timeout, most of the time),
@@ -127,7 +105,7 @@ async fn a_leader_that_never_restarted_continues_from_the_applied_time() {
     for id in &others {
         cluster.restart(*id).await;
     }
-    let restarted_leader = leader_among(&cluster, &others).await;
+    let restarted_leader = cluster.leader_among(&others).await;
     let invoked = Instant::now();
     cluster
         .kv(restarted_leader)

@@ -165,22 +165,27 @@ impl Cluster {
     /// Waits until every running member names the same leader (itself one
     /// of the running members); returns its id.
     pub async fn leader(&self) -> u64 {
+        self.leader_among(&self.running()).await
+    }
+
+    /// Waits until the members `among` name the same leader, one of them
+    /// (the others may be cut off); returns its id.
+    pub async fn leader_among(&self, among: &[u64]) -> u64 {
         let start = Instant::now();
         loop {
-            let running = self.running();
-            let seen: Vec<Option<u64>> = running
+            let seen: Vec<Option<u64>> = among
                 .iter()
                 .map(|id| self.node(*id).raft().metrics().borrow().current_leader)
                 .collect();
             if let Some(Some(leader)) = seen.first()
                 && seen.iter().all(|l| *l == Some(*leader))
-                && running.contains(leader)
+                && among.contains(leader)
             {
                 return *leader;
             }
             assert!(
                 start.elapsed() < DEADLINE,
-                "no agreed leader among {running:?} in time: {seen:?}"
+                "no agreed leader among {among:?} in time: {seen:?}"
             );
             tokio::time::sleep(POLL).await;
         }
