@@ -141,7 +141,13 @@ fn exactly_once(name: &'static str, seconds: u64) -> Scenario {
         seconds,
         build: Build::Real,
         env: vec![(DROP_REPLY_ENV, DROP_REPLY_PERCENT.to_string())],
-        args: vec!["--session-idle-ms", EXACTLY_ONCE_SESSION_IDLE_MS_ARG],
+        // Eight workers, six of them slow (more slow retries).
+        args: vec![
+            "--session-idle-ms",
+            EXACTLY_ONCE_SESSION_IDLE_MS_ARG,
+            "--concurrency",
+            "8",
+        ],
         expect_caught: false,
     }
 }
@@ -664,11 +670,19 @@ fn read_verdict(out: &Path) -> Option<Verdict> {
         None => "not-valid (ttl)".to_string(),
     };
     let mut anomalies: Vec<(String, usize)> = Vec::new();
+    // The TTL and exactly-once checkers list at most 50 anomalies but
+    // count every one by kind.
+    if let Some(kinds) = json.get("anomalies_by_kind").and_then(|k| k.as_object()) {
+        for (kind, count) in kinds {
+            anomalies.push((kind.clone(), count.as_u64().unwrap_or(0) as usize));
+        }
+    }
     for anomaly in json
         .get("anomalies")
         .and_then(|a| a.as_array())
         .into_iter()
         .flatten()
+        .filter(|_| json.get("anomalies_by_kind").is_none())
     {
         let kind = anomaly
             .get("kind")
@@ -715,4 +729,56 @@ pub fn table(outcomes: &[Outcome]) -> String {
     let passed = outcomes.iter().filter(|o| o.passed).count();
     let _ = writeln!(out, "{passed} passed, {} failed", outcomes.len() - passed);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_short_suite_and_the_controls_name_the_issue_15_scenarios() {
+        let short: Vec<_> = suite_scenarios(true).iter().map(|s| s.name).collect();
+        assert!(short.contains(&"ttl-leader-change"), "{short:?}");
+        assert!(short.contains(&"exactly-once"), "{short:?}");
+        let controls: Vec<_> = control_scenarios(false).iter().map(|s| s.name).collect();
+        for name in [
+            "nc-old-clock",
+            "nc-unknown-sessions",
+            "nc-snapshot-by-counter",
+            "nc-rename-no-dir-fsync",
+        ] {
+            assert!(controls.contains(&name), "{controls:?}");
+        }
+        for control in control_scenarios(false) {
+            let Build::Features(features) = control.build else {
+                panic!("{} runs the real build", control.name);
+            };
+            assert!(features.contains(&control.name), "{}", control.name);
+            assert!(control.expect_caught);
+        }
+        // The baselines run without the nc-* feature.
+        for control in control_scenarios(true) {
+            assert!(!control.build.label().contains("nc-"), "{}", control.name);
+            assert!(!control.expect_caught);
+        }
+        assert_eq!(
+            EXACTLY_ONCE_SESSION_IDLE_MS.to_string(),
+            EXACTLY_ONCE_SESSION_IDLE_MS_ARG
+        );
+    }
+
+    #[test]
+    fn the_table_counts_every_anomaly_by_kind() {
+        let dir = std::env::temp_dir().join(format!("jepsen-verdict-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("checker.json"),
+            r#"{"valid": false, "anomalies_by_kind": {"early-expiry": 57},
+                "anomalies": [{"kind": "early-expiry"}]}"#,
+        )
+        .unwrap();
+        let verdict = read_verdict(&dir).unwrap();
+        assert_eq!(verdict.describe(), "not-valid (ttl), 57 early-expiry");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -15,7 +15,7 @@
 //! two versions (by a read and the final scan, or by the add's reply) is
 //! one too.
 //!
-//! Half the workers (at least one) retry slowly: their client waits
+//! Most workers ([`slow_workers`]: all but a quarter) retry slowly: their client waits
 //! longer than the session idle window (`jepsen run --session-idle-ms`,
 //! kvnode's `--test-session-idle-ms`) before retrying, so the retry of a
 //! write whose reply was lost arrives after the server evicted the
@@ -72,11 +72,19 @@ pub fn slow_retry_pause(session_idle: Option<Duration>) -> Duration {
     session_idle.map_or(SLOW_RETRY_PAUSE_DEFAULT, |idle| idle + SLOW_RETRY_MARGIN)
 }
 
+/// Workers that retry slowly: all but a quarter (at least one fast one,
+/// which keeps cluster time moving; with one worker, that one is slow).
+/// A slow worker spends most of its time waiting before retries, so the
+/// slow ones must be many for their retries to be many.
+pub fn slow_workers(concurrency: usize) -> usize {
+    concurrency.saturating_sub((concurrency / 4).max(1)).max(1)
+}
+
 /// Runs the adds (and reads) until the deadline; every operation goes
 /// into `history`.
 pub async fn run(config: WorkloadConfig, history: Arc<History>) -> anyhow::Result<()> {
     let next = Arc::new(AtomicU64::new(0));
-    let slow_workers = (config.concurrency / 2).max(1);
+    let slow_workers = slow_workers(config.concurrency);
     let mut workers = tokio::task::JoinSet::new();
     for worker in 0..config.concurrency {
         let (config, history, next) = (config.clone(), history.clone(), next.clone());
