@@ -44,13 +44,24 @@
 //!    members (all voters) is applied, then a snapshot at `L + 1` is built;
 //!    every member restored from the same archive with the same
 //!    `--initial-cluster` holds identical files;
-//! 3. `raft-log/`: empty, purged through `L + 1`, committed `L + 1`, and a
-//!    vote of `L`'s term (not committed), so the first election is in a
-//!    later term than every log id the state machine holds — openraft then
+//! 3. `raft-log/`: empty, purged through `L + 1`, and a vote of `L`'s term
+//!    (reopened uncommitted, as every vote is), so the first election is in
+//!    a later term than every log id the state machine holds — openraft then
 //!    starts with `last_applied` = last log id = purge point = `L + 1`, the
 //!    new membership taken from the state machine, and no log before it (a
-//!    member that lags catches up by snapshot);
+//!    member that lags catches up by snapshot). No committed id is written:
+//!    the log store keeps it in memory only (`LogStoreOptions::
+//!    persist_committed` is off by default), and openraft takes the state
+//!    machine's applied id `L + 1` as committed at start;
 //! 4. `IDENTITY`: a fresh incarnation and the new cluster id.
+//!
+//! Files: the state machine, log store and identity write through the
+//! node's vfs (`snapshot::node_vfs`) as in a running member; only the
+//! archive's files are extracted with `std::fs` (written and fsynced, in a
+//! directory no member runs on yet), so in a `lazy-disk` build they are
+//! outside the lazy disk's model. [`write_snapshot_dir`] reads a snapshot
+//! through the vfs; the archive it writes (like `kvctl snapshot save`'s, on
+//! the client's machine) is not a member's file.
 //!
 //! The new cluster id is derived from the archive's manifest, the new
 //! membership and `--cluster-token` (so every member restored with the same
@@ -897,7 +908,8 @@ async fn build(
     })
     .await?;
 
-    // The Raft log: empty, purged through L + 1, a vote of L's term.
+    // The Raft log: empty, purged through L + 1, a vote of L's term (no
+    // committed id: the store keeps it in memory only, see the module docs).
     let log_dir = dir.join(RAFT_LOG_DIR);
     let mut log = blocking(move || {
         LogStore::<TypeConfig>::open(Arc::new(RealFs), log_dir)
@@ -911,9 +923,6 @@ async fn build(
     log.save_vote(&vote)
         .await
         .map_err(|err| BackupError::Log(format!("save the vote: {err}")))?;
-    log.save_committed(Some(restore_log_id))
-        .await
-        .map_err(|err| BackupError::Log(format!("save the committed log id: {err}")))?;
     log.purge(restore_log_id)
         .await
         .map_err(|err| BackupError::Log(format!("purge through {restore_log_id}: {err}")))?;

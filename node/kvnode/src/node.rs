@@ -599,17 +599,21 @@ impl Node {
         let id = config.id;
         let (identity, log_store, state_machine) = tokio::task::spawn_blocking(move || {
             let identity = Identity::load_or_create(&data_dir, id)?;
+            // The same vfs as `snapshot::node_vfs`, which identity and the
+            // state machine use: the lazy disk in a lazy-disk build.
             #[cfg(feature = "lazy-disk")]
             let log_vfs: Arc<dyn bitcask::io::Vfs> = crate::lazy_disk::shared();
             #[cfg(not(feature = "lazy-disk"))]
             let log_vfs: Arc<dyn bitcask::io::Vfs> = Arc::new(RealFs);
-            // The committed id is persisted (the default): openraft 0.9
-            // restarts a member whose vote says it led as the leader, without
-            // an election or a new no-op entry, so its read index is the
-            // committed id it recovers. Kept in memory only, that id falls
-            // back to the state machine's applied id, which a power cut can
-            // take below acknowledged writes: the power-loss suite saw such a
-            // leader serve stale linearizable reads (node/kvnode/BENCHMARKS.md).
+            // The committed id is kept in memory only (`persist_committed`
+            // is off by default): the store reopens every vote as
+            // uncommitted, so a member that led before a restart must win a
+            // new election, whose no-op entry commits after every earlier
+            // entry, before it serves a linearizable read. (With a committed
+            // vote, openraft 0.9 would restart it as the leader at once and
+            // its read index would be the recovered committed id, which after
+            // a power cut is only the applied id, below acknowledged writes;
+            // see ARCHITECTURE.md, Raft log store.)
             let log_options = LogStoreOptions::default();
             let log = LogStore::<TypeConfig>::open_observed(
                 log_vfs,
