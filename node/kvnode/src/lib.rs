@@ -64,7 +64,8 @@
 //! - [`testing`]: test support for the crates above (an in-process cluster
 //!   on a private loopback address); nothing in the node uses it.
 //! - [`lazy_disk`] (feature `lazy-disk`, test builds only): a file system
-//!   keeping un-fsynced writes in process memory, so SIGKILL is a power cut.
+//!   keeping un-fsynced writes, and directory changes not followed by a
+//!   directory fsync, in process memory, so SIGKILL is a power cut.
 //! - [`BUILD_FEATURES`]: the test-only features this build has (negative
 //!   controls `nc-*` break the node on purpose; see Cargo.toml).
 //! - [`backup`]: the backup archive (format, writer, verifying reader) and

@@ -109,7 +109,7 @@ fn writes(term: u64, index: u64) -> Entry<TypeConfig> {
                 client_id: index % 3,
                 sequence: index,
                 lowest_unacked: index.saturating_sub(6),
-                opens: index < 3,
+                opens: index < 6,
             }),
             conditions: Vec::new(),
             ops,
