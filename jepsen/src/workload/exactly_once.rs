@@ -24,7 +24,9 @@
 //! applies it again. The other workers retry at kvclient's usual pace and
 //! keep the cluster time moving (eviction is judged on cluster time, which
 //! advances with applied entries). After an unknown outcome a worker
-//! starts a new client (a new session), as the session may be gone.
+//! starts a new client (a new session), as the session may be gone, and
+//! opens it with a write of its own ([`open_session`]) before any element
+//! add, so no element add opens a session.
 //!
 //! One operation in [`READ_EVERY`] is a linearizable read of an element
 //! added earlier (its version is recorded).
@@ -116,11 +118,12 @@ async fn worker_loop(
     history: Arc<History>,
     next: Arc<AtomicU64>,
 ) -> anyhow::Result<()> {
+    let mut process = history.new_process();
     let mut client = worker_client(&config, slow)?;
+    open_session(&client, &history, &mut process).await?;
     // Reads go through a client of the usual pace (a slow retry would only
     // make a read late; reads carry no session).
     let reader = super::client(&config.endpoints)?;
-    let mut process = history.new_process();
     let pause = config.worker_pause();
     let mut rng = SmallRng::seed_from_u64(config.seed ^ worker.wrapping_mul(0x9e37_79b9));
     let mut count = 0_u64;
@@ -180,8 +183,56 @@ async fn worker_loop(
         if outcome == Outcome::Info {
             process = history.new_process();
             client = worker_client(&config, slow)?;
+            open_session(&client, &history, &mut process).await?;
         }
         tokio::time::sleep(pause).await;
+    }
+    Ok(())
+}
+
+/// The prefix of the session-opening writes (not elements).
+pub const OPENER_PREFIX: &str = "o/";
+/// Attempts to open a session before the worker gives up on it.
+const OPEN_ATTEMPTS_MAX: u32 = 20;
+
+/// Opens a fresh client's session with a write of its own (an
+/// unconditional put of `o/<client id>`, recorded as a `write`), retried
+/// until one is acknowledged, so every element add after it is a request
+/// that does not open its session. Why: kvnode applies a request that
+/// opens its session whenever the session is unknown, so an opening
+/// request retried after its session was evicted applies again — which
+/// kvclient rules out by capping its operation timeout at half the
+/// production idle window, a bound this workload breaks on purpose by
+/// shortening the server's window (and retrying slowly). The promise
+/// under test is the server's: a request that does not open its session,
+/// for an unknown session, is never applied (SESSION_EXPIRED).
+async fn open_session(
+    client: &kvclient::Client,
+    history: &History,
+    process: &mut u64,
+) -> anyhow::Result<()> {
+    let key = format!("{OPENER_PREFIX}{:016x}", client.client_id());
+    for _ in 0..OPEN_ATTEMPTS_MAX {
+        let mut pending = history.invoke(*process, Function::Write, &key);
+        pending.op_mut().value = Some(format!("open-{process}"));
+        match client.put(key.clone(), format!("open-{process}")).await {
+            Ok(w) => {
+                pending.op_mut().version = Some(w.version);
+                pending.op_mut().index = Some(w.applied_index);
+                history.complete(pending, Outcome::Ok)?;
+                return Ok(());
+            }
+            Err(err) => {
+                pending.op_mut().error = Some(err.to_string());
+                if history
+                    .complete(pending, write_error_outcome(&err))?
+                    .outcome
+                    == Outcome::Info
+                {
+                    *process = history.new_process();
+                }
+            }
+        }
     }
     Ok(())
 }
