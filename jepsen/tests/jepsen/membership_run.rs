@@ -26,14 +26,18 @@ async fn membership_changes_keep_three_voters_and_the_register_linearizable() {
     let args = RunArgs {
         workload: WorkloadKind::Register,
         nemesis: FaultList(vec![Fault::Membership]),
-        time: Duration::from_secs(32),
+        // Each change (a removal may take the leader) is followed by 8 s
+        // in which an ok read and an ok write must be invoked (the
+        // minimum-work rule): an election after removing the leader takes
+        // up to ~5 s on a loaded machine.
+        time: Duration::from_secs(45),
         nodes: Some(3),
         out: out.clone(),
         kvnode_bin: std::env::var_os("KVNODE_BIN").map(PathBuf::from),
         concurrency: 4,
         rate: 60,
         seed: Some(3),
-        fault_hold: Duration::from_secs(5),
+        fault_hold: Duration::from_secs(8),
         quiet: Duration::from_secs(3),
         min_ok_writes: 50,
         min_ok_reads: 50,
