@@ -498,6 +498,10 @@ fn run_all(scenarios: &[Scenario], out: &Path, common: &BuildArgs) -> anyhow::Re
             if outcome.passed { "PASS" } else { "FAIL" },
             outcome.note
         );
+        if !outcome.passed {
+            // CI keeps only this process's output: show why.
+            print_log_tail(&out.join(format!("{}.log", scenario.name)));
+        }
         outcomes.push(outcome);
     }
     let table = table(&outcomes);
@@ -508,6 +512,26 @@ fn run_all(scenarios: &[Scenario], out: &Path, common: &BuildArgs) -> anyhow::Re
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Lines of a failed scenario's log printed to stderr.
+pub const FAILED_LOG_TAIL_LINES: usize = 60;
+
+/// Prints the last [`FAILED_LOG_TAIL_LINES`] lines of `log` (the run's
+/// summary, with its shortfalls and the checker's verdict) to stderr.
+fn print_log_tail(log: &Path) {
+    match std::fs::read_to_string(log) {
+        Ok(text) => {
+            let lines: Vec<&str> = text.lines().collect();
+            let from = lines.len().saturating_sub(FAILED_LOG_TAIL_LINES);
+            eprintln!("-- last {} lines of {}:", lines.len() - from, log.display());
+            for line in &lines[from..] {
+                eprintln!("   {line}");
+            }
+            eprintln!("-- end of {}", log.display());
+        }
+        Err(err) => eprintln!("-- cannot read {}: {err}", log.display()),
+    }
 }
 
 /// Builds kvnode with `features` into [`BUILDS_DIR`] and copies it to

@@ -505,6 +505,22 @@ pub fn client(endpoints: &[String]) -> anyhow::Result<kvclient::Client> {
         .context("building a kvclient")
 }
 
+/// Time a call to one pinned member may take in total (a stale read of
+/// one member): a member that is down, cut off or not in the cluster
+/// (the membership nemesis's spare) fails the read soon instead of
+/// holding its worker for [`OPERATION_TIMEOUT`].
+pub const MEMBER_OPERATION_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A client of one member alone, for reads pinned to it.
+pub fn member_client(endpoint: &str) -> anyhow::Result<kvclient::Client> {
+    kvclient::Client::builder([endpoint.to_string()])
+        .operation_timeout(MEMBER_OPERATION_TIMEOUT)
+        .request_timeout(MEMBER_OPERATION_TIMEOUT)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .build()
+        .context("building a kvclient of one member")
+}
+
 /// The outcome of a failed write: definitely not applied (`fail`) only when
 /// the client says so; otherwise unknown (`info`).
 pub fn write_error_outcome(err: &kvclient::Error) -> Outcome {

@@ -8,7 +8,8 @@
 //! other turn of every worker reads a key acknowledged within the last
 //! TTL + [`READ_AFTER_TTL`]: half the reads linearizable (any member,
 //! through the full client), half stale from one member picked at random
-//! (a client of that member alone), asking for `min_index` = the highest
+//! (a client of that member alone, [`super::member_client`], which gives
+//! up on a member that does not answer within a second), asking for `min_index` = the highest
 //! applied index any operation of the run has reported so far (or, on
 //! [`STALE_UNCONSTRAINED_PERCENT`] of them, no constraint). Each read
 //! records the applied index the member reported, absent keys included
@@ -25,7 +26,9 @@ use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
 use tokio::time::Instant;
 
-use super::{Function, History, Outcome, WorkloadConfig, client, write_error_outcome};
+use super::{
+    Function, History, Outcome, WorkloadConfig, client, member_client, write_error_outcome,
+};
 
 /// Shortest TTL written by default (well above the 250 ms tick, so early
 /// expiry would show; `jepsen run --ttl-min`).
@@ -130,7 +133,7 @@ async fn worker_loop(
     let members = config
         .endpoints
         .iter()
-        .map(|e| client(std::slice::from_ref(e)))
+        .map(|e| member_client(e))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut rng = SmallRng::seed_from_u64(config.seed ^ worker.wrapping_mul(0x2545_f491));
     let mut process = history.new_process();
