@@ -29,7 +29,12 @@
 //!   half, one-way, bridge, ring), packet loss, SIGKILL + restart,
 //!   SIGSTOP/SIGCONT, wall-clock jumps (libfaketime), power loss on a
 //!   lazy-disk kvnode build (`nemesis::power`), membership changes (add
-//!   learner, promote, remove), the seeded `combined` mix.
+//!   learner, promote, remove), the seeded `combined` mix; a power cut
+//!   checks each victim's saved vote across it (`nemesis::vote`).
+//! - [`durability`]: what a run checks outside the history — saved votes
+//!   a power cut took back, members that did not come back after the heal
+//!   (exited, or never applied the run's highest answered index); any one
+//!   makes the verdict `not-durable`.
 //! - [`workload`]: the `register` and `set` workloads and their operation
 //!   records (JSON lines), well-formedness.
 //! - [`report`]: the summary table (ops, faults, anomalies by kind, lost
@@ -71,6 +76,7 @@
 
 pub mod check;
 pub mod control;
+pub mod durability;
 pub mod exactly_once;
 pub mod formats;
 pub mod history;

@@ -414,6 +414,14 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
         WorkloadKind::Set | WorkloadKind::Ttl | WorkloadKind::ExactlyOnce => Vec::new(),
     };
     let exited = nemesis.cluster_mut().exited_on_their_own();
+    let mut durability: Vec<_> = nemesis
+        .vote_regressions()
+        .iter()
+        .map(|r| r.to_anomaly())
+        .collect();
+    durability.extend(
+        crate::durability::converged(nemesis.cluster_mut(), &exited, &history.records()).await,
+    );
     drop(nemesis.into_cluster());
     history.flush()?;
     worked.context("the workload failed")?;
@@ -463,6 +471,10 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
             let name = format!("{:?}", crate::verdict::model_of(args.workload));
             (json, report.summary(), name, report.exit_code() == 0)
         };
+    // Durability: a saved vote a power cut took back, a member that did
+    // not come back, fail the verdict whatever the history shows.
+    let (checker_json, checker_text, checker_passes) =
+        crate::durability::apply(checker_json, checker_text, checker_passes, &durability)?;
     std::fs::write(
         args.out.join("checker.json"),
         serde_json::to_string_pretty(&checker_json)?,

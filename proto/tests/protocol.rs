@@ -130,6 +130,7 @@ fn cluster_and_raft_messages_survive_a_round_trip() {
             applied_index: Some(10),
             matched_index: Some(10),
             lag_entries: Some(0),
+            saved_vote_term: Some(4),
         }],
     });
     let identity = Some(raft::Identity {

@@ -340,7 +340,7 @@ impl Cluster {
 
     /// Slot `id`'s data directory for the member it hosts: `data` for the
     /// slot's first member, `data-id<N>` for a later one.
-    fn data_dir(&self, id: u64) -> PathBuf {
+    pub fn data_dir(&self, id: u64) -> PathBuf {
         match self.member(id).map(|m| m.raft_id) {
             Some(raft_id) if raft_id != id => self.node_dir(id).join(format!("data-id{raft_id}")),
             _ => self.node_dir(id).join("data"),

@@ -18,7 +18,8 @@
 //!   everyone (reads sent to it must not be stale).
 //! - `power-loss`, `power-loss-minority`, `power-loss-all`: SIGKILL of a
 //!   lazy-disk build (un-fsynced writes lost), restart at the stop
-//!   ([`power`]).
+//!   ([`power`]); each victim's saved vote is checked not to go back
+//!   across the cut ([`vote`]).
 //! - `membership` ([`membership`]): a new member added and promoted, then
 //!   a voter (sometimes the leader) removed; at least three voters always.
 //! - `restart-after-idle` ([`idle`]): a sequence, not a hold: writes stop
@@ -44,6 +45,7 @@ use tokio::time::Instant;
 pub mod combined;
 pub mod idle;
 pub mod membership;
+pub mod vote;
 
 use crate::control::{Cluster, Firewall};
 use crate::workload::{History, Phase, WriteGate};
@@ -282,6 +284,8 @@ pub struct Nemesis {
     /// When a sequence must be over (the schedule's end less a quiet
     /// period).
     sequence_deadline: Option<Instant>,
+    /// Saved votes a power cut took back ([`vote`]).
+    vote_regressions: Vec<vote::VoteRegression>,
 }
 
 impl Nemesis {
@@ -309,6 +313,7 @@ impl Nemesis {
             idle: idle::IDLE_DEFAULT,
             ttl_max: crate::workload::ttl::TTL_MAX,
             sequence_deadline: None,
+            vote_regressions: Vec::new(),
         })
     }
 
@@ -511,12 +516,43 @@ impl Nemesis {
                     _ => power::Scope::All,
                 };
                 let victims = power::victims(scope, &ids, &mut self.rng);
+                let mut reported = Vec::new();
+                for &victim in &victims {
+                    let addr = crate::control::cluster::client_addr(victim);
+                    reported.push(vote::reported_saved_term(&addr).await);
+                }
+                let at_ns = self.history.now_ns();
                 for &victim in &victims {
                     self.cluster.kill(victim)?;
                 }
+                // The processes are reaped: their files are what the cut left.
+                let mut votes = Vec::new();
+                for (&victim, reported) in victims.iter().zip(reported) {
+                    let durable = vote::durable_term(&self.cluster.data_dir(victim))?;
+                    match reported {
+                        Some(term) => votes.push(format!("{victim}: {term}→{durable}")),
+                        None => votes.push(format!("{victim}: ?→{durable}")),
+                    }
+                    if let Some(reported_term) = reported
+                        && durable < reported_term
+                    {
+                        let regression = vote::VoteRegression {
+                            member: victim,
+                            reported_term,
+                            durable_term: durable,
+                            at_ns,
+                        };
+                        eprintln!("jepsen: DURABILITY: {}", regression.describe());
+                        self.vote_regressions.push(regression);
+                    }
+                }
                 (
                     Undo::RestartMany(victims.clone()),
-                    format!("power cut (SIGKILL, lazy disk) of members {victims:?}"),
+                    format!(
+                        "power cut (SIGKILL, lazy disk) of members {victims:?}; saved vote terms \
+                         reported→durable: {}",
+                        votes.join(", ")
+                    ),
                 )
             }
             Fault::Membership => self.start_membership().await?,
@@ -576,6 +612,11 @@ impl Nemesis {
             Undo::Sequence(detail) => detail,
         };
         self.history.nemesis(fault.name(), Phase::Stop, detail)
+    }
+
+    /// Saved votes that power cuts took back (each a durability anomaly).
+    pub fn vote_regressions(&self) -> &[vote::VoteRegression] {
+        &self.vote_regressions
     }
 
     /// Heals everything, whatever state a failure left behind.

@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use bitcask::{Batch, Engine, Options, PublishedPrefix, SyncPolicy};
@@ -84,6 +84,15 @@ pub struct StateMachineOptions {
     /// `None` = [`crate::command::SESSION_IDLE_MS_MAX`]. Every member must
     /// use the same value (`kvnode run --test-session-idle-ms`).
     pub session_idle_ms: Option<u64>,
+    /// TEST FAULT (`kvnode run --test-stale-build-before-switch`): at the
+    /// first install of a received snapshot, build a snapshot on the old
+    /// engine first (the race of a build that started just after the
+    /// received snapshot was sealed: a higher counter, a lower last log id),
+    /// then hold the install before the engine switch until the process
+    /// ends, so the fault suite's next power cut lands in that window while
+    /// openraft purges the log through the received snapshot. Off by
+    /// default.
+    pub test_stale_build_before_switch: bool,
 }
 
 /// A point in receiving and installing a snapshot where a test can make the
@@ -242,6 +251,8 @@ struct Shared {
     snapshot_work: Mutex<()>,
     /// The cluster id written into manifests (0 = not known yet).
     cluster_id: AtomicU64,
+    /// Whether the stale-build test fault fired in this process.
+    stale_build_fired: AtomicBool,
 }
 
 /// The state machine (cheap to clone: clones share one state). It is also
@@ -373,6 +384,7 @@ impl StateMachine {
                 cluster_time_ms: AtomicU64::new(time_ms),
                 snapshot_work: Mutex::new(()),
                 cluster_id: AtomicU64::new(0),
+                stale_build_fired: AtomicBool::new(false),
                 inner: Mutex::new(Inner {
                     engine,
                     applier,
@@ -1193,6 +1205,21 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMeta<u64, NodeInfo>,
         snapshot: Box<SnapshotHandle>,
     ) -> Result<(), StorageError<u64>> {
+        if self.shared.options.test_stale_build_before_switch
+            && !self.shared.stale_build_fired.swap(true, Ordering::SeqCst)
+        {
+            // TEST FAULT: the stale build, then no switch until the end.
+            let sm = self.clone();
+            let built = tokio::task::spawn_blocking(move || sm.build()).await;
+            let built = built.map(|b| b.map(|s| s.meta.last_log_id));
+            tracing::warn!(
+                ?built,
+                received = ?meta.last_log_id,
+                "TEST FAULT: a snapshot built on the old engine after the received one was \
+                 sealed; the install is held before the switch until the process ends"
+            );
+            std::future::pending::<()>().await;
+        }
         let sm = self.clone();
         let owned_meta = meta.clone();
         tokio::task::spawn_blocking(move || sm.install(&owned_meta, &snapshot))

@@ -199,6 +199,7 @@ impl ClusterService {
                         applied_index: Some(applied),
                         matched_index: is_leader.then_some(last_log),
                         lag_entries: is_leader.then_some(0),
+                        saved_vote_term: Some(metrics.vote.leader_id().term),
                     };
                 }
                 let role = if Some(id) == leader {
@@ -222,6 +223,7 @@ impl ClusterService {
                     applied_index: None,
                     matched_index: matched,
                     lag_entries: matched.map(|m| last_log.saturating_sub(m)),
+                    saved_vote_term: None,
                 }
             })
             .collect();
