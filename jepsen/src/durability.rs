@@ -1,8 +1,8 @@
 //! Durability checks outside the history: what the operations cannot show
 //! but a member must keep across its faults.
 //!
-//! - [`VOTE_REGRESSION`]: a saved vote a power cut took back
-//!   ([`crate::nemesis::vote`]).
+//! - [`VOTE_REGRESSION`]: a saved vote a power cut took back, or a vote
+//!   file it left unreadable ([`crate::nemesis::vote`]).
 //! - [`MEMBER_LOST`]: a member that did not come back once every fault was
 //!   healed: it exited on its own, or it did not apply, within
 //!   [`CONVERGENCE_TIMEOUT`], the highest index any operation of the run
@@ -60,10 +60,14 @@ pub fn highest_answered_index(records: &[Record]) -> u64 {
 
 /// [`MEMBER_LOST`] anomalies: every member in `exited` (exited on its
 /// own), and every running member whose applied index does not reach
-/// [`highest_answered_index`] within [`CONVERGENCE_TIMEOUT`].
+/// [`highest_answered_index`] within [`CONVERGENCE_TIMEOUT`]. Slots in
+/// `unconfirmed` (a removal the membership nemesis could not confirm: it
+/// may have happened, and a removed member gets no more entries) are
+/// passed over.
 pub async fn converged(
     cluster: &mut Cluster,
     exited: &[(u64, String)],
+    unconfirmed: &[u64],
     records: &[Record],
 ) -> Vec<DurabilityAnomaly> {
     let mut lost: Vec<DurabilityAnomaly> = exited
@@ -77,7 +81,10 @@ pub async fn converged(
     let target = highest_answered_index(records);
     let deadline = Instant::now() + CONVERGENCE_TIMEOUT;
     for member in cluster.ids() {
-        if exited.iter().any(|(id, _)| *id == member) || !cluster.is_running(member) {
+        if exited.iter().any(|(id, _)| *id == member)
+            || unconfirmed.contains(&member)
+            || !cluster.is_running(member)
+        {
             continue;
         }
         let addr = client_addr(member);
@@ -113,16 +120,7 @@ pub async fn converged(
 
 /// The applied index member `addr` reports for itself, if it answers.
 async fn applied_index(addr: &str) -> Option<u64> {
-    let client = crate::workload::member_client(addr).ok()?;
-    let status = tokio::time::timeout(crate::workload::MEMBER_OPERATION_TIMEOUT, client.status())
-        .await
-        .ok()?
-        .ok()?;
-    status
-        .members
-        .iter()
-        .find(|m| m.is_self)
-        .and_then(|m| m.applied_index)
+    crate::workload::own_status(addr).await?.applied_index
 }
 
 /// The verdict with the durability anomalies: listed in `checker.json`

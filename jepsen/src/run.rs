@@ -414,13 +414,16 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
         WorkloadKind::Set | WorkloadKind::Ttl | WorkloadKind::ExactlyOnce => Vec::new(),
     };
     let exited = nemesis.cluster_mut().exited_on_their_own();
-    let mut durability: Vec<_> = nemesis
-        .vote_regressions()
-        .iter()
-        .map(|r| r.to_anomaly())
-        .collect();
+    let mut durability = nemesis.durability_anomalies().to_vec();
+    let unconfirmed = nemesis.unconfirmed_removals().to_vec();
     durability.extend(
-        crate::durability::converged(nemesis.cluster_mut(), &exited, &history.records()).await,
+        crate::durability::converged(
+            nemesis.cluster_mut(),
+            &exited,
+            &unconfirmed,
+            &history.records(),
+        )
+        .await,
     );
     drop(nemesis.into_cluster());
     history.flush()?;

@@ -12,9 +12,9 @@
 //! - `jepsen controls [--only NAME]`: each negative control is a kvnode
 //!   built with one `nc-*` feature that breaks it on purpose, run in the
 //!   scenario that catches it. A control passes only when the **checker**
-//!   rejects the history (an anomaly or a lost acknowledged write); a run
-//!   that fails for another reason (too few ops, a harness error) is not a
-//!   catch. Exit 0 only if every control was caught. `--baseline` runs the
+//!   rejects the run (an anomaly, a lost acknowledged write, or a
+//!   durability anomaly: [`crate::durability`]); a run that fails for
+//!   another reason (too few ops, a harness error) is not a catch. Exit 0 only if every control was caught. `--baseline` runs the
 //!   same scenarios against builds without the `nc-*` feature, which must
 //!   pass.
 //!
@@ -309,7 +309,9 @@ pub fn control_scenarios(baseline: bool) -> Vec<Scenario> {
         // before the switch while openraft purges its log; then every
         // member loses power. Restarted on the stale build, the follower's
         // state machine is below its log's first entry: it never applies
-        // the run's highest index (member-lost, not-durable).
+        // the run's highest index (member-lost, not-durable). The fault
+        // fires once per data directory and holds for 20 s, within which
+        // the cut comes (5 s of quiet after the heal).
         Scenario {
             name: "nc-snapshot-by-counter",
             workload: "register",

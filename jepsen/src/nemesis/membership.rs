@@ -168,6 +168,7 @@ impl Nemesis {
             tokio::time::sleep(MEMBERSHIP_RETRY_PAUSE).await;
         }
         if !removed {
+            self.unconfirmed_removals.push(victim);
             return Ok(format!(
                 "member {raft_id} (slot {victim}, {how}) NOT removed after {:.1} s: {last}",
                 started.elapsed().as_secs_f64()

@@ -284,8 +284,11 @@ pub struct Nemesis {
     /// When a sequence must be over (the schedule's end less a quiet
     /// period).
     sequence_deadline: Option<Instant>,
-    /// Saved votes a power cut took back ([`vote`]).
-    vote_regressions: Vec<vote::VoteRegression>,
+    /// Saved votes a power cut took back or left unreadable ([`vote`]).
+    durability: Vec<crate::durability::DurabilityAnomaly>,
+    /// Slots whose member's removal was never confirmed (left running;
+    /// the convergence check passes them over).
+    unconfirmed_removals: Vec<u64>,
 }
 
 impl Nemesis {
@@ -313,7 +316,8 @@ impl Nemesis {
             idle: idle::IDLE_DEFAULT,
             ttl_max: crate::workload::ttl::TTL_MAX,
             sequence_deadline: None,
-            vote_regressions: Vec::new(),
+            durability: Vec::new(),
+            unconfirmed_removals: Vec::new(),
         })
     }
 
@@ -516,11 +520,8 @@ impl Nemesis {
                     _ => power::Scope::All,
                 };
                 let victims = power::victims(scope, &ids, &mut self.rng);
-                let mut reported = Vec::new();
-                for &victim in &victims {
-                    let addr = crate::control::cluster::client_addr(victim);
-                    reported.push(vote::reported_saved_term(&addr).await);
-                }
+                // Asked together, so the cut follows the answers closely.
+                let reported = vote::reported_saved_terms(&victims).await;
                 let at_ns = self.history.now_ns();
                 for &victim in &victims {
                     self.cluster.kill(victim)?;
@@ -528,22 +529,17 @@ impl Nemesis {
                 // The processes are reaped: their files are what the cut left.
                 let mut votes = Vec::new();
                 for (&victim, reported) in victims.iter().zip(reported) {
-                    let durable = vote::durable_term(&self.cluster.data_dir(victim))?;
-                    match reported {
-                        Some(term) => votes.push(format!("{victim}: {term}→{durable}")),
-                        None => votes.push(format!("{victim}: ?→{durable}")),
-                    }
-                    if let Some(reported_term) = reported
-                        && durable < reported_term
-                    {
-                        let regression = vote::VoteRegression {
-                            member: victim,
-                            reported_term,
-                            durable_term: durable,
-                            at_ns,
-                        };
-                        eprintln!("jepsen: DURABILITY: {}", regression.describe());
-                        self.vote_regressions.push(regression);
+                    let durable = vote::durable_term(&self.cluster.data_dir(victim));
+                    votes.push(format!(
+                        "{victim}: {}→{}",
+                        reported.map_or("?".to_string(), |t| t.to_string()),
+                        durable
+                            .as_ref()
+                            .map_or("unreadable".to_string(), |t| t.to_string())
+                    ));
+                    if let Some(anomaly) = vote::check(victim, reported, durable, at_ns) {
+                        eprintln!("jepsen: DURABILITY: {}", anomaly.detail);
+                        self.durability.push(anomaly);
                     }
                 }
                 (
@@ -614,9 +610,15 @@ impl Nemesis {
         self.history.nemesis(fault.name(), Phase::Stop, detail)
     }
 
-    /// Saved votes that power cuts took back (each a durability anomaly).
-    pub fn vote_regressions(&self) -> &[vote::VoteRegression] {
-        &self.vote_regressions
+    /// Saved votes that power cuts took back or left unreadable.
+    pub fn durability_anomalies(&self) -> &[crate::durability::DurabilityAnomaly] {
+        &self.durability
+    }
+
+    /// Slots whose member's removal was never confirmed (the removal may
+    /// have happened: such a member need not keep up).
+    pub fn unconfirmed_removals(&self) -> &[u64] {
+        &self.unconfirmed_removals
     }
 
     /// Heals everything, whatever state a failure left behind.

@@ -8,9 +8,9 @@
 //! only after `save_vote` returned). Just after the SIGKILL, with the
 //! process reaped, the vote file on the real disk is what the power cut
 //! left (the lazy disk writes a file's bytes at its fsync and a rename at
-//! its directory's fsync). A durable term below the reported one is a
-//! [`VoteRegression`]: the run's verdict becomes `not-durable`
-//! ([`crate::durability`]).
+//! its directory's fsync). A durable term below the reported one (or a
+//! vote file that cannot be read) is a `vote-regression`: the run's
+//! verdict becomes `not-durable` ([`crate::durability`]).
 //!
 //! The vote file is read by its documented layout
 //! (`node/kvnode/LOG_FORMAT.md`, "Metadata files"): a 20-byte header
@@ -19,10 +19,10 @@
 //! is the term, a variable-length integer.
 
 use std::path::Path;
-use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use serde::Serialize;
+
+use crate::durability::{DurabilityAnomaly, VOTE_REGRESSION};
 
 /// The vote file under a member's data directory.
 pub const VOTE_FILE: &str = "raft-log/vote.meta";
@@ -32,60 +32,58 @@ pub const META_MAGIC: &[u8; 8] = b"RCLOGMET";
 pub const META_KIND_VOTE: u32 = 1;
 /// Header bytes before the payload (`META_HEADER_BYTES`).
 pub const META_HEADER_BYTES: usize = 20;
-/// How long the status call before a cut may take (a member that does
-/// not answer is cut unchecked).
-pub const STATUS_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// A member whose durable vote after a power cut is older than the vote
-/// it had reported saved just before.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct VoteRegression {
-    /// The member (slot id).
-    pub member: u64,
-    /// The saved-vote term it reported before the cut.
-    pub reported_term: u64,
-    /// The term of the vote file the cut left (0: no vote file).
-    pub durable_term: u64,
-    /// Nanoseconds since the run started, at the cut.
-    pub at_ns: u64,
+/// The anomaly, if any, of member `member` whose vote was reported saved
+/// at `reported` (None: it did not answer, nothing to compare) before a
+/// cut at `at_ns`, and whose vote file after it reads `durable`.
+pub fn check(
+    member: u64,
+    reported: Option<u64>,
+    durable: anyhow::Result<u64>,
+    at_ns: u64,
+) -> Option<DurabilityAnomaly> {
+    let at = at_ns as f64 / 1e9;
+    let detail = match (reported, durable) {
+        (Some(reported), Ok(durable)) if durable < reported => format!(
+            "member {member} reported its vote of term {reported} saved, and the power cut at \
+             +{at:.2} s left a vote of term {durable}"
+        ),
+        (_, Err(err)) => format!(
+            "member {member}'s vote file cannot be read after the power cut at +{at:.2} s: \
+             {err:#}"
+        ),
+        _ => return None,
+    };
+    Some(DurabilityAnomaly {
+        kind: VOTE_REGRESSION.to_string(),
+        member,
+        detail,
+    })
 }
 
-impl VoteRegression {
-    /// The run's durability anomaly.
-    pub fn to_anomaly(&self) -> crate::durability::DurabilityAnomaly {
-        crate::durability::DurabilityAnomaly {
-            kind: crate::durability::VOTE_REGRESSION.to_string(),
-            member: self.member,
-            detail: self.describe(),
+/// The saved-vote terms `members` report, asked concurrently (see
+/// [`reported_saved_term`]), in the same order.
+pub async fn reported_saved_terms(members: &[u64]) -> Vec<Option<u64>> {
+    let mut asks = tokio::task::JoinSet::new();
+    for (at, &member) in members.iter().enumerate() {
+        asks.spawn(async move {
+            let addr = crate::control::cluster::client_addr(member);
+            (at, reported_saved_term(&addr).await)
+        });
+    }
+    let mut terms = vec![None; members.len()];
+    while let Some(joined) = asks.join_next().await {
+        if let Ok((at, term)) = joined {
+            terms[at] = term;
         }
     }
-
-    /// One line for the checker's text.
-    pub fn describe(&self) -> String {
-        format!(
-            "member {} reported its vote of term {} saved, and the power cut at +{:.2} s left \
-             a vote of term {}",
-            self.member,
-            self.reported_term,
-            self.at_ns as f64 / 1e9,
-            self.durable_term
-        )
-    }
+    terms
 }
 
 /// The term of the vote member `endpoint` reports saved, if it answers
-/// within [`STATUS_TIMEOUT`] with its own row.
+/// within [`crate::workload::MEMBER_OPERATION_TIMEOUT`].
 pub async fn reported_saved_term(endpoint: &str) -> Option<u64> {
-    let client = crate::workload::member_client(endpoint).ok()?;
-    let status = tokio::time::timeout(STATUS_TIMEOUT, client.status())
-        .await
-        .ok()?
-        .ok()?;
-    status
-        .members
-        .iter()
-        .find(|m| m.is_self)
-        .and_then(|m| m.saved_vote_term)
+    crate::workload::own_status(endpoint).await?.saved_vote_term
 }
 
 /// The term of the vote file in `data_dir` (0 if there is none yet).
@@ -172,6 +170,25 @@ mod tests {
         let mut cut = vote_file(&[251, 0x2c]);
         cut.truncate(cut.len() - 4);
         assert!(decode_term(&cut).is_err());
+    }
+
+    #[test]
+    fn only_a_lower_or_unreadable_durable_vote_is_an_anomaly() {
+        assert_eq!(check(1, Some(4), Ok(4), 0), None);
+        assert_eq!(check(1, Some(4), Ok(5), 0), None);
+        assert_eq!(check(1, None, Ok(0), 0), None);
+        let lower = check(2, Some(6), Ok(4), 52_040_000_000).unwrap();
+        assert_eq!((lower.kind.as_str(), lower.member), (VOTE_REGRESSION, 2));
+        assert!(
+            lower.detail.contains("term 6 saved")
+                && lower.detail.contains("+52.04 s left a vote of term 4"),
+            "{}",
+            lower.detail
+        );
+        let unreadable = check(3, None, Err(anyhow::anyhow!("bad magic")), 0).unwrap();
+        assert!(
+            unreadable.detail.contains("cannot be read") && unreadable.detail.contains("bad magic")
+        );
     }
 
     #[test]

@@ -521,6 +521,17 @@ pub fn member_client(endpoint: &str) -> anyhow::Result<kvclient::Client> {
         .context("building a kvclient of one member")
 }
 
+/// Member `endpoint`'s own row of its status, if it answers within
+/// [`MEMBER_OPERATION_TIMEOUT`].
+pub async fn own_status(endpoint: &str) -> Option<kvclient::kvproto::cluster::v1::MemberStatus> {
+    let client = member_client(endpoint).ok()?;
+    let status = tokio::time::timeout(MEMBER_OPERATION_TIMEOUT, client.status())
+        .await
+        .ok()?
+        .ok()?;
+    status.members.into_iter().find(|m| m.is_self)
+}
+
 /// The outcome of a failed write: definitely not applied (`fail`) only when
 /// the client says so; otherwise unknown (`info`).
 pub fn write_error_outcome(err: &kvclient::Error) -> Outcome {

@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
 
 use bitcask::{Batch, Engine, Options, PublishedPrefix, SyncPolicy};
 use openraft::storage::RaftStateMachine;
@@ -85,12 +86,15 @@ pub struct StateMachineOptions {
     /// use the same value (`kvnode run --test-session-idle-ms`).
     pub session_idle_ms: Option<u64>,
     /// TEST FAULT (`kvnode run --test-stale-build-before-switch`): at the
-    /// first install of a received snapshot, build a snapshot on the old
-    /// engine first (the race of a build that started just after the
-    /// received snapshot was sealed: a higher counter, a lower last log id),
-    /// then hold the install before the engine switch until the process
-    /// ends, so the fault suite's next power cut lands in that window while
-    /// openraft purges the log through the received snapshot. Off by
+    /// first install of a received snapshot in this data directory
+    /// ([`TEST_STALE_BUILD_MARKER`]), build a snapshot on the old engine
+    /// first (the race of a build that started just after the received
+    /// snapshot was sealed: a higher counter, a lower last log id), then
+    /// hold the install before the engine switch for
+    /// [`TEST_STALE_BUILD_HOLD`], so the fault suite's next power cut lands
+    /// in that window while openraft purges the log through the received
+    /// snapshot. openraft queues every later command behind the install:
+    /// the member neither appends, votes nor answers meanwhile. Off by
     /// default.
     pub test_stale_build_before_switch: bool,
 }
@@ -1163,6 +1167,34 @@ fn start_merge(engine: &Arc<Engine>, inputs: &[String], time_ms: u64) {
     }
 }
 
+/// How long the stale-build test fault holds an install (the fault
+/// suite cuts the power within it).
+pub const TEST_STALE_BUILD_HOLD: Duration = Duration::from_secs(20);
+/// The marker, in the state directory, that the stale-build test fault
+/// fired there (it fires once per data directory).
+pub const TEST_STALE_BUILD_MARKER: &str = "TEST-STALE-BUILD-FIRED";
+
+impl StateMachine {
+    /// True the first time for this data directory: writes the marker
+    /// (fsynced, its directory fsynced, so a power cut keeps it).
+    fn claim_stale_build_fault(&self) -> bool {
+        let marker = self.shared.dir.join(TEST_STALE_BUILD_MARKER);
+        let vfs = node_vfs();
+        if vfs.file_exists(&marker) {
+            return false;
+        }
+        let written = vfs
+            .create(&marker)
+            .and_then(|file| file.sync())
+            .and_then(|()| vfs.sync_dir(&self.shared.dir));
+        if let Err(err) = written {
+            tracing::warn!(error = %err, "TEST FAULT not fired: cannot write its marker");
+            return false;
+        }
+        true
+    }
+}
+
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
         // File work (fsync, links, a copy of the active prefix): off the
@@ -1207,18 +1239,21 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     ) -> Result<(), StorageError<u64>> {
         if self.shared.options.test_stale_build_before_switch
             && !self.shared.stale_build_fired.swap(true, Ordering::SeqCst)
+            && self.claim_stale_build_fault()
         {
-            // TEST FAULT: the stale build, then no switch until the end.
+            // TEST FAULT: the stale build, then no switch for a while.
             let sm = self.clone();
             let built = tokio::task::spawn_blocking(move || sm.build()).await;
             let built = built.map(|b| b.map(|s| s.meta.last_log_id));
             tracing::warn!(
                 ?built,
                 received = ?meta.last_log_id,
+                hold_s = TEST_STALE_BUILD_HOLD.as_secs(),
                 "TEST FAULT: a snapshot built on the old engine after the received one was \
-                 sealed; the install is held before the switch until the process ends"
+                 sealed; the install (and with it this member's Raft core) is held before the \
+                 switch"
             );
-            std::future::pending::<()>().await;
+            tokio::time::sleep(TEST_STALE_BUILD_HOLD).await;
         }
         let sm = self.clone();
         let owned_meta = meta.clone();

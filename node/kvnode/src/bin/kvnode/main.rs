@@ -167,10 +167,11 @@ struct RunArgs {
     #[arg(long, env = "KVNODE_TEST_SESSION_IDLE_MS", default_value_t = 0,
           value_parser = clap::value_parser!(u64).range(0..=kvproto::SESSION_IDLE_MS), hide = true)]
     test_session_idle_ms: u64,
-    /// TEST FAULT: at the first install of a received snapshot, build a
-    /// snapshot on the old engine, then hold the install before the engine
-    /// switch until the process ends (the fault suite's control for how a
-    /// snapshot is chosen at startup). For the fault suite only.
+    /// TEST FAULT: at the first install of a received snapshot in this data
+    /// directory, build a snapshot on the old engine, then hold the install
+    /// (and the member's Raft core) before the engine switch for 20 s (the
+    /// fault suite's control for how a snapshot is chosen at startup). For
+    /// the fault suite only.
     #[arg(long, env = "KVNODE_TEST_STALE_BUILD_BEFORE_SWITCH", hide = true)]
     test_stale_build_before_switch: bool,
     /// Threads of the async runtime (gRPC, Raft, replication); 0 = one per
@@ -316,8 +317,8 @@ fn run_config(args: RunArgs) -> anyhow::Result<NodeConfig> {
     }
     if args.test_stale_build_before_switch {
         tracing::warn!(
-            "TEST FAULT: the first received snapshot's install builds a stale snapshot and \
-             holds before the switch"
+            "TEST FAULT: the first received snapshot's install in this data directory builds \
+             a stale snapshot and holds before the switch"
         );
         config.state_machine.test_stale_build_before_switch = true;
     }
