@@ -6,9 +6,11 @@
 //! Opening: the state machine creates a session only for a request that
 //! says it opens it (`opens`). A write begun before this client had any
 //! answer for its id opens the session; once an answer arrived, the session
-//! exists, and later writes do not open it, so a retry that reaches the
-//! cluster after the session was evicted is answered SESSION_EXPIRED
-//! (outcome unknown) instead of applying a second time. After a
+//! exists, and no later attempt of any write opens it (`opens` is decided
+//! per attempt), so a retry that reaches the cluster after the session was
+//! evicted is answered SESSION_EXPIRED (outcome unknown) instead of
+//! applying a second time, and cannot re-create the session for another
+//! write's retry either. After a
 //! SESSION_EXPIRED the client moves to a fresh id (a fresh session): the old
 //! id's outstanding writes keep the old id, so none of them can open a new
 //! session under it.
@@ -99,7 +101,8 @@ impl Ticket {
     /// read afresh each time, so it advances while a write is retried).
     pub(crate) fn session(&self) -> Session {
         let state = self.sessions.lock();
-        let lowest = if state.client_id == self.client_id {
+        let current = state.client_id == self.client_id;
+        let lowest = if current {
             state.outstanding.first().copied().unwrap_or(state.next)
         } else {
             // An abandoned id: its session is gone already.
@@ -109,7 +112,11 @@ impl Ticket {
             client_id: self.client_id,
             sequence: self.sequence,
             lowest_unacked_sequence: lowest.min(self.sequence),
-            opens: self.opens,
+            // Decided per attempt: once any answer confirmed the session,
+            // or the id was abandoned, a retry never opens (a late retry
+            // must not re-create a session evicted meanwhile, under which
+            // another write's retry would apply again).
+            opens: self.opens && current && !state.confirmed,
         }
     }
 
@@ -178,7 +185,10 @@ mod tests {
         b.answered();
         let c = sessions.begin();
         assert!(!c.session().opens, "the session exists now");
-        assert!(a.session().opens, "a write keeps what it was begun with");
+        assert!(
+            !a.session().opens,
+            "a retry after the session was confirmed does not open it again"
+        );
     }
 
     #[test]

@@ -150,18 +150,31 @@ async fn run(
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;
         };
-        let first = match carried.take() {
-            Some(first) => first,
-            None => match incoming.recv().await {
+        // A request whose caller is gone (its call cancelled or timed out
+        // while it queued) is never proposed: nobody would learn its
+        // outcome, and a retry of it may be on its way already. So a queue
+        // that built up behind a stuck pipeline (a leader cut off from its
+        // majority) cannot apply writes long after their clients gave up.
+        let first = loop {
+            let next = match carried.take() {
                 Some(first) => first,
-                None => return,
-            },
+                None => match incoming.recv().await {
+                    Some(first) => first,
+                    None => return,
+                },
+            };
+            if !next.reply.is_closed() {
+                break next;
+            }
         };
         let mut bytes = first.size_bytes;
         let mut ops = first.request.ops.len();
         let mut batch = vec![first];
         while batch.len() < ENTRY_REQUESTS_MAX {
             let Ok(next) = incoming.try_recv() else { break };
+            if next.reply.is_closed() {
+                continue;
+            }
             if bytes + next.size_bytes > ENTRY_SIZE_BYTES_MAX
                 || ops + next.request.ops.len() > ENTRY_USER_OPS_MAX
             {
@@ -333,6 +346,79 @@ mod tests {
         assert!(
             matches!(too_many, Err(ProposeError::TooManyOps { .. })),
             "{too_many:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_whose_caller_gave_up_while_queued_is_never_proposed() {
+        let proposed: Arc<Mutex<Vec<u64>>> = Arc::new(Mutex::new(Vec::new()));
+        let gate = Arc::new(Semaphore::new(0));
+        let propose: ProposeFn = {
+            let (proposed, gate) = (proposed.clone(), gate.clone());
+            Arc::new(move |requests: Vec<Request>| {
+                let (proposed, gate) = (proposed.clone(), gate.clone());
+                Box::pin(async move {
+                    let ids: Vec<u64> = requests
+                        .iter()
+                        .map(|r| {
+                            let key = String::from_utf8_lossy(r.ops[0].key()).into_owned();
+                            key.split('/').next().unwrap().parse().unwrap()
+                        })
+                        .collect();
+                    proposed.lock().unwrap().extend(&ids);
+                    // A stuck pipeline (a leader without its majority).
+                    gate.acquire().await.unwrap().forget();
+                    Ok(ids
+                        .iter()
+                        .map(|&id| Outcome::Applied {
+                            versions: vec![id],
+                            existed: vec![false],
+                        })
+                        .collect())
+                })
+            })
+        };
+        let batcher = Batcher::spawn(propose);
+        let wait_proposed = |count: usize| {
+            let proposed = proposed.clone();
+            async move {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+                while proposed.lock().unwrap().len() < count {
+                    assert!(tokio::time::Instant::now() < deadline, "not proposed");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        };
+        // Fill every pipeline slot, one entry each.
+        let mut blockers = Vec::new();
+        for id in 0..PROPOSALS_IN_FLIGHT_MAX as u64 {
+            let batcher = batcher.clone();
+            blockers.push(tokio::spawn(async move {
+                batcher.submit(request(id, 1, 1)).await
+            }));
+            wait_proposed(id as usize + 1).await;
+        }
+        // Callers that give up while their requests queue.
+        for id in 100..110 {
+            let gave_up =
+                tokio::time::timeout(Duration::from_millis(50), batcher.submit(request(id, 1, 1)))
+                    .await;
+            assert!(gave_up.is_err(), "answered through a stuck pipeline");
+        }
+        let live = {
+            let batcher = batcher.clone();
+            tokio::spawn(async move { batcher.submit(request(200, 1, 1)).await })
+        };
+        gate.add_permits(1000);
+        assert!(live.await.unwrap().is_ok());
+        for blocker in blockers {
+            assert!(blocker.await.unwrap().is_ok());
+        }
+        let proposed = proposed.lock().unwrap().clone();
+        assert!(proposed.contains(&200), "{proposed:?}");
+        assert!(
+            proposed.iter().all(|id| !(100..110).contains(id)),
+            "abandoned requests were proposed: {proposed:?}"
         );
     }
 

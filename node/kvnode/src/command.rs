@@ -123,7 +123,9 @@ pub enum Command {
 /// The payload of a Raft entry: the leader's cluster time and a command.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Proposal {
-    /// Cluster time in ms, stamped by the leader; never decreases along the log.
+    /// Cluster time in ms, stamped by the leader. Stamps may step back by
+    /// a little between proposals that reach Raft out of order; apply
+    /// takes the max, so the applied time never decreases.
     pub time_ms: u64,
     /// What to do.
     pub command: Command,

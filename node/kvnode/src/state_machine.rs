@@ -300,7 +300,24 @@ fn hard_link(from: &Path, to: &Path) -> Result<(), SnapshotError> {
         .map_err(io_err("hard-link", to))
 }
 
+/// Deletes a directory. A snapshot's `MANIFEST` goes first, durably (its
+/// directory fsynced), so a crash part-way through the rest never leaves
+/// a snapshot that looks complete with files missing (the next open would
+/// pick it and fail to verify it); without the manifest, the next open
+/// deletes what is left as incomplete.
 fn remove_dir_logged(path: &Path) {
+    let vfs = node_vfs();
+    let manifest = path.join(snapshot::MANIFEST_FILE);
+    if vfs.file_exists(&manifest) {
+        let unlinked = vfs
+            .remove(&manifest)
+            .map_err(io_err("remove", &manifest))
+            .and_then(|()| snapshot::fsync_dir(path));
+        if let Err(err) = unlinked {
+            tracing::warn!(path = %path.display(), error = %err, "could not delete a snapshot's manifest; the directory is kept");
+            return;
+        }
+    }
     if let Err(err) = snapshot::remove_dir_all(path)
         && err.kind() != std::io::ErrorKind::NotFound
     {
