@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -36,6 +36,9 @@ pub const RESPONSE_SIZE_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Longest one attempt of [`Client::add_learner`] with `wait_caught_up` may
 /// take: the server's catch-up wait (120 s) plus a margin.
 pub const CATCH_UP_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(130);
+/// Runs of one write at most: a second only when the first was refused
+/// SESSION_EXPIRED before any attempt of it may have applied.
+pub const WRITE_ROUNDS_MAX: u32 = 2;
 
 /// A raftcask client. Cheap to clone (clones share connections, the leader
 /// cache and the session); calls may run concurrently.
@@ -146,34 +149,59 @@ impl Client {
     }
 
     /// Runs a write on the leader with a fresh session sequence, reused by
-    /// every retry.
+    /// every retry. A write refused SESSION_EXPIRED before any attempt of
+    /// it may have applied (every earlier attempt was refused by a member
+    /// that is not the leader, or never sent) is run once more under the
+    /// fresh client id: it certainly did not apply, so there is nothing
+    /// unknown to report — the case of a client idle for longer than the
+    /// session window, whose session the cluster evicted.
     async fn write<T, F, Fut>(&self, mut call: F) -> Result<T>
     where
         F: FnMut(Channel, pb::Session) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        let ticket = self.inner.sessions.begin();
-        let ticket = &ticket;
-        let result = self
-            .inner
-            .router
-            .run(Target::Leader, true, |channel| {
-                let attempt = call(channel, ticket.session());
-                async move {
-                    let answer = attempt.await;
-                    if let Err(status) = &answer
-                        && crate::error::is_session_expired(status)
-                    {
-                        ticket.session_expired();
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            let ticket = self.inner.sessions.begin();
+            let ticket = &ticket;
+            let may_have_applied = AtomicBool::new(false);
+            let expired = AtomicBool::new(false);
+            let (may_have_applied, expired) = (&may_have_applied, &expired);
+            let result = self
+                .inner
+                .router
+                .run(Target::Leader, true, |channel| {
+                    let attempt = call(channel, ticket.session());
+                    async move {
+                        let answer = attempt.await;
+                        if let Err(status) = &answer {
+                            if crate::error::is_session_expired(status) {
+                                ticket.session_expired();
+                                expired.store(true, Ordering::SeqCst);
+                            } else if matches!(
+                                crate::error::classify(status),
+                                crate::error::Verdict::MaybeApplied
+                            ) {
+                                may_have_applied.store(true, Ordering::SeqCst);
+                            }
+                        }
+                        answer
                     }
-                    answer
-                }
-            })
-            .await;
-        if result.is_ok() {
-            ticket.answered();
+                })
+                .await;
+            if result.is_ok() {
+                ticket.answered();
+            }
+            let unapplied_expiry = result.is_err()
+                && expired.load(Ordering::SeqCst)
+                && !may_have_applied.load(Ordering::SeqCst);
+            if unapplied_expiry && rounds < WRITE_ROUNDS_MAX {
+                tracing::debug!("session expired before the write could apply: again, fresh id");
+                continue;
+            }
+            return result;
         }
-        result
     }
 
     fn consistency(&self, consistency: Option<Consistency>) -> (i32, u64) {

@@ -3,7 +3,8 @@
 //! session answer was forgotten (SESSION_EXPIRED) are all reported as
 //! `Error::OutcomeUnknown`, never as failed; every retry of one write reuses
 //! its session (same client id and sequence), and SESSION_EXPIRED is not
-//! retried.
+//! retried under the same id (a write none of whose attempts may have
+//! applied runs once more under a fresh id).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -24,6 +25,10 @@ enum Mode {
     Unknown,
     /// ABORTED with a `SessionExpired` detail.
     Expired,
+    /// SESSION_EXPIRED for the first put, then success.
+    ExpiredOnce,
+    /// Outcome unknown for the first put, then SESSION_EXPIRED.
+    UnknownThenExpired,
 }
 
 #[derive(Clone)]
@@ -55,23 +60,45 @@ impl Kv for Fake {
         request: Request<pb::PutRequest>,
     ) -> Result<Response<pb::PutResponse>, Status> {
         let session = request.into_inner().session.unwrap_or_default();
-        self.sessions.lock().expect("lock").push(session);
-        match self.mode {
-            Mode::Hang => {
-                tokio::time::sleep(Duration::from_secs(30)).await;
-                Err(Status::internal("too late"))
-            }
-            Mode::Unknown => Err(with_detail(
-                Code::Unavailable,
-                pb::error_detail::Detail::OutcomeUnknown(pb::OutcomeUnknown {}),
-            )),
-            Mode::Expired => Err(with_detail(
+        let call = {
+            let mut sessions = self.sessions.lock().expect("lock");
+            sessions.push(session);
+            sessions.len()
+        };
+        let expired = || {
+            with_detail(
                 Code::Aborted,
                 pb::error_detail::Detail::SessionExpired(pb::SessionExpired {
                     client_id: session.client_id,
                     sequence: session.sequence,
                 }),
-            )),
+            )
+        };
+        let unknown = || {
+            with_detail(
+                Code::Unavailable,
+                pb::error_detail::Detail::OutcomeUnknown(pb::OutcomeUnknown {}),
+            )
+        };
+        match self.mode {
+            Mode::ExpiredOnce if call == 1 => return Err(expired()),
+            Mode::ExpiredOnce => {
+                return Ok(Response::new(pb::PutResponse {
+                    header: None,
+                    outcome: Some(pb::put_response::Outcome::Version(1 << 16)),
+                }));
+            }
+            Mode::UnknownThenExpired if call == 1 => return Err(unknown()),
+            Mode::UnknownThenExpired => return Err(expired()),
+            _ => {}
+        }
+        match self.mode {
+            Mode::Hang => {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                Err(Status::internal("too late"))
+            }
+            Mode::Unknown => Err(unknown()),
+            Mode::Expired | Mode::ExpiredOnce | Mode::UnknownThenExpired => Err(expired()),
         }
     }
     async fn delete(
@@ -128,11 +155,7 @@ async fn fake(mode: Mode) -> (String, Arc<Mutex<Vec<pb::Session>>>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_fates_are_reported_as_outcome_unknown() {
-    for (mode, attempts, expect_calls) in [
-        (Mode::Hang, 2, 2),
-        (Mode::Unknown, 4, 4),
-        (Mode::Expired, 4, 1),
-    ] {
+    for (mode, attempts, expect_calls) in [(Mode::Hang, 2, 2), (Mode::Unknown, 4, 4)] {
         let (addr, sessions) = fake(mode).await;
         let client = Client::builder([addr])
             .request_timeout(Duration::from_millis(300))
@@ -149,7 +172,7 @@ async fn unknown_fates_are_reported_as_outcome_unknown() {
             matches!(result, Err(Error::OutcomeUnknown { .. })),
             "{result:?}"
         );
-        let sequence = if matches!(mode, Mode::Expired) { 1 } else { 2 };
+        let sequence = 2;
         let seen = sessions.lock().expect("lock").clone();
         assert_eq!(seen.len(), expect_calls, "{seen:?}");
         for s in &seen {
@@ -164,10 +187,74 @@ async fn unknown_fates_are_reported_as_outcome_unknown() {
                 "no answer arrived for this id: the write opens its session"
             );
         }
-        if matches!(mode, Mode::Expired) {
-            assert_ne!(client.client_id(), id, "a fresh id after SESSION_EXPIRED");
-        } else {
-            assert_eq!(client.client_id(), id);
-        }
+        assert_eq!(client.client_id(), id);
     }
+}
+
+fn client_of(addr: String) -> Client {
+    Client::builder([addr])
+        .request_timeout(Duration::from_millis(300))
+        .attempts(4)
+        .build()
+        .expect("client")
+}
+
+/// SESSION_EXPIRED is not retried under the same id: the write is run once
+/// more under a fresh id only when no attempt of it may have applied, and
+/// reported outcome unknown when that is refused too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_expired_is_never_retried_under_the_same_id() {
+    let (addr, sessions) = fake(Mode::Expired).await;
+    let client = client_of(addr);
+    let id = client.client_id();
+    let result = client.put("k", "v").await;
+    assert!(
+        matches!(result, Err(Error::OutcomeUnknown { .. })),
+        "{result:?}"
+    );
+    let seen = sessions.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 2, "one attempt per id: {seen:?}");
+    assert_eq!((seen[0].client_id, seen[0].sequence), (id, 1));
+    assert_ne!(seen[1].client_id, id, "the second run has a fresh id");
+    assert_eq!(seen[1].sequence, 1);
+    assert!(seen.iter().all(|s| s.opens));
+    assert_ne!(client.client_id(), seen[1].client_id);
+}
+
+/// A client idle past the session window: its session was evicted, the
+/// write's only attempt is refused SESSION_EXPIRED and certainly did not
+/// apply, so the client runs it again under a fresh id and succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_refused_before_it_could_apply_runs_again_under_a_fresh_id() {
+    let (addr, sessions) = fake(Mode::ExpiredOnce).await;
+    let client = client_of(addr);
+    let id = client.client_id();
+    let written = client.put("k", "v").await;
+    assert!(written.is_ok(), "{written:?}");
+    let seen = sessions.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[0].client_id, id);
+    assert_ne!(seen[1].client_id, id);
+    assert!(
+        seen[1].opens,
+        "the fresh id's first write opens its session"
+    );
+    assert_eq!(client.client_id(), seen[1].client_id);
+}
+
+/// An attempt that may have applied before the expiry: the outcome is
+/// unknown, and the write is not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiry_after_an_attempt_that_may_have_applied_is_outcome_unknown() {
+    let (addr, sessions) = fake(Mode::UnknownThenExpired).await;
+    let client = client_of(addr);
+    let id = client.client_id();
+    let result = client.put("k", "v").await;
+    assert!(
+        matches!(result, Err(Error::OutcomeUnknown { .. })),
+        "{result:?}"
+    );
+    let seen = sessions.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(seen.iter().all(|s| s.client_id == id && s.sequence == 1));
 }
