@@ -191,12 +191,26 @@ async fn unknown_fates_are_reported_as_outcome_unknown() {
     }
 }
 
-fn client_of(addr: String) -> Client {
-    Client::builder([addr])
+/// One put against a fake in `mode`: the client id it began with, the
+/// result, and the sessions the fake saw; and the client.
+async fn one_put(
+    mode: Mode,
+) -> (
+    u64,
+    kvclient::Result<kvclient::Written>,
+    Vec<pb::Session>,
+    Client,
+) {
+    let (addr, sessions) = fake(mode).await;
+    let client = Client::builder([addr])
         .request_timeout(Duration::from_millis(300))
         .attempts(4)
         .build()
-        .expect("client")
+        .expect("client");
+    let id = client.client_id();
+    let result = client.put("k", "v").await;
+    let seen = sessions.lock().expect("lock").clone();
+    (id, result, seen, client)
 }
 
 /// SESSION_EXPIRED is not retried under the same id: the write is run once
@@ -204,15 +218,11 @@ fn client_of(addr: String) -> Client {
 /// reported outcome unknown when that is refused too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_expired_is_never_retried_under_the_same_id() {
-    let (addr, sessions) = fake(Mode::Expired).await;
-    let client = client_of(addr);
-    let id = client.client_id();
-    let result = client.put("k", "v").await;
+    let (id, result, seen, client) = one_put(Mode::Expired).await;
     assert!(
         matches!(result, Err(Error::OutcomeUnknown { .. })),
         "{result:?}"
     );
-    let seen = sessions.lock().expect("lock").clone();
     assert_eq!(seen.len(), 2, "one attempt per id: {seen:?}");
     assert_eq!((seen[0].client_id, seen[0].sequence), (id, 1));
     assert_ne!(seen[1].client_id, id, "the second run has a fresh id");
@@ -226,12 +236,8 @@ async fn session_expired_is_never_retried_under_the_same_id() {
 /// apply, so the client runs it again under a fresh id and succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_refused_before_it_could_apply_runs_again_under_a_fresh_id() {
-    let (addr, sessions) = fake(Mode::ExpiredOnce).await;
-    let client = client_of(addr);
-    let id = client.client_id();
-    let written = client.put("k", "v").await;
+    let (id, written, seen, client) = one_put(Mode::ExpiredOnce).await;
     assert!(written.is_ok(), "{written:?}");
-    let seen = sessions.lock().expect("lock").clone();
     assert_eq!(seen.len(), 2, "{seen:?}");
     assert_eq!(seen[0].client_id, id);
     assert_ne!(seen[1].client_id, id);
@@ -246,15 +252,11 @@ async fn a_write_refused_before_it_could_apply_runs_again_under_a_fresh_id() {
 /// unknown, and the write is not run again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expiry_after_an_attempt_that_may_have_applied_is_outcome_unknown() {
-    let (addr, sessions) = fake(Mode::UnknownThenExpired).await;
-    let client = client_of(addr);
-    let id = client.client_id();
-    let result = client.put("k", "v").await;
+    let (id, result, seen, _client) = one_put(Mode::UnknownThenExpired).await;
     assert!(
         matches!(result, Err(Error::OutcomeUnknown { .. })),
         "{result:?}"
     );
-    let seen = sessions.lock().expect("lock").clone();
     assert_eq!(seen.len(), 2, "{seen:?}");
     assert!(seen.iter().all(|s| s.client_id == id && s.sequence == 1));
 }
