@@ -698,18 +698,27 @@ async fn a_receiver_stages_held_files_and_prefixes_and_discards_a_snapshot_it_do
             .iter()
             .all(|n| n.name == active.name || n.offset == 0)
     );
-    // Play the leader: copy just what was asked for.
+    // Play the leader: copy just what was asked for. Through the node's
+    // vfs, as the receive path does: in a lazy-disk build the staged bytes
+    // live there until fsynced.
+    let vfs = kvnode::snapshot::node_vfs();
     for need in &plan.needed {
-        let from = std::fs::read(snapshot.snapshot.file_path(&need.name).unwrap()).unwrap();
+        let source = vfs
+            .open(&snapshot.snapshot.file_path(&need.name).unwrap())
+            .unwrap();
+        let mut from = vec![0; source.len().unwrap() as usize];
+        source.read_exact_at(&mut from, 0).unwrap();
         let path = plan.staging.file_path(&need.name).unwrap();
-        let mut staged = if need.offset > 0 {
-            std::fs::read(&path).unwrap()
+        let staged = if need.offset > 0 {
+            vfs.open(&path).unwrap()
         } else {
-            Vec::new()
+            vfs.create(&path).unwrap()
         };
-        assert_eq!(staged.len() as u64, need.offset);
-        staged.extend_from_slice(&from[need.offset as usize..]);
-        std::fs::write(&path, staged).unwrap();
+        assert_eq!(staged.len().unwrap(), need.offset);
+        staged
+            .write_all_at(&from[need.offset as usize..], need.offset)
+            .unwrap();
+        staged.sync().unwrap();
     }
     assert!(kvnode::StateMachine::staged_mismatches(&plan.staging, &manifest).is_empty());
     let sealed = follower.seal_received(&plan.staging, &manifest).unwrap();
