@@ -208,7 +208,12 @@ impl ClientBuilder {
         self
     }
 
-    /// Time a whole call, retries included, may take.
+    /// Time a whole call, retries included, may take. A write refused
+    /// SESSION_EXPIRED before any attempt of it could have applied runs once
+    /// more under a fresh client id, with a fresh allowance
+    /// ([`crate::client::WRITE_ROUNDS_MAX`] runs at most); each run's
+    /// retries stay within this bound, which is what the session window
+    /// relies on.
     pub fn operation_timeout(mut self, timeout: Duration) -> Self {
         self.settings.operation_timeout = timeout;
         self

@@ -243,6 +243,16 @@ mod tests {
         }
     }
 
+    /// The id a test request was made with (its first key's prefix).
+    fn id_of(request: &Request) -> u64 {
+        String::from_utf8_lossy(request.ops[0].key())
+            .split('/')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
     /// A proposer that records each entry's requests and answers each with
     /// a version naming the request (its first key), after a delay like a
     /// log fsync.
@@ -253,17 +263,9 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(delay_ms)).await;
                 let outcomes = requests
                     .iter()
-                    .map(|r| {
-                        let id: u64 = String::from_utf8_lossy(r.ops[0].key())
-                            .split('/')
-                            .next()
-                            .unwrap()
-                            .parse()
-                            .unwrap();
-                        Outcome::Applied {
-                            versions: vec![id],
-                            existed: vec![false],
-                        }
+                    .map(|r| Outcome::Applied {
+                        versions: vec![id_of(r)],
+                        existed: vec![false],
                     })
                     .collect();
                 entries.lock().unwrap().push(requests);
@@ -358,13 +360,7 @@ mod tests {
             Arc::new(move |requests: Vec<Request>| {
                 let (proposed, gate) = (proposed.clone(), gate.clone());
                 Box::pin(async move {
-                    let ids: Vec<u64> = requests
-                        .iter()
-                        .map(|r| {
-                            let key = String::from_utf8_lossy(r.ops[0].key()).into_owned();
-                            key.split('/').next().unwrap().parse().unwrap()
-                        })
-                        .collect();
+                    let ids: Vec<u64> = requests.iter().map(id_of).collect();
                     proposed.lock().unwrap().extend(&ids);
                     // A stuck pipeline (a leader without its majority).
                     gate.acquire().await.unwrap().forget();
