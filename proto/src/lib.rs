@@ -39,9 +39,10 @@
 //!
 //! ## Limits
 //!
-//! The protocol itself sets none; the node enforces its limits (key 4 KiB,
-//! value 1 MiB by default, one Raft entry 4 MiB, DESIGN §4) and answers
-//! INVALID_ARGUMENT naming the limit. Servers and clients should configure
+//! The wire constants live here, once: [`ERROR_DETAIL_KEY`],
+//! [`KEY_SIZE_BYTES_MAX`] (4 KiB), [`VALUE_SIZE_BYTES_MAX`] (1 MiB) and
+//! [`SESSION_IDLE_MS`]. The node enforces the limits (and one Raft entry of
+//! 4 MiB, DESIGN §4) and answers INVALID_ARGUMENT naming the limit. Servers and clients should configure
 //! tonic's message size limits above the largest legal request.
 //!
 //! ## Example
@@ -63,6 +64,15 @@
 //! // Linearizable is the default (0 on the wire).
 //! assert_eq!(GetRequest::default().consistency(), Consistency::Linearizable);
 //! ```
+
+/// Binary gRPC metadata key carrying an encoded [`kv::v1::ErrorDetail`] on
+/// an error status (see `kv.proto`). Servers write it, clients read it.
+pub const ERROR_DETAIL_KEY: &str = "raftcask-error-bin";
+/// Cluster limit on a key, in bytes (DESIGN §4): the node refuses a longer
+/// key with INVALID_ARGUMENT naming this limit; clients may check it first.
+pub const KEY_SIZE_BYTES_MAX: usize = 4 * 1024;
+/// Cluster limit on a value, in bytes (DESIGN §4).
+pub const VALUE_SIZE_BYTES_MAX: usize = 1024 * 1024;
 
 /// Cluster time (ms) a session may stay idle before the state machine
 /// evicts it and forgets its answers (DESIGN §3). A client must not retry a

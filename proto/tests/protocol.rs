@@ -23,8 +23,8 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Server};
 use tonic::{Code, Request, Response, Status, Streaming};
 
-/// The metadata key that carries an encoded `kv::v1::ErrorDetail`.
-const ERROR_DETAIL_KEY: &str = "raftcask-error-bin";
+// The metadata key that carries an encoded `kv::v1::ErrorDetail`.
+use kvproto::ERROR_DETAIL_KEY;
 /// Bounds every network step of a test, so a broken build fails instead of hanging.
 const TEST_STEP_TIMEOUT: Duration = Duration::from_secs(30);
 

@@ -6,8 +6,8 @@ use kvproto::kv::v1::{ErrorDetail, error_detail};
 use prost::Message;
 use tonic::{Code, Status};
 
-/// Binary metadata key carrying an encoded `ErrorDetail` (see kv.proto).
-pub(crate) const ERROR_DETAIL_KEY: &str = "raftcask-error-bin";
+// Binary metadata key carrying an encoded `ErrorDetail` (see kv.proto).
+pub(crate) use kvproto::ERROR_DETAIL_KEY;
 
 /// Result of every client call.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

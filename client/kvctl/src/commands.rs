@@ -20,7 +20,7 @@ use kvnode::backup::{ArchiveWriter, verify_archive};
 
 /// Largest key, in bytes: the cluster's limit (DESIGN §4), checked before
 /// sending so the message comes at once.
-pub const KEY_SIZE_BYTES_MAX: usize = 4 * 1024;
+pub use kvproto::KEY_SIZE_BYTES_MAX;
 /// Largest value kvctl reads from an argument, file or standard input: the
 /// highest value limit a cluster can be configured with (DESIGN §4: 8 MiB);
 /// the cluster's own, lower limit is checked by the cluster.

@@ -10,12 +10,7 @@ use tonic::{Code, Status};
 
 use crate::command::RESERVED_KEY_PREFIX;
 
-/// Binary metadata key carrying an encoded [`ErrorDetail`] (see kv.proto).
-pub const ERROR_DETAIL_KEY: &str = "raftcask-error-bin";
-/// Cluster limit on a key, in bytes (DESIGN §4).
-pub const KEY_SIZE_BYTES_MAX: usize = 4 * 1024;
-/// Cluster limit on a value, in bytes (DESIGN §4).
-pub const VALUE_SIZE_BYTES_MAX: usize = 1024 * 1024;
+pub use kvproto::{ERROR_DETAIL_KEY, KEY_SIZE_BYTES_MAX, VALUE_SIZE_BYTES_MAX};
 
 /// A status with an [`ErrorDetail`] in its metadata.
 pub fn status_with_detail(
