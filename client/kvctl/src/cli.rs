@@ -266,7 +266,7 @@ pub enum SnapshotCommand {
         purge_log: bool,
     },
     /// Stream a member's snapshot into one archive file (the format of
-    /// `kvnode::backup`, which `kvnode restore` reads).
+    /// `kvnode::snapshot::backup`, which `kvnode restore` reads).
     Save {
         /// The archive to write (written to FILE.partial, renamed when
         /// complete and verified).

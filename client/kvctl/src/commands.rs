@@ -16,7 +16,7 @@ use tokio_stream::StreamExt as _;
 use crate::cli::{Cli, Command, ConsistencyArg, MemberCommand, PutArgs, ScanArgs, SnapshotCommand};
 use crate::exit::{Exit, Failure};
 use crate::output::{Printer, Style, insert_bytes, millis, ttl_text};
-use kvnode::backup::{ArchiveWriter, verify_archive};
+use kvnode::snapshot::backup::{ArchiveWriter, verify_archive};
 
 /// Largest key, in bytes: the cluster's limit (DESIGN §4), checked before
 /// sending so the message comes at once.

@@ -4,7 +4,7 @@
 //! marked, in a table and in JSON; `member list` lists the three voters;
 //! `member promote` of a voter is an idempotent success and of a
 //! non-member a refusal (exit 4); `snapshot trigger` builds one; `snapshot
-//! save` writes an archive that `kvnode::backup::verify_archive` accepts;
+//! save` writes an archive that `kvnode::snapshot::backup::verify_archive` accepts;
 //! `bench put --total 200` prints percentiles and writes a valid SVG.
 
 use crate::harness::Cluster;
@@ -117,7 +117,7 @@ fn cluster_commands_and_bench() {
     let run = cluster.kvctl(&["-o", "json", "snapshot", "save", &file_arg]);
     run.expect_code(0);
     let saved = run.json();
-    let summary = kvnode::backup::verify_archive(&file).expect("a valid archive");
+    let summary = kvnode::snapshot::backup::verify_archive(&file).expect("a valid archive");
     assert!(summary.manifest.last_log_id.is_some_and(|l| l.index > 0));
     assert_eq!(
         saved["files"].as_u64(),

@@ -12,7 +12,7 @@
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 
-use kvnode::security::{AuthToken, TlsMaterial};
+use kvnode::server::security::{AuthToken, TlsMaterial};
 
 use crate::harness::{Cluster, kvctl};
 

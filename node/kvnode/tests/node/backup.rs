@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bitcask::Options;
-use kvnode::backup::{ArchiveWriter, BackupError, RestoreOptions, restore};
+use kvnode::snapshot::backup::{ArchiveWriter, BackupError, RestoreOptions, restore};
 use kvnode::{Listeners, Node, NodeConfig, NodeInfo, StateMachineOptions};
 use kvproto::cluster::v1::cluster_client::ClusterClient;
 use kvproto::cluster::v1::{SaveSnapshotRequest, StatusRequest, save_snapshot_response};

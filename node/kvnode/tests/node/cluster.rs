@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use kvnode::convert::detail_of;
+use kvnode::server::convert::detail_of;
 use kvnode::{Listeners, Node, NodeConfig, NodeInfo};
 use kvproto::kv::v1::kv_client::KvClient;
 use kvproto::kv::v1::{

@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use kvnode::disk::{FREE_SPACE_REFRESH, STORAGE_FAILURE_EXIT_CODE, free_bytes};
-use kvnode::limits::Limits;
+use kvnode::node::disk::{FREE_SPACE_REFRESH, STORAGE_FAILURE_EXIT_CODE, free_bytes};
+use kvnode::server::limits::Limits;
 use kvproto::kv::v1::{Consistency, GetRequest, error_detail};
 use tonic::Code;
 
@@ -229,9 +229,9 @@ async fn below_the_watermark_writes_are_refused_and_reads_served() {
     );
     assert!(
         matches!(
-            kvnode::convert::detail_of(&status).and_then(|d| d.detail),
+            kvnode::server::convert::detail_of(&status).and_then(|d| d.detail),
             Some(error_detail::Detail::LimitExceeded(l))
-                if l.limit == kvnode::disk::WATERMARK_LIMIT && l.limit_value == WATERMARK
+                if l.limit == kvnode::node::disk::WATERMARK_LIMIT && l.limit_value == WATERMARK
         ),
         "{status:?}"
     );

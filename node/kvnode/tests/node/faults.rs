@@ -121,7 +121,7 @@ async fn a_retry_after_its_session_was_evicted_is_refused_not_applied_again() {
     assert_eq!(status.code(), tonic::Code::Aborted, "{status:?}");
     assert!(
         matches!(
-            kvnode::convert::detail_of(&status).and_then(|d| d.detail),
+            kvnode::server::convert::detail_of(&status).and_then(|d| d.detail),
             Some(kvproto::kv::v1::error_detail::Detail::SessionExpired(_))
         ),
         "{status:?}"

@@ -22,10 +22,10 @@ use std::sync::Arc;
 
 use bitcask::sim::SimFs;
 use kvnode::codec;
-use kvnode::command::{Command, Condition, Op, Proposal, Request, SessionRef};
-use kvnode::identity::Identity;
+use kvnode::node::identity::Identity;
+use kvnode::raft::types::{CommitMeta, NodeInfo, TypeConfig};
 use kvnode::snapshot::{KIND_ACTIVE_PREFIX, KIND_SEALED, Manifest, ManifestFile, Pointer};
-use kvnode::types::{CommitMeta, NodeInfo, TypeConfig};
+use kvnode::state_machine::command::{Command, Condition, Op, Proposal, Request, SessionRef};
 use kvnode::{LogStore, LogStoreOptions};
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
@@ -525,7 +525,7 @@ fn mutated_identity_files_never_panic() {
     let seed_dir = tempfile::tempdir().expect("tempdir");
     let identity = Identity::load_or_create(seed_dir.path(), 2).expect("make an identity");
     identity.ensure_cluster_id().expect("cluster id");
-    let seed = std::fs::read(seed_dir.path().join(kvnode::identity::IDENTITY_FILE))
+    let seed = std::fs::read(seed_dir.path().join(kvnode::node::identity::IDENTITY_FILE))
         .expect("identity file");
     let mut runner = runner(2, b"raftcask-kvnode-fuzz-identity-s!");
     let result = runner.run(&proptest::collection::vec(mutation(), 1..=3), |mutations| {
@@ -534,8 +534,11 @@ fn mutated_identity_files_never_panic() {
             apply(&mut bytes, m);
         }
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(dir.path().join(kvnode::identity::IDENTITY_FILE), &bytes)
-            .expect("write identity");
+        std::fs::write(
+            dir.path().join(kvnode::node::identity::IDENTITY_FILE),
+            &bytes,
+        )
+        .expect("write identity");
         let _ = Identity::load_or_create(dir.path(), 2);
         Ok(())
     });

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use kvnode::convert::detail_of;
+use kvnode::server::convert::detail_of;
 use kvnode::{Faults, Listeners, Node, NodeConfig, NodeInfo, StateMachineOptions};
 use kvproto::kv::v1::kv_client::KvClient;
 use kvproto::kv::v1::{Consistency, GetRequest, GetResponse, ScanRequest, error_detail};

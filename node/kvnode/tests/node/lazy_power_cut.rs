@@ -61,7 +61,7 @@ async fn identity_current_and_snapshots_are_durable_when_written() {
     use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
 
     let dir = tempfile::tempdir().unwrap();
-    kvnode::identity::Identity::load_or_create(dir.path(), 1).unwrap();
+    kvnode::node::identity::Identity::load_or_create(dir.path(), 1).unwrap();
     let state = dir.path().join("state");
     let mut sm = StateMachine::open(&state, StateMachineOptions::default()).unwrap();
     let blanks: Vec<Entry<kvnode::TypeConfig>> = (1..=20)

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use kvnode::limits::Limits;
+use kvnode::server::limits::Limits;
 use kvnode::{Node, NodeConfig, NodeInfo};
 use kvproto::kv::v1::kv_client::KvClient;
 use kvproto::kv::v1::{Consistency, GetRequest, PutRequest, error_detail};
@@ -225,7 +225,7 @@ async fn oversized_messages_are_refused_naming_the_limit() {
     let mut client = kv(addr).await.unwrap();
 
     // Over the message limit: refused by the decoder, naming its bytes.
-    let message_max = kvnode::service::kv::CLIENT_MESSAGE_BYTES_MAX;
+    let message_max = kvnode::server::kv::CLIENT_MESSAGE_BYTES_MAX;
     let status = client
         .put(put_request("huge", vec![7; message_max + 1024]))
         .await
@@ -237,7 +237,7 @@ async fn oversized_messages_are_refused_naming_the_limit() {
     );
 
     // Over the value limit but within the message: named by the kv service.
-    let value_max = kvnode::convert::VALUE_SIZE_BYTES_MAX;
+    let value_max = kvnode::server::convert::VALUE_SIZE_BYTES_MAX;
     let status = client
         .put(put_request("big", vec![7; value_max + 1]))
         .await
@@ -250,7 +250,7 @@ async fn oversized_messages_are_refused_naming_the_limit() {
 
     // Metadata well within HEADER_LIST_BYTES_MAX passes; a header list
     // over it is refused.
-    let header_max = kvnode::limits::HEADER_LIST_BYTES_MAX as usize;
+    let header_max = kvnode::server::limits::HEADER_LIST_BYTES_MAX as usize;
     let mut request = tonic::Request::new(put_request("headers", b"v".to_vec()));
     let filler = "h".repeat(header_max / 2);
     request
@@ -322,9 +322,9 @@ async fn inflight_overload_answers_resource_exhausted() {
                 );
                 assert!(
                     matches!(
-                        kvnode::convert::detail_of(&status).and_then(|d| d.detail),
+                        kvnode::server::convert::detail_of(&status).and_then(|d| d.detail),
                         Some(error_detail::Detail::LimitExceeded(l))
-                            if l.limit == kvnode::limits::INFLIGHT_LIMIT
+                            if l.limit == kvnode::server::limits::INFLIGHT_LIMIT
                     ),
                     "the answer carries the LimitExceeded detail kvclient retries on: {status:?}"
                 );

@@ -24,7 +24,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvnode::convert::detail_of;
+use kvnode::server::convert::detail_of;
 use kvnode::{Node, NodeInfo};
 use kvproto::cluster::v1::cluster_client::ClusterClient;
 use kvproto::cluster::v1::{

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kvnode::merge_policy::{MergePolicy, SnapshotPolicy};
+use kvnode::raft::merge_policy::{MergePolicy, SnapshotPolicy};
 
 use crate::backup::{Members, bind_members, small_segments};
 use crate::harness::{DEADLINE, POLL, stale_scan_all};

@@ -26,7 +26,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::private_loopback;
-use kvnode::convert::detail_of;
+use kvnode::server::convert::detail_of;
 use kvproto::kv::v1::kv_client::KvClient;
 use kvproto::kv::v1::{
     Consistency, GetRequest, GetResponse, PutRequest, error_detail, put_response,

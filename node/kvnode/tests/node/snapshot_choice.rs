@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use bitcask::io::RealFs;
 use bitcask::{Engine, Options, Scan};
-use kvnode::command::{Command, Op, Proposal, Request};
 use kvnode::snapshot::SnapshotHandle;
+use kvnode::state_machine::command::{Command, Op, Proposal, Request};
 use kvnode::{LogStore, LogStoreOptions, NodeInfo, StateMachine, StateMachineOptions, TypeConfig};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Membership, RaftLogReader};

@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kvnode::convert::detail_of;
+use kvnode::server::convert::detail_of;
 use kvnode::state_machine::{InstallFailpoints, InstallStep};
 use kvnode::{Faults, Node, NodeInfo, StateMachineOptions};
 use kvproto::kv::v1::kv_client::KvClient;
@@ -641,7 +641,7 @@ fn small_state_machine(dir: &Path) -> kvnode::StateMachine {
 
 /// The membership entry at 0, then puts of 300-byte values at 1..=last.
 fn put_entries(from: u64, last: u64) -> Vec<openraft::Entry<kvnode::TypeConfig>> {
-    use kvnode::command::{Command, Op, Proposal, Request};
+    use kvnode::state_machine::command::{Command, Op, Proposal, Request};
     use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Membership};
     (from..=last)
         .map(|index| Entry {

@@ -15,8 +15,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bitcask::{Engine, Options, Scan};
-use kvnode::command::{Command, EntryResponse, Op, Outcome, Proposal, Request, SessionRef};
 use kvnode::snapshot::SnapshotHandle;
+use kvnode::state_machine::command::{
+    Command, EntryResponse, Op, Outcome, Proposal, Request, SessionRef,
+};
 use kvnode::{NodeInfo, StateMachine, StateMachineOptions, TypeConfig};
 use openraft::storage::RaftStateMachine;
 use openraft::{

@@ -1,6 +1,6 @@
 //! TLS, mutual TLS and token authentication (issue 9 items 1 and 2) on
 //! in-process clusters whose certificates come from the development CA
-//! (`kvnode::security::DevCa`, the code behind `kvctl certs`):
+//! (`kvnode::server::security::DevCa`, the code behind `kvctl certs`):
 //!
 //! - a three-member cluster with TLS everywhere and client certificates
 //!   demanded on the client port elects a leader and serves a client with
@@ -23,7 +23,7 @@
 use std::time::{Duration, Instant};
 
 use kvnode::NodeConfig;
-use kvnode::security::{AuthToken, DevCa, IssuedCert, TlsMaterial};
+use kvnode::server::security::{AuthToken, DevCa, IssuedCert, TlsMaterial};
 use kvnode::testing::LocalCluster;
 use kvproto::kv::v1::kv_client::KvClient;
 use kvproto::kv::v1::{Consistency, put_response};

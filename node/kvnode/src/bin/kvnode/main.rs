@@ -12,7 +12,7 @@
 //!
 //! TLS and client authentication (`--tls-cert`, `--tls-key`, `--tls-ca`,
 //! `--client-cert-auth`, `--admin-client-cert-auth`, `--auth-token-file`,
-//! each also a KVNODE_* variable) are [`kvnode::security`]'s.
+//! each also a KVNODE_* variable) are [`kvnode::server::security`]'s.
 //!
 //! `main` parses flags, sets up tracing and calls the library; SIGINT and
 //! SIGTERM shut a member down gracefully.
@@ -28,20 +28,20 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use kvnode::disk::{
+use kvnode::node::SNAPSHOT_LOG_KEEP_DEFAULT;
+use kvnode::node::disk::{
     DISK_FREE_MIN_BYTES_DEFAULT, STORAGE_FAILURE_EXIT_CODE, describe_storage_failure,
     wait_storage_failure,
 };
-use kvnode::limits::{
-    CLIENT_CONNECTIONS_MAX_DEFAULT, CLIENT_INFLIGHT_MAX_DEFAULT,
-    CLIENT_STREAMS_PER_CONNECTION_MAX_DEFAULT, HANDSHAKE_TIMEOUT_DEFAULT, Limits,
-};
-use kvnode::merge_policy::{
+use kvnode::raft::merge_policy::{
     MERGE_DEAD_BYTES_MIN_DEFAULT, MERGE_DEAD_RATIO_MIN_DEFAULT, MergePolicy,
     SNAPSHOT_EVERY_BYTES_DEFAULT, SNAPSHOT_EVERY_ENTRIES_DEFAULT, SnapshotPolicy,
 };
-use kvnode::node::SNAPSHOT_LOG_KEEP_DEFAULT;
-use kvnode::security::{AuthToken, Security, TlsMaterial};
+use kvnode::server::limits::{
+    CLIENT_CONNECTIONS_MAX_DEFAULT, CLIENT_INFLIGHT_MAX_DEFAULT,
+    CLIENT_STREAMS_PER_CONNECTION_MAX_DEFAULT, HANDSHAKE_TIMEOUT_DEFAULT, Limits,
+};
+use kvnode::server::security::{AuthToken, Security, TlsMaterial};
 use kvnode::{Node, NodeConfig, NodeInfo};
 
 /// Log filter when `RUST_LOG` is unset: our own events at info, openraft's
@@ -133,7 +133,7 @@ struct RunArgs {
     /// ... and at least this many bytes.
     #[arg(long, env = "KVNODE_MERGE_DEAD_BYTES_MIN", default_value_t = MERGE_DEAD_BYTES_MIN_DEFAULT)]
     merge_dead_bytes_min: u64,
-    // Limits under load and disk full (kvnode::limits, kvnode::disk).
+    // Limits under load and disk full (kvnode::server::limits, kvnode::node::disk).
     /// Open connections to the client port at most; more are closed at
     /// once.
     #[arg(long, env = "KVNODE_MAX_CONNECTIONS", default_value_t = CLIENT_CONNECTIONS_MAX_DEFAULT)]

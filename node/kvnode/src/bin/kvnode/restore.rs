@@ -4,13 +4,13 @@
 //! `--cluster-token` on each; then start every member with `kvnode run` on
 //! its directory and the same `--initial-cluster` (no `--bootstrap` needed:
 //! the restored members already form a cluster). The work is
-//! [`kvnode::backup::restore`].
+//! [`kvnode::snapshot::backup::restore`].
 
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use kvnode::StateMachineOptions;
-use kvnode::backup::{RestoreOptions, restore};
+use kvnode::snapshot::backup::{RestoreOptions, restore};
 
 /// Flags of `kvnode restore`.
 #[derive(Debug, clap::Args)]

@@ -17,6 +17,9 @@
 //! never fsyncs on apply (the Raft log is the write-ahead log) and never
 //! merges on its own; merges come as `Command::Merge` entries.
 
+pub mod apply;
+pub mod command;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,14 +33,14 @@ use openraft::{
     StorageIOError, StoredMembership,
 };
 
-use crate::apply::{Applier, ApplyError, VERSIONS_PER_INDEX};
 use crate::codec::CodecError;
-use crate::command::{Command, EntryResponse};
+use crate::raft::types::{CommitMeta, NodeInfo, NodeLogId, NodeMembership, TypeConfig};
 use crate::snapshot::{
     self, CURRENT_BYTES_MAX, CURRENT_FILE, KIND_ACTIVE_PREFIX, KIND_SEALED, Manifest, ManifestFile,
     Pointer, SnapshotError, SnapshotHandle, io_err, node_vfs,
 };
-use crate::types::{CommitMeta, NodeInfo, NodeLogId, NodeMembership, TypeConfig};
+use crate::state_machine::apply::{Applier, ApplyError, VERSIONS_PER_INDEX};
+use crate::state_machine::command::{Command, EntryResponse};
 
 /// Name of the directory holding snapshots.
 pub const SNAPSHOTS_DIR: &str = "snapshots";
@@ -82,7 +85,7 @@ pub struct StateMachineOptions {
     /// default).
     pub failpoints: InstallFailpoints,
     /// Test-only: cluster time a session may stay idle before it is evicted;
-    /// `None` = [`crate::command::SESSION_IDLE_MS_MAX`]. Every member must
+    /// `None` = [`crate::state_machine::command::SESSION_IDLE_MS_MAX`]. Every member must
     /// use the same value (`kvnode run --test-session-idle-ms`).
     pub session_idle_ms: Option<u64>,
     /// TEST FAULT (`kvnode run --test-stale-build-before-switch`): at the
@@ -477,7 +480,8 @@ impl StateMachine {
             let engine = inner.engine.clone();
             let (response, time_ms, membership) = match entry.payload {
                 EntryPayload::Normal(mut proposal) => {
-                    proposal.time_ms = crate::apply::entry_time_ms(inner.time_ms, proposal.time_ms);
+                    proposal.time_ms =
+                        crate::state_machine::apply::entry_time_ms(inner.time_ms, proposal.time_ms);
                     if index == 0 {
                         return Err(SmError::Inconsistent(
                             "a normal entry at log index 0 has no versions".to_string(),

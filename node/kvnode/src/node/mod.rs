@@ -2,6 +2,9 @@
 //! proposal batcher, and the two gRPC ports (peer: Raft service; client: Kv
 //! service), with bootstrap and graceful shutdown.
 
+pub mod disk;
+pub mod identity;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -16,21 +19,21 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::server::TcpIncoming;
 
-use crate::batcher::{Batcher, ProposeError, ProposeFn};
-use crate::command::{Command, Outcome, Proposal, Request};
-pub use crate::faults::Faults;
-use crate::identity::Identity;
 use crate::log_store::{LogStore, LogStoreOptions};
-use crate::membership::Membership;
-use crate::merge_policy::{MergePolicy, ProposeMerge, SnapshotPolicy};
-use crate::network::Network;
-use crate::read_index::ReadRounds;
-use crate::security::{ClientCerts, Security, SecurityError};
-use crate::service::cluster::ClusterService;
-use crate::service::kv::KvService;
-use crate::service::raft::PeerService;
+use crate::node::identity::Identity;
+use crate::raft::batcher::{Batcher, ProposeError, ProposeFn};
+use crate::raft::membership::Membership;
+use crate::raft::merge_policy::{MergePolicy, ProposeMerge, SnapshotPolicy};
+use crate::raft::network::Network;
+use crate::raft::read_index::ReadRounds;
+use crate::raft::types::{NodeInfo, TypeConfig};
+use crate::server::cluster::ClusterService;
+use crate::server::kv::KvService;
+use crate::server::raft::PeerService;
+use crate::server::security::{ClientCerts, Security, SecurityError};
+use crate::state_machine::command::{Command, Outcome, Proposal, Request};
 use crate::state_machine::{StateMachine, StateMachineOptions};
-use crate::types::{NodeInfo, TypeConfig};
+pub use crate::testing::faults::Faults;
 
 /// Heartbeat interval (DESIGN §3).
 pub const HEARTBEAT_MS: u64 = 200;
@@ -71,8 +74,8 @@ pub struct NodeConfig {
     pub snapshot_policy: SnapshotPolicy,
     /// Test hooks: lost replies and cut peer links. Off by default.
     pub faults: Faults,
-    /// Limits under load and the free-space watermark ([`crate::limits`]).
-    pub limits: crate::limits::Limits,
+    /// Limits under load and the free-space watermark ([`crate::server::limits`]).
+    pub limits: crate::server::limits::Limits,
     /// TLS on the ports and the client port's token (off by default).
     pub security: Security,
 }
@@ -104,7 +107,7 @@ impl NodeConfig {
             merge_policy: MergePolicy::default(),
             snapshot_policy: SnapshotPolicy::default(),
             faults: Faults::default(),
-            limits: crate::limits::Limits::default(),
+            limits: crate::server::limits::Limits::default(),
             security: Security::default(),
         }
     }
@@ -137,7 +140,7 @@ pub enum StartError {
     /// The data directory's identity could not be loaded or belongs to
     /// another member.
     #[error("identity: {0}")]
-    Identity(#[from] crate::identity::IdentityError),
+    Identity(#[from] crate::node::identity::IdentityError),
     /// The data directory belongs to another cluster than its peers'.
     #[error(
         "this data directory belongs to cluster {mine:016x}, but member {peer} (a member of \
@@ -171,7 +174,7 @@ pub enum StartError {
 /// A running member.
 pub struct Node {
     id: u64,
-    metrics: crate::metrics::Metrics,
+    metrics: crate::server::metrics::Metrics,
     raft: openraft::Raft<TypeConfig>,
     state_machine: StateMachine,
     client_addr: SocketAddr,
@@ -593,7 +596,7 @@ impl Node {
         let log_dir = config.data_dir.join("raft-log");
         let state_dir = config.data_dir.join("state");
         let state_machine_options = config.state_machine.clone();
-        let member_metrics = crate::metrics::Metrics::new(config.id);
+        let member_metrics = crate::server::metrics::Metrics::new(config.id);
         let fsync_observer = Some(member_metrics.log_fsync_observer());
         let data_dir = config.data_dir.clone();
         let id = config.id;
@@ -719,20 +722,20 @@ impl Node {
             config.faults.clone(),
         )
         .with_metrics(member_metrics.clone())
-        .with_watermark(crate::disk::Watermark::new(
+        .with_watermark(crate::node::disk::Watermark::new(
             &config.data_dir,
             config.limits.disk_free_min_bytes,
         ));
         // No Nagle: a small reply held back for a delayed ACK costs 40 ms.
         let limits = config.limits.clone();
         let (peer, client) = (
-            crate::limits::incoming(
+            crate::server::limits::incoming(
                 "peer",
                 TcpIncoming::from(peer).with_nodelay(Some(true)),
                 limits.peer_connections_max,
                 limits.handshake_timeout,
             ),
-            crate::limits::incoming(
+            crate::server::limits::incoming(
                 "client",
                 TcpIncoming::from(client).with_nodelay(Some(true)),
                 limits.client_connections_max,
@@ -743,15 +746,14 @@ impl Node {
         // TLS first (the builder), then the limits, then the credential
         // checks: a request over the in-flight cap is refused before its
         // credentials are looked at.
-        let mut peer_server = crate::limits::peer_server(crate::security::grpc_server(
-            security.tls.as_ref(),
-            ClientCerts::Required,
-        )?)
+        let mut peer_server = crate::server::limits::peer_server(
+            crate::server::security::grpc_server(security.tls.as_ref(), ClientCerts::Required)?,
+        )
         .layer(tonic::service::InterceptorLayer::new(
             security.peer_check()?,
         ));
-        let mut client_server = crate::limits::client_server(
-            crate::security::grpc_server(security.tls.as_ref(), security.client_certs())?,
+        let mut client_server = crate::server::limits::client_server(
+            crate::server::security::grpc_server(security.tls.as_ref(), security.client_certs())?,
             &limits,
         )
         .layer(tonic::service::InterceptorLayer::new(
@@ -790,13 +792,15 @@ impl Node {
             config.initial_cluster.clone(),
             shutdown.subscribe(),
         )));
-        servers.push(tokio::spawn(crate::membership::learn_member_incarnations(
-            raft.clone(),
-            identity.clone(),
-            network.clone(),
-            shutdown.subscribe(),
-        )));
-        servers.push(tokio::spawn(crate::merge_policy::merge_loop(
+        servers.push(tokio::spawn(
+            crate::raft::membership::learn_member_incarnations(
+                raft.clone(),
+                identity.clone(),
+                network.clone(),
+                shutdown.subscribe(),
+            ),
+        ));
+        servers.push(tokio::spawn(crate::raft::merge_policy::merge_loop(
             config.id,
             config.merge_policy,
             raft.clone(),
@@ -804,13 +808,15 @@ impl Node {
             propose_merge_fn(raft.clone(), clock.clone()),
             shutdown.subscribe(),
         )));
-        servers.push(tokio::spawn(crate::merge_policy::snapshot_bytes_loop(
-            config.id,
-            config.snapshot_policy.every_bytes,
-            raft.clone(),
-            state_machine.clone(),
-            shutdown.subscribe(),
-        )));
+        servers.push(tokio::spawn(
+            crate::raft::merge_policy::snapshot_bytes_loop(
+                config.id,
+                config.snapshot_policy.every_bytes,
+                raft.clone(),
+                state_machine.clone(),
+                shutdown.subscribe(),
+            ),
+        ));
         servers.push(tokio::spawn(tick_loop(
             config.id,
             raft.clone(),
@@ -819,7 +825,7 @@ impl Node {
             shutdown.subscribe(),
         )));
         if let Some(listener) = admin {
-            let state = crate::admin::AdminState::new(
+            let state = crate::server::admin::AdminState::new(
                 config.id,
                 raft.clone(),
                 state_machine.clone(),
@@ -829,7 +835,7 @@ impl Node {
             let tls = (security.tls.as_ref())
                 .map(|tls| tls.rustls_server_config(security.admin_client_cert_auth))
                 .transpose()?;
-            servers.push(tokio::spawn(crate::admin::serve(
+            servers.push(tokio::spawn(crate::server::admin::serve(
                 listener, state, tls, stop,
             )));
         }
@@ -906,7 +912,7 @@ impl Node {
     }
 
     /// This member's metrics (served on the admin port).
-    pub fn metrics(&self) -> &crate::metrics::Metrics {
+    pub fn metrics(&self) -> &crate::server::metrics::Metrics {
         &self.metrics
     }
 

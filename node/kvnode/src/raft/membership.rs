@@ -62,10 +62,10 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::{ChangeMembers, RaftMetrics, ServerState};
 use tonic::Status;
 
-use crate::convert;
-use crate::identity::Identity;
-use crate::network::Network;
-use crate::types::{NodeInfo, TypeConfig};
+use crate::node::identity::Identity;
+use crate::raft::network::Network;
+use crate::raft::types::{NodeInfo, TypeConfig};
+use crate::server::convert;
 
 /// How long AddLearner with `wait_caught_up` waits for the learner to hold
 /// every entry up to the membership change (log or snapshot transfer).

@@ -1,6 +1,6 @@
 //! The client-port `Cluster` gRPC service: Status, MemberList, the
 //! membership changes (AddLearner, Promote, RemoveMember: see
-//! [`crate::membership`]) and TriggerSnapshot.
+//! [`crate::raft::membership`]) and TriggerSnapshot.
 //!
 //! Status is the answering member's view (kvctl asks every member for a full
 //! table): itself in full, the leader's replication progress for the others
@@ -40,11 +40,11 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use crate::identity::Identity;
-use crate::membership::{Members, Membership, known_leader};
+use crate::node::identity::Identity;
+use crate::raft::membership::{Members, Membership, known_leader};
+use crate::raft::types::{NodeInfo, TypeConfig};
 use crate::snapshot::{MANIFEST_BYTES_MAX, Manifest, SnapshotError, node_vfs, read_capped};
 use crate::state_machine::StateMachine;
-use crate::types::{NodeInfo, TypeConfig};
 
 /// How long TriggerSnapshot waits for the snapshot to be built.
 pub const SNAPSHOT_BUILD_WAIT: Duration = Duration::from_secs(60);

@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 use bitcask::Stats;
 use tokio::sync::watch;
 
+use crate::raft::types::TypeConfig;
 use crate::state_machine::StateMachine;
-use crate::types::TypeConfig;
 
 /// How often the leader looks at its engine's dead bytes.
 pub const MERGE_CHECK_INTERVAL: Duration = Duration::from_secs(1);

@@ -391,7 +391,7 @@ impl Metrics {
     }
 
     /// The per-proposal hook for the batcher.
-    pub fn proposal_observer(&self) -> crate::batcher::ProposalObserver {
+    pub fn proposal_observer(&self) -> crate::raft::batcher::ProposalObserver {
         let metrics = self.clone();
         Arc::new(move |ops| metrics.observe_proposal(ops))
     }

@@ -21,7 +21,7 @@ use bitcask::io::{Vfs, VfsFile};
 
 use openraft::{CommittedLeaderId, LogId, Membership, StoredMembership};
 
-use crate::types::{NodeInfo, NodeLogId, NodeMembership};
+use crate::raft::types::{NodeInfo, NodeLogId, NodeMembership};
 
 /// File name of the manifest inside a snapshot directory.
 pub const MANIFEST_FILE: &str = "MANIFEST";

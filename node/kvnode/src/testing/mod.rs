@@ -3,6 +3,8 @@
 //! its own ephemeral ports of a private loopback address, member 1
 //! bootstrapping. Nothing in the node uses it.
 
+pub mod faults;
+
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -11,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 
 use crate::node::{Listeners, Node, NodeConfig, StartError};
-use crate::types::NodeInfo;
+use crate::raft::types::NodeInfo;
 
 /// How often [`LocalCluster::wait_for_leader`] looks.
 pub const LEADER_POLL: Duration = Duration::from_millis(20);

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use tonic::Status;
 
-use crate::types::TypeConfig;
+use crate::raft::types::TypeConfig;
 
 /// Default watermark (`--disk-free-min-bytes`): below this many free bytes
 /// on the data directory's filesystem, writes are refused. Room for the
@@ -97,23 +97,25 @@ impl Watermark {
             return Ok(());
         }
         match self.free() {
-            Ok(free) if free < self.inner.min_free => Err(crate::convert::status_with_detail(
-                tonic::Code::ResourceExhausted,
-                format!(
-                    "disk almost full: the data directory {} has {free} bytes free, below the \
+            Ok(free) if free < self.inner.min_free => {
+                Err(crate::server::convert::status_with_detail(
+                    tonic::Code::ResourceExhausted,
+                    format!(
+                        "disk almost full: the data directory {} has {free} bytes free, below the \
                      watermark {WATERMARK_LIMIT} (--disk-free-min-bytes) of {} bytes; writes are \
                      refused until space is freed, reads still work",
-                    self.inner.dir.display(),
-                    self.inner.min_free
-                ),
-                kvproto::kv::v1::error_detail::Detail::LimitExceeded(
-                    kvproto::kv::v1::LimitExceeded {
-                        limit: WATERMARK_LIMIT.to_string(),
-                        limit_value: self.inner.min_free,
-                        actual_value: free,
-                    },
-                ),
-            )),
+                        self.inner.dir.display(),
+                        self.inner.min_free
+                    ),
+                    kvproto::kv::v1::error_detail::Detail::LimitExceeded(
+                        kvproto::kv::v1::LimitExceeded {
+                            limit: WATERMARK_LIMIT.to_string(),
+                            limit_value: self.inner.min_free,
+                            actual_value: free,
+                        },
+                    ),
+                ))
+            }
             Ok(_) => Ok(()),
             Err(err) => {
                 tracing::warn!(dir = %self.inner.dir.display(), error = %err, "statvfs failed; not checking the free-space watermark");

@@ -36,10 +36,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
-use crate::metrics::{EngineView, METRICS_CONTENT_TYPE, Metrics, ScrapeView};
-use crate::security::TLS_HANDSHAKE_TIMEOUT;
+use crate::raft::types::TypeConfig;
+use crate::server::metrics::{EngineView, METRICS_CONTENT_TYPE, Metrics, ScrapeView};
+use crate::server::security::TLS_HANDSHAKE_TIMEOUT;
 use crate::state_machine::StateMachine;
-use crate::types::TypeConfig;
 
 /// Admin connections open at once at most; further ones wait in the
 /// kernel's accept queue. Scrapers and probes need a handful.

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::network::Network;
-use crate::types::TypeConfig;
+use crate::raft::network::Network;
+use crate::raft::types::TypeConfig;
 
 /// How long one read-index round may take before the read answers
 /// UNAVAILABLE (it spans the leader's quorum round and, on a follower, the

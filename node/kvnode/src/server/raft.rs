@@ -9,7 +9,7 @@
 //! `ReadIndex` serves followers' linearizable reads from the leader's shared
 //! read-index rounds; `Identify` tells any caller who this member is.
 //!
-//! Every other request's `Identity` is checked (see [`crate::identity`]):
+//! Every other request's `Identity` is checked (see [`crate::node::identity`]):
 //! a wrong member id, an earlier incarnation of this member, a peer's
 //! changed incarnation or another cluster's id is refused with
 //! FAILED_PRECONDITION naming the mismatch (and logged at warn, at most once
@@ -36,14 +36,14 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::codec;
-use crate::faults::Faults;
-use crate::identity::{Adopt, CheckError, Identity};
-use crate::metrics::Metrics;
-use crate::network::PEER_MESSAGE_BYTES_MAX;
-use crate::read_index::{ReadIndexError, ReadRounds};
+use crate::node::identity::{Adopt, CheckError, Identity};
+use crate::raft::network::PEER_MESSAGE_BYTES_MAX;
+use crate::raft::read_index::{ReadIndexError, ReadRounds};
+use crate::raft::types::TypeConfig;
+use crate::server::metrics::Metrics;
 use crate::snapshot::{Manifest, SnapshotHandle};
 use crate::state_machine::{InstallStep, NeededRange, StateMachine};
-use crate::types::TypeConfig;
+use crate::testing::faults::Faults;
 
 /// How often a refused peer is logged at most (it retries every heartbeat).
 pub const MISMATCH_LOG_INTERVAL: Duration = Duration::from_secs(10);

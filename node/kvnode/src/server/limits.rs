@@ -6,8 +6,8 @@
 //!
 //! The node builds its servers with [`client_server`] / [`peer_server`] and
 //! wraps its listeners with [`incoming`]; the kv service's own per-request
-//! limits (key, value, entry, scan page) live in [`crate::convert`],
-//! [`crate::batcher`] and [`crate::service::kv`], and [`crate::disk`] adds
+//! limits (key, value, entry, scan page) live in [`crate::server::convert`],
+//! [`crate::raft::batcher`] and [`crate::server::kv`], and [`crate::node::disk`] adds
 //! the free-space watermark.
 
 use std::future::Future;
@@ -28,9 +28,9 @@ use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
 use tower::layer::util::Stack;
 use tower::{Layer, Service};
 
-use crate::batcher::ENTRY_SIZE_BYTES_MAX;
-use crate::convert::{KEY_SIZE_BYTES_MAX, VALUE_SIZE_BYTES_MAX};
-use crate::service::kv::CLIENT_MESSAGE_BYTES_MAX;
+use crate::raft::batcher::ENTRY_SIZE_BYTES_MAX;
+use crate::server::convert::{KEY_SIZE_BYTES_MAX, VALUE_SIZE_BYTES_MAX};
+use crate::server::kv::CLIENT_MESSAGE_BYTES_MAX;
 
 /// Default cap on open connections to the client port
 /// (`--max-connections`); more are accepted and closed at once.
@@ -87,10 +87,11 @@ const _: () = assert!(CLIENT_MESSAGE_BYTES_MAX >= ENTRY_SIZE_BYTES_MAX);
 // The handler timeout must not cut a wait a handler does on purpose.
 const _: () = assert!(
     CLIENT_REQUEST_TIMEOUT.as_secs()
-        > crate::membership::CATCH_UP_WAIT.as_secs() + crate::membership::CHANGE_WAIT.as_secs()
+        > crate::raft::membership::CATCH_UP_WAIT.as_secs()
+            + crate::raft::membership::CHANGE_WAIT.as_secs()
 );
 const _: () = assert!(
-    CLIENT_REQUEST_TIMEOUT.as_secs() > crate::service::cluster::SNAPSHOT_BUILD_WAIT.as_secs()
+    CLIENT_REQUEST_TIMEOUT.as_secs() > crate::server::cluster::SNAPSHOT_BUILD_WAIT.as_secs()
 );
 
 /// The load limits of one member (flags `--max-connections`,
@@ -109,7 +110,7 @@ pub struct Limits {
     /// How long a new connection may stay silent.
     pub handshake_timeout: Duration,
     /// Free bytes the data directory must keep: below, writes are refused
-    /// with RESOURCE_EXHAUSTED (0 = no watermark). See [`crate::disk`].
+    /// with RESOURCE_EXHAUSTED (0 = no watermark). See [`crate::node::disk`].
     pub disk_free_min_bytes: u64,
 }
 
@@ -121,7 +122,7 @@ impl Default for Limits {
             client_inflight_max: CLIENT_INFLIGHT_MAX_DEFAULT,
             client_streams_per_connection_max: CLIENT_STREAMS_PER_CONNECTION_MAX_DEFAULT,
             handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
-            disk_free_min_bytes: crate::disk::DISK_FREE_MIN_BYTES_DEFAULT,
+            disk_free_min_bytes: crate::node::disk::DISK_FREE_MIN_BYTES_DEFAULT,
         }
     }
 }
@@ -446,7 +447,7 @@ where
                          (--max-inflight)"
                     );
                 }
-                let status = crate::convert::status_with_detail(
+                let status = crate::server::convert::status_with_detail(
                     tonic::Code::ResourceExhausted,
                     format!(
                         "overloaded: {INFLIGHT_LIMIT} (--max-inflight) is {} requests in flight \

@@ -22,16 +22,18 @@ use kvproto::kv::v1::{
 };
 use tonic::{Code, Request, Response, Status};
 
-use crate::batcher::{Batcher, ProposeError};
-use crate::command::{self, Condition, Op, Outcome, RESERVED_KEY_PREFIX, SessionRef};
-use crate::convert::{self, check_key, check_value};
-use crate::faults::Faults;
-use crate::identity::Identity;
-use crate::metrics::{Metrics, RequestOp, RequestTimer};
-use crate::read_index::{ReadIndexError, ReadRounds};
-use crate::service::cluster;
+use crate::node::identity::Identity;
+use crate::raft::batcher::{Batcher, ProposeError};
+use crate::raft::read_index::{ReadIndexError, ReadRounds};
+use crate::raft::types::TypeConfig;
+use crate::server::cluster;
+use crate::server::convert::{self, check_key, check_value};
+use crate::server::metrics::{Metrics, RequestOp, RequestTimer};
 use crate::state_machine::StateMachine;
-use crate::types::TypeConfig;
+use crate::state_machine::command::{
+    self, Condition, Op, Outcome, RESERVED_KEY_PREFIX, SessionRef,
+};
+use crate::testing::faults::Faults;
 
 /// Largest client request or response message, in bytes: above the largest
 /// legal value plus its key and framing.
@@ -60,7 +62,7 @@ pub struct KvService {
     identity: Identity,
     faults: Faults,
     metrics: Option<Metrics>,
-    watermark: Option<crate::disk::Watermark>,
+    watermark: Option<crate::node::disk::Watermark>,
 }
 
 impl std::fmt::Debug for KvService {
@@ -101,8 +103,8 @@ impl KvService {
     }
 
     /// Refuses writes while the data directory's free space is below
-    /// `watermark` ([`crate::disk`]).
-    pub fn with_watermark(mut self, watermark: crate::disk::Watermark) -> KvService {
+    /// `watermark` ([`crate::node::disk`]).
+    pub fn with_watermark(mut self, watermark: crate::node::disk::Watermark) -> KvService {
         self.watermark = Some(watermark);
         self
     }
@@ -139,7 +141,7 @@ impl KvService {
     /// must not send clients back to itself).
     fn leader(&self) -> (Option<u64>, Option<String>) {
         let metrics = self.raft.metrics().borrow().clone();
-        let leader = crate::membership::known_leader(&metrics);
+        let leader = crate::raft::membership::known_leader(&metrics);
         let addr = leader.and_then(|id| {
             metrics
                 .membership_config

@@ -11,8 +11,8 @@ use openraft::{LogId, StoredMembership};
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{self, CodecError};
-use crate::command::{EntryResponse, Proposal};
 use crate::snapshot::SnapshotHandle;
+use crate::state_machine::command::{EntryResponse, Proposal};
 
 /// A cluster member as openraft stores it in the membership: where clients
 /// reach it and where peers reach it.

@@ -80,14 +80,14 @@ use bitcask::io::RealFs;
 use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use openraft::{EntryPayload, LogId, Membership, SnapshotMeta, Vote};
 
-use crate::identity::{Identity, IdentityError};
 use crate::log_store::LogStore;
+use crate::node::identity::{Identity, IdentityError};
+use crate::raft::types::{NodeInfo, NodeLogId, TypeConfig};
 use crate::snapshot::{
     self, FILE_NAME_BYTES_MAX, MANIFEST_BYTES_MAX, Manifest, ManifestFile, SnapshotError,
     SnapshotHandle,
 };
 use crate::state_machine::{SmError, StateMachine, StateMachineOptions};
-use crate::types::{NodeInfo, NodeLogId, TypeConfig};
 
 /// Magic at the start of an archive.
 pub const ARCHIVE_MAGIC: [u8; 8] = *b"RCBACKUP";

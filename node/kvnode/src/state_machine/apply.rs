@@ -17,7 +17,7 @@ use bitcask::{Batch, Engine};
 use serde::{Deserialize, Serialize};
 
 use crate::codec;
-use crate::command::{
+use crate::state_machine::command::{
     Command, ENTRY_OPS_MAX, EntryResponse, Op, Outcome, Proposal, RESERVED_KEY_PREFIX, Request,
     SESSION_ANSWERS_MAX, SESSION_IDLE_MS_MAX, SessionRef,
 };
@@ -507,7 +507,7 @@ mod tests {
     use bitcask::{Options, SyncPolicy};
 
     use super::*;
-    use crate::command::Condition;
+    use crate::state_machine::command::Condition;
 
     fn engine(fs: &SimFs) -> Engine {
         let opts = Options {

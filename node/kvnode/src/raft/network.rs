@@ -41,13 +41,13 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::codec;
-use crate::faults::Faults;
-use crate::identity::Identity;
-use crate::metrics::Metrics;
-use crate::read_index::ReadIndexError;
-use crate::security::{SecurityError, TlsMaterial};
+use crate::node::identity::Identity;
+use crate::raft::read_index::ReadIndexError;
+use crate::raft::types::{NodeInfo, TypeConfig};
+use crate::server::metrics::Metrics;
+use crate::server::security::{SecurityError, TlsMaterial};
 use crate::snapshot::{self, ManifestFile, SnapshotHandle};
-use crate::types::{NodeInfo, TypeConfig};
+use crate::testing::faults::Faults;
 
 /// Largest gRPC message a peer sends or accepts, in bytes: above one Raft
 /// entry (4 MiB) times the entries openraft packs into one AppendEntries.
@@ -613,7 +613,7 @@ mod tests {
     use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
 
     use super::*;
-    use crate::command::{Command, Op, Proposal, Request};
+    use crate::state_machine::command::{Command, Op, Proposal, Request};
 
     /// An entry carrying one put of a `value_bytes` value.
     fn entry(index: u64, value_bytes: usize) -> Entry<TypeConfig> {

@@ -1,0 +1,31 @@
+//! The ports: the gRPC services (one file each), the admin HTTP port, and
+//! what every port shares — protocol conversions, limits under load, TLS
+//! and tokens, metrics. The front ends of later issues (etcd v3, Redis,
+//! HTTP/JSON) go here too. No file in this folder does file I/O: what a
+//! service needs from disk it asks of the state machine or the snapshot
+//! folder.
+//!
+//! - [`kv`]: the client `Kv` service (writes through the batcher, reads by
+//!   consistency).
+//! - [`cluster`]: the client `Cluster` service (status, membership,
+//!   snapshots, SaveSnapshot streaming).
+//! - [`raft`]: the peer `Raft` service (AppendEntries, Vote, ReadIndex,
+//!   Identify, and the receiving end of `TransferSnapshot`).
+//! - [`convert`]: protocol conversions, error statuses with `ErrorDetail`,
+//!   request limits.
+//! - [`limits`]: limits under load (connection caps, a handshake deadline,
+//!   HTTP/2 streams and keepalives, the client port's in-flight cap
+//!   answering RESOURCE_EXHAUSTED).
+//! - [`security`]: TLS material and the ports' TLS settings (mutual TLS on
+//!   the peer port), the client port's bearer-token check.
+//! - [`admin`]: the admin HTTP port: `/metrics`, `/health`, `/ready`.
+//! - [`metrics`]: the Prometheus metrics of one member (`METRICS.md`).
+
+pub mod admin;
+pub mod cluster;
+pub mod convert;
+pub mod kv;
+pub mod limits;
+pub mod metrics;
+pub mod raft;
+pub mod security;
