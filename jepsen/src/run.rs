@@ -277,6 +277,12 @@ impl Checked {
         if args.nemesis.0.iter().any(|f| f.needs_lazy_disk()) {
             crate::nemesis::power::require_lazy_disk(&kvnode_bin)?;
         }
+        let test_env = std::env::vars()
+            .map(|(name, _)| name)
+            .find(|name| name.starts_with(crate::nemesis::power::TEST_ENV_PREFIX));
+        if let Some(name) = test_env {
+            crate::nemesis::power::require_testing(&kvnode_bin, &name)?;
+        }
         let seed = args.seed.unwrap_or_else(|| {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

@@ -18,6 +18,11 @@
 //!   same scenarios against builds without the `nc-*` feature, which must
 //!   pass.
 //!
+//! A scenario that sets a test-only kvnode setting (`KVNODE_TEST_*`, or
+//! `--session-idle-ms`) runs a build with kvnode's `testing` feature added
+//! (`exactly-once` runs the `testing` variant): product builds do not have
+//! the test hooks at all.
+//!
 //! Variant builds go to their own target directory, `target/jepsen-builds`
 //! (`cargo build -p kvnode --features F --target-dir target/jepsen-builds`),
 //! and the binary is copied to `target/jepsen-builds/kvnode-<variant>`, so
@@ -101,6 +106,36 @@ pub const SNAPSHOT_EVERY_ENTRIES_CONTROL: u64 = 20;
 
 /// The lazy-disk build (power loss).
 const LAZY: &[&str] = &["lazy-disk"];
+
+impl Scenario {
+    /// Whether the run sets a test-only kvnode setting (a `KVNODE_TEST_*`
+    /// variable, or `--session-idle-ms`, which `jepsen run` passes as one),
+    /// which only a `testing` build reads.
+    fn needs_test_hooks(&self) -> bool {
+        self.env
+            .iter()
+            .any(|(name, _)| name.starts_with(crate::nemesis::power::TEST_ENV_PREFIX))
+            || self.args.contains(&"--session-idle-ms")
+    }
+
+    /// The scenario with the `testing` feature added to its build when it
+    /// needs the test hooks (a real-build scenario becomes a `testing`
+    /// variant, built like the controls into [`BUILDS_DIR`]).
+    fn with_test_hooks(mut self) -> Scenario {
+        if self.needs_test_hooks() {
+            let mut features = match self.build {
+                Build::Real => Vec::new(),
+                Build::Features(features) => features.to_vec(),
+            };
+            if !features.contains(&crate::nemesis::power::TESTING_FEATURE) {
+                features.push(crate::nemesis::power::TESTING_FEATURE);
+            }
+            // A few scenarios per process: the leak is bounded.
+            self.build = Build::Features(Box::leak(features.into_boxed_slice()));
+        }
+        self
+    }
+}
 
 /// Shortest TTL of the `ttl-leader-change` scenario: above a failover
 /// (about 5 s), so keys written just before a leader kill are still alive
@@ -215,6 +250,9 @@ pub fn suite_scenarios(short: bool) -> Vec<Scenario> {
         scenarios.push(scenario("combined", "combined", 0, Build::Real));
     }
     scenarios
+        .into_iter()
+        .map(Scenario::with_test_hooks)
+        .collect()
 }
 
 /// The negative controls, each in the scenario that catches it. With
@@ -361,6 +399,9 @@ pub fn control_scenarios(baseline: bool) -> Vec<Scenario> {
         }
     }
     controls
+        .into_iter()
+        .map(Scenario::with_test_hooks)
+        .collect()
 }
 
 /// Flags of `jepsen suite`.
@@ -832,6 +873,38 @@ mod tests {
         assert_eq!(
             EXACTLY_ONCE_SESSION_IDLE_MS.to_string(),
             EXACTLY_ONCE_SESSION_IDLE_MS_ARG
+        );
+    }
+
+    #[test]
+    fn a_scenario_with_a_test_setting_runs_a_testing_build() {
+        let label = |scenarios: Vec<Scenario>, name: &str| {
+            let scenario = scenarios.into_iter().find(|s| s.name == name).unwrap();
+            scenario.build.label()
+        };
+        assert_eq!(label(suite_scenarios(true), "exactly-once"), "testing");
+        assert_eq!(label(suite_scenarios(true), "partition-leader"), "real");
+        assert_eq!(label(suite_scenarios(true), "power-loss"), "lazy-disk");
+        assert_eq!(
+            label(control_scenarios(false), "nc-snapshot-by-counter"),
+            "lazy-disk+nc-snapshot-by-counter+testing"
+        );
+        assert_eq!(
+            label(control_scenarios(false), "nc-forget-sessions"),
+            "nc-forget-sessions+testing"
+        );
+        assert_eq!(
+            label(control_scenarios(false), "nc-local-reads"),
+            "nc-local-reads"
+        );
+        // Baselines keep the hooks their scenario needs, without the nc-* feature.
+        assert_eq!(
+            label(control_scenarios(true), "nc-snapshot-by-counter"),
+            "lazy-disk+testing"
+        );
+        assert_eq!(
+            label(control_scenarios(true), "nc-unknown-sessions"),
+            "testing"
         );
     }
 

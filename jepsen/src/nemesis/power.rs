@@ -104,6 +104,31 @@ pub fn require_lazy_disk(kvnode_bin: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// kvnode's cargo feature that has the test hooks: the hidden `kvnode run
+/// --test-*` flags and their `KVNODE_TEST_*` variables (lost replies, a short
+/// session idle window, the stale-build fault).
+pub const TESTING_FEATURE: &str = "testing";
+/// The prefix of every variable only a [`TESTING_FEATURE`] build reads.
+pub const TEST_ENV_PREFIX: &str = "KVNODE_TEST_";
+
+/// Fails unless `kvnode_bin` is a `testing` build; `why` names the test
+/// setting that needs it. A product build does not read `KVNODE_TEST_*`
+/// at all, so the run would silently test without its fault.
+pub fn require_testing(kvnode_bin: &Path, why: &str) -> anyhow::Result<()> {
+    let features = build_features(kvnode_bin)?;
+    if !features.iter().any(|f| f == TESTING_FEATURE) {
+        bail!(
+            "{why} needs a kvnode built with the {TESTING_FEATURE} feature (`cargo build -p \
+             kvnode --features {TESTING_FEATURE} --target-dir target/jepsen-builds`, or `jepsen \
+             suite` builds it); {} has features [{}], and a product build ignores every \
+             {TEST_ENV_PREFIX}* setting",
+            kvnode_bin.display(),
+            features.join(",")
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,8 +22,12 @@
 //!   `LOG_FORMAT.md`).
 //! - [`codec`]: the one binary codec (bincode 2) for Raft entries, votes
 //!   and openraft payloads, with bounded decoding.
-//! - [`testing`]: test support — an in-process cluster on a private
-//!   loopback address, and the fault switches ([`testing::faults`]).
+//! - [`hooks`]: the seams tests plug into (fault switches, install crash
+//!   points): the real switches with the `testing` feature, constant-false
+//!   stand-ins without it.
+//! - `testing` (feature `testing` only): test support — an in-process
+//!   cluster on a private loopback address, the fault switches, the crash
+//!   points and the stale-build fault.
 //! - [`lazy_disk`] (feature `lazy-disk`, test builds only): a file system
 //!   keeping un-fsynced writes, and directory changes not followed by a
 //!   directory fsync, in process memory, so SIGKILL is a power cut.
@@ -31,6 +35,7 @@
 //!   controls `nc-*` break the node on purpose; see Cargo.toml).
 
 pub mod codec;
+pub mod hooks;
 #[cfg(feature = "lazy-disk")]
 pub mod lazy_disk;
 pub mod log_store;
@@ -39,6 +44,7 @@ pub mod raft;
 pub mod server;
 pub mod snapshot;
 pub mod state_machine;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 /// The test-only cargo features this build was made with (none in a real
@@ -62,11 +68,14 @@ pub const BUILD_FEATURES: &[&str] = &[
     "nc-snapshot-by-counter",
     #[cfg(feature = "nc-rename-no-dir-fsync")]
     "nc-rename-no-dir-fsync",
+    // Last, so a variant's feature list reads `<lazy-disk/nc-*>+testing`.
+    #[cfg(feature = "testing")]
+    "testing",
 ];
 
+pub use hooks::Faults;
 pub use log_store::{LogError, LogReader, LogStore, LogStoreOptions};
 pub use node::{Listeners, Node, NodeConfig};
 pub use raft::types::{CommitMeta, NodeInfo, TypeConfig};
 pub use snapshot::SnapshotHandle;
 pub use state_machine::{SmError, StateMachine, StateMachineOptions};
-pub use testing::faults::Faults;

@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::server::TcpIncoming;
 
+pub use crate::hooks::Faults;
 use crate::log_store::{LogStore, LogStoreOptions};
 use crate::node::identity::Identity;
 use crate::raft::batcher::{Batcher, ProposeError, ProposeFn};
@@ -33,7 +34,6 @@ use crate::server::raft::PeerService;
 use crate::server::security::{ClientCerts, Security, SecurityError};
 use crate::state_machine::command::{Command, Outcome, Proposal, Request};
 use crate::state_machine::{StateMachine, StateMachineOptions};
-pub use crate::testing::faults::Faults;
 
 /// Heartbeat interval (DESIGN §3).
 pub const HEARTBEAT_MS: u64 = 200;

@@ -41,13 +41,13 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::codec;
+use crate::hooks::Faults;
 use crate::node::identity::Identity;
 use crate::raft::read_index::ReadIndexError;
 use crate::raft::types::{NodeInfo, TypeConfig};
 use crate::server::metrics::Metrics;
 use crate::server::security::{SecurityError, TlsMaterial};
 use crate::snapshot::{self, ManifestFile, SnapshotHandle};
-use crate::testing::faults::Faults;
 
 /// Largest gRPC message a peer sends or accepts, in bytes: above one Raft
 /// entry (4 MiB) times the entries openraft packs into one AppendEntries.

@@ -22,6 +22,7 @@ use kvproto::kv::v1::{
 };
 use tonic::{Code, Request, Response, Status};
 
+use crate::hooks::Faults;
 use crate::node::identity::Identity;
 use crate::raft::batcher::{Batcher, ProposeError};
 use crate::raft::read_index::{ReadIndexError, ReadRounds};
@@ -33,7 +34,6 @@ use crate::state_machine::StateMachine;
 use crate::state_machine::command::{
     self, Condition, Op, Outcome, RESERVED_KEY_PREFIX, SessionRef,
 };
-use crate::testing::faults::Faults;
 
 /// Largest client request or response message, in bytes: above the largest
 /// legal value plus its key and framing.

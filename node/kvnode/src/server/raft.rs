@@ -36,14 +36,15 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::codec;
+use crate::hooks::Faults;
+use crate::hooks::InstallStep;
 use crate::node::identity::{Adopt, CheckError, Identity};
 use crate::raft::network::PEER_MESSAGE_BYTES_MAX;
 use crate::raft::read_index::{ReadIndexError, ReadRounds};
 use crate::raft::types::TypeConfig;
 use crate::server::metrics::Metrics;
 use crate::snapshot::{Manifest, SnapshotHandle};
-use crate::state_machine::{InstallStep, NeededRange, StateMachine};
-use crate::testing::faults::Faults;
+use crate::state_machine::{NeededRange, StateMachine};
 
 /// How often a refused peer is logged at most (it retries every heartbeat).
 pub const MISMATCH_LOG_INTERVAL: Duration = Duration::from_secs(10);

@@ -22,9 +22,8 @@ pub mod command;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::Duration;
 
 use bitcask::{Batch, Engine, Options, PublishedPrefix, SyncPolicy};
 use openraft::storage::RaftStateMachine;
@@ -34,6 +33,7 @@ use openraft::{
 };
 
 use crate::codec::CodecError;
+use crate::hooks::{InstallFailpoints, InstallStep};
 use crate::raft::types::{CommitMeta, NodeInfo, NodeLogId, NodeMembership, TypeConfig};
 use crate::snapshot::{
     self, CURRENT_BYTES_MAX, CURRENT_FILE, KIND_ACTIVE_PREFIX, KIND_SEALED, Manifest, ManifestFile,
@@ -81,90 +81,17 @@ pub struct StateMachineOptions {
     /// lazy disk in a `lazy-disk` build, real files otherwise). Options that
     /// shape files (segment size) must be equal on every replica.
     pub engine: Options,
-    /// Test-only crash points of a snapshot receive and install (off by
-    /// default).
+    /// Crash points of a snapshot receive and install (tests; a stand-in
+    /// that never fires without the `testing` feature).
     pub failpoints: InstallFailpoints,
     /// Test-only: cluster time a session may stay idle before it is evicted;
     /// `None` = [`crate::state_machine::command::SESSION_IDLE_MS_MAX`]. Every member must
     /// use the same value (`kvnode run --test-session-idle-ms`).
     pub session_idle_ms: Option<u64>,
-    /// TEST FAULT (`kvnode run --test-stale-build-before-switch`): at the
-    /// first install of a received snapshot in this data directory
-    /// ([`TEST_STALE_BUILD_MARKER`]), build a snapshot on the old engine
-    /// first (the race of a build that started just after the received
-    /// snapshot was sealed: a higher counter, a lower last log id), then
-    /// hold the install before the engine switch for
-    /// [`TEST_STALE_BUILD_HOLD`], so the fault suite's next power cut lands
-    /// in that window while openraft purges the log through the received
-    /// snapshot. openraft queues every later command behind the install:
-    /// the member neither appends, votes nor answers meanwhile. Off by
-    /// default.
-    pub test_stale_build_before_switch: bool,
-}
-
-/// A point in receiving and installing a snapshot where a test can make the
-/// member "crash": the step stops there, leaving the disk as a crash would
-/// (no clean-up), and every later receive or install on this member fails,
-/// until the test drops the node and opens its directory again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InstallStep {
-    /// While staging: after the first received chunk was written.
-    Staging,
-    /// After the snapshot became a complete `snap-<n>` and openraft was told
-    /// (so it may have purged the log it covers), before the engine switch.
-    BeforeSwitch,
-    /// After `CURRENT` names the new engine, before the old engine directory
-    /// and old snapshots are deleted.
-    AfterSwitch,
-}
-
-/// Test-only crash points (see [`InstallStep`]); clones share one state.
-#[derive(Clone, Debug, Default)]
-pub struct InstallFailpoints {
-    inner: Arc<FailpointState>,
-}
-
-#[derive(Debug, Default)]
-struct FailpointState {
-    armed: Mutex<Option<InstallStep>>,
-    fired: Mutex<Option<InstallStep>>,
-}
-
-impl InstallFailpoints {
-    /// Arms one crash point (it fires once).
-    pub fn arm(&self, step: InstallStep) {
-        *self.inner.armed.lock().unwrap_or_else(|p| p.into_inner()) = Some(step);
-    }
-
-    /// The step at which this member "crashed", if it did.
-    pub fn fired(&self) -> Option<InstallStep> {
-        *self.inner.fired.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// True when `step` is armed (it then fires: disarmed, recorded) or a
-    /// crash point fired before (the member is "dead").
-    pub fn hit(&self, step: InstallStep) -> bool {
-        let mut armed = self.inner.armed.lock().unwrap_or_else(|p| p.into_inner());
-        let mut fired = self.inner.fired.lock().unwrap_or_else(|p| p.into_inner());
-        if *armed == Some(step) {
-            *armed = None;
-            *fired = Some(step);
-            tracing::warn!(?step, "test crash point fired");
-        }
-        fired.is_some()
-    }
-
-    /// Disarms and forgets a fired crash point (before the test opens the
-    /// member's directory again).
-    pub fn reset(&self) {
-        *self.inner.armed.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        *self.inner.fired.lock().unwrap_or_else(|p| p.into_inner()) = None;
-    }
-
-    /// True once a crash point fired.
-    pub fn dead(&self) -> bool {
-        self.fired().is_some()
-    }
+    /// TEST FAULT (`testing` builds only): the stale build before an
+    /// install's engine switch (see [`crate::testing::stale_build`]).
+    #[cfg(feature = "testing")]
+    pub stale_build: crate::testing::stale_build::StaleBuildFault,
 }
 
 /// What a receiver asks the leader for: the file `name` from `offset` (0 =
@@ -258,8 +185,6 @@ struct Shared {
     snapshot_work: Mutex<()>,
     /// The cluster id written into manifests (0 = not known yet).
     cluster_id: AtomicU64,
-    /// Whether the stale-build test fault fired in this process.
-    stale_build_fired: AtomicBool,
 }
 
 /// The state machine (cheap to clone: clones share one state). It is also
@@ -408,7 +333,6 @@ impl StateMachine {
                 cluster_time_ms: AtomicU64::new(time_ms),
                 snapshot_work: Mutex::new(()),
                 cluster_id: AtomicU64::new(0),
-                stale_build_fired: AtomicBool::new(false),
                 inner: Mutex::new(Inner {
                     engine,
                     applier,
@@ -665,7 +589,12 @@ impl StateMachine {
         Ok(SnapshotHandle::new(dir))
     }
 
-    /// The test crash points of this state machine.
+    /// The options it was opened with.
+    pub fn options(&self) -> &StateMachineOptions {
+        &self.shared.options
+    }
+
+    /// The crash points of receiving and installing snapshots.
     pub fn failpoints(&self) -> &InstallFailpoints {
         &self.shared.options.failpoints
     }
@@ -1188,34 +1117,6 @@ fn start_merge(engine: &Arc<Engine>, inputs: &[String], time_ms: u64) {
     }
 }
 
-/// How long the stale-build test fault holds an install (the fault
-/// suite cuts the power within it).
-pub const TEST_STALE_BUILD_HOLD: Duration = Duration::from_secs(20);
-/// The marker, in the state directory, that the stale-build test fault
-/// fired there (it fires once per data directory).
-pub const TEST_STALE_BUILD_MARKER: &str = "TEST-STALE-BUILD-FIRED";
-
-impl StateMachine {
-    /// True the first time for this data directory: writes the marker
-    /// (fsynced, its directory fsynced, so a power cut keeps it).
-    fn claim_stale_build_fault(&self) -> bool {
-        let marker = self.shared.dir.join(TEST_STALE_BUILD_MARKER);
-        let vfs = node_vfs();
-        if vfs.file_exists(&marker) {
-            return false;
-        }
-        let written = vfs
-            .create(&marker)
-            .and_then(|file| file.sync())
-            .and_then(|()| vfs.sync_dir(&self.shared.dir));
-        if let Err(err) = written {
-            tracing::warn!(error = %err, "TEST FAULT not fired: cannot write its marker");
-            return false;
-        }
-        true
-    }
-}
-
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
         // File work (fsync, links, a copy of the active prefix): off the
@@ -1258,24 +1159,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMeta<u64, NodeInfo>,
         snapshot: Box<SnapshotHandle>,
     ) -> Result<(), StorageError<u64>> {
-        if self.shared.options.test_stale_build_before_switch
-            && !self.shared.stale_build_fired.swap(true, Ordering::SeqCst)
-            && self.claim_stale_build_fault()
-        {
-            // TEST FAULT: the stale build, then no switch for a while.
-            let sm = self.clone();
-            let built = tokio::task::spawn_blocking(move || sm.build()).await;
-            let built = built.map(|b| b.map(|s| s.meta.last_log_id));
-            tracing::warn!(
-                ?built,
-                received = ?meta.last_log_id,
-                hold_s = TEST_STALE_BUILD_HOLD.as_secs(),
-                "TEST FAULT: a snapshot built on the old engine after the received one was \
-                 sealed; the install (and with it this member's Raft core) is held before the \
-                 switch"
-            );
-            tokio::time::sleep(TEST_STALE_BUILD_HOLD).await;
-        }
+        #[cfg(feature = "testing")]
+        crate::testing::stale_build::before_install(self, meta).await;
         let sm = self.clone();
         let owned_meta = meta.clone();
         tokio::task::spawn_blocking(move || sm.install(&owned_meta, &snapshot))

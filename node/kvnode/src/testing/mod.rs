@@ -1,9 +1,20 @@
-//! Test support for the crates above kvnode (kvclient's and kvctl's
-//! integration tests): a cluster of real members in one process, each on
-//! its own ephemeral ports of a private loopback address, member 1
-//! bootstrapping. Nothing in the node uses it.
+//! Test machinery, compiled only with the `testing` feature (kvnode's own
+//! tests enable it; so do the dev-dependencies of kvclient, kvctl and
+//! bench, and the fault suite's `testing` build). The product reaches it
+//! only through [`crate::hooks`].
+//!
+//! - this module: a cluster of real members in one process, each on its
+//!   own ephemeral ports of a private loopback address, member 1
+//!   bootstrapping ([`LocalCluster`]).
+//! - [`faults`]: switches for lost write replies, cut peer links, a
+//!   corrupted snapshot chunk.
+//! - [`failpoints`]: crash points of a snapshot receive and install.
+//! - [`stale_build`]: the stale-build fault of the fault suite's
+//!   snapshot-choice control.
 
+pub mod failpoints;
 pub mod faults;
+pub mod stale_build;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};

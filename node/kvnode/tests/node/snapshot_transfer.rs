@@ -22,8 +22,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use kvnode::hooks::{InstallFailpoints, InstallStep};
 use kvnode::server::convert::detail_of;
-use kvnode::state_machine::{InstallFailpoints, InstallStep};
 use kvnode::{Faults, Node, NodeInfo, StateMachineOptions};
 use kvproto::kv::v1::kv_client::KvClient;
 use kvproto::kv::v1::{BatchOp, BatchRequest, PutOp, batch_op, error_detail};

@@ -155,25 +155,10 @@ struct RunArgs {
     /// watermark.
     #[arg(long, env = "KVNODE_DISK_FREE_MIN_BYTES", default_value_t = DISK_FREE_MIN_BYTES_DEFAULT)]
     disk_free_min_bytes: u64,
-    /// TEST FAULT: answer this percentage of applied writes with an error
-    /// (the reply is "lost"; clients retry). For the fault suite only.
-    #[arg(long, env = "KVNODE_TEST_DROP_WRITE_REPLY_PERCENT", default_value_t = 0,
-          value_parser = clap::value_parser!(u8).range(0..=100), hide = true)]
-    test_drop_write_reply_percent: u8,
-    /// Evict exactly-once sessions after this many ms of cluster time without
-    /// a request, instead of 10 minutes; 0 = the default. Every member must
-    /// be given the same value. For the fault suite only (its exactly-once
-    /// scenario evicts sessions within a short run).
-    #[arg(long, env = "KVNODE_TEST_SESSION_IDLE_MS", default_value_t = 0,
-          value_parser = clap::value_parser!(u64).range(0..=kvproto::SESSION_IDLE_MS), hide = true)]
-    test_session_idle_ms: u64,
-    /// TEST FAULT: at the first install of a received snapshot in this data
-    /// directory, build a snapshot on the old engine, then hold the install
-    /// (and the member's Raft core) before the engine switch for 20 s (the
-    /// fault suite's control for how a snapshot is chosen at startup). For
-    /// the fault suite only.
-    #[arg(long, env = "KVNODE_TEST_STALE_BUILD_BEFORE_SWITCH", hide = true)]
-    test_stale_build_before_switch: bool,
+    /// The test-only flags (`testing` builds only: none in a product build).
+    #[cfg(feature = "testing")]
+    #[command(flatten)]
+    test: TestArgs,
     /// Threads of the async runtime (gRPC, Raft, replication); 0 = one per
     /// CPU core. Lower it when several members share a machine (`kvnode
     /// local` splits the cores among its members).
@@ -299,29 +284,8 @@ fn run_config(args: RunArgs) -> anyhow::Result<NodeConfig> {
         initial_cluster,
     );
     config.bootstrap = args.bootstrap;
-    if args.test_drop_write_reply_percent > 0 {
-        tracing::warn!(
-            percent = args.test_drop_write_reply_percent,
-            "TEST FAULT: dropping this share of applied-write replies"
-        );
-        config
-            .faults
-            .set_drop_write_reply_percent(args.test_drop_write_reply_percent);
-    }
-    if args.test_session_idle_ms > 0 {
-        tracing::warn!(
-            ms = args.test_session_idle_ms,
-            "TEST SETTING: sessions evicted after this much idle cluster time"
-        );
-        config.state_machine.session_idle_ms = Some(args.test_session_idle_ms);
-    }
-    if args.test_stale_build_before_switch {
-        tracing::warn!(
-            "TEST FAULT: the first received snapshot's install in this data directory builds \
-             a stale snapshot and holds before the switch"
-        );
-        config.state_machine.test_stale_build_before_switch = true;
-    }
+    #[cfg(feature = "testing")]
+    args.test.apply(&mut config);
     config.admin_addr = args.admin_addr;
     config.security = args.security.security()?;
     config.snapshot_log_keep = args.snapshot_log_keep;
@@ -482,5 +446,62 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
         Some(Cmd::Run(args)) => run_member(run_config(*args)?).await,
         Some(Cmd::Local(args)) => local::run(args).await,
         Some(Cmd::Restore(args)) => restore::run(args).await,
+    }
+}
+
+/// The flags of a `testing` build: faults and settings for the fault suite
+/// (hidden from `--help`; a product build does not have them at all).
+#[cfg(feature = "testing")]
+#[derive(Debug, clap::Args)]
+struct TestArgs {
+    /// TEST FAULT: answer this percentage of applied writes with an error
+    /// (the reply is "lost"; clients retry). For the fault suite only.
+    #[arg(long, env = "KVNODE_TEST_DROP_WRITE_REPLY_PERCENT", default_value_t = 0,
+          value_parser = clap::value_parser!(u8).range(0..=100), hide = true)]
+    drop_write_reply_percent: u8,
+    /// Evict exactly-once sessions after this many ms of cluster time without
+    /// a request, instead of 10 minutes; 0 = the default. Every member must
+    /// be given the same value. For the fault suite only (its exactly-once
+    /// scenario evicts sessions within a short run).
+    #[arg(long, env = "KVNODE_TEST_SESSION_IDLE_MS", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=kvproto::SESSION_IDLE_MS), hide = true)]
+    session_idle_ms: u64,
+    /// TEST FAULT: at the first install of a received snapshot in this data
+    /// directory, build a snapshot on the old engine, then hold the install
+    /// (and the member's Raft core) before the engine switch for 20 s (the
+    /// fault suite's control for how a snapshot is chosen at startup). For
+    /// the fault suite only.
+    #[arg(long, env = "KVNODE_TEST_STALE_BUILD_BEFORE_SWITCH", hide = true)]
+    stale_build_before_switch: bool,
+}
+
+#[cfg(feature = "testing")]
+impl TestArgs {
+    /// Turns the asked-for faults on in `config`, each with a warning.
+    fn apply(&self, config: &mut NodeConfig) {
+        if self.drop_write_reply_percent > 0 {
+            tracing::warn!(
+                percent = self.drop_write_reply_percent,
+                "TEST FAULT: dropping this share of applied-write replies"
+            );
+            config
+                .faults
+                .set_drop_write_reply_percent(self.drop_write_reply_percent);
+        }
+        if self.session_idle_ms > 0 {
+            tracing::warn!(
+                ms = self.session_idle_ms,
+                "TEST SETTING: sessions evicted after this much idle cluster time"
+            );
+            config.state_machine.session_idle_ms = Some(self.session_idle_ms);
+        }
+        if self.stale_build_before_switch {
+            tracing::warn!(
+                "TEST FAULT: the first received snapshot's install in this data directory builds \
+                 a stale snapshot and holds before the switch"
+            );
+            config.state_machine.stale_build =
+                kvnode::testing::stale_build::StaleBuildFault::armed();
+        }
     }
 }
