@@ -11,11 +11,13 @@
 //!   conditions, TTL by cluster time, exactly-once sessions.
 //! - [`batcher`]: proposal batching — concurrent client requests gathered
 //!   into one entry (capped by count, ops and bytes), pipelined.
-//! - [`codec`]: the one binary codec (bincode 2, serde mode) for Raft
-//!   entries, votes and openraft payloads, with bounded decoding.
-//! - [`log_store`]: the Raft log store — segmented, checksummed append-only
-//!   files through the engine's I/O trait, implementing openraft's
-//!   `RaftLogStorage` (byte layout in `LOG_FORMAT.md`).
+//! - [`codec`]: the `kvcodec` crate, re-exported — the one binary codec
+//!   (bincode 2, serde mode) for Raft entries, votes and openraft payloads,
+//!   with bounded decoding.
+//! - [`log_store`]: the `raftlog` crate, re-exported — the Raft log store:
+//!   segmented, checksummed append-only files through the engine's I/O
+//!   trait, implementing openraft's `RaftLogStorage` (byte layout in
+//!   `node/raftlog/LOG_FORMAT.md`).
 //! - [`types`]: the openraft type config (`TypeConfig`), the node type
 //!   (`NodeInfo`: client and peer address) and the commit metadata every
 //!   applied entry leaves in the engine (`CommitMeta`).
@@ -75,7 +77,6 @@ pub mod admin;
 pub mod apply;
 pub mod backup;
 pub mod batcher;
-pub mod codec;
 pub mod command;
 pub mod convert;
 pub mod disk;
@@ -84,7 +85,6 @@ pub mod identity;
 #[cfg(feature = "lazy-disk")]
 pub mod lazy_disk;
 pub mod limits;
-pub mod log_store;
 pub mod membership;
 pub mod merge_policy;
 pub mod metrics;
@@ -97,6 +97,9 @@ pub mod snapshot;
 pub mod state_machine;
 pub mod testing;
 pub mod types;
+
+pub use kvcodec as codec;
+pub use raftlog as log_store;
 
 /// The test-only cargo features this build was made with (none in a real
 /// build); `kvnode --version` prints them and the fault suite checks them.
