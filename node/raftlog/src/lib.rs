@@ -49,14 +49,21 @@
 //! buffer to the writer and returns; the writer issues ONE positioned write
 //! for the batch and ONE fsync (batches queued behind each other for the same
 //! segment share that fsync), and only then fires openraft's `LogFlushed`
-//! callback. A new segment is created, its header written and fsynced and
-//! the directory fsynced before the first batch goes into it. `save_vote`,
-//! `truncate` and `purge` (and `save_committed` when it persists) wait for
-//! the writer and return only once durable: a metadata file costs a file
-//! fsync and a directory fsync; a truncate fsyncs the directory after each
-//! removed segment and the cut segment after the cut; a purge saves the
-//! purge point, then removes the segments below it, each followed by a
-//! directory fsync.
+//! callback. `save_vote`, `truncate` and `purge` (and `save_committed` when
+//! it persists) wait for the writer and return only once durable. Every
+//! fsync, by operation:
+//! - append: one fsync of the segment per group of batches (none under the
+//!   negative control `nc-skip-log-fsync`, which also never persists the
+//!   committed id);
+//! - new segment (rotation, or the first append): its header is written,
+//!   the file fsynced, then the directory fsynced, before the batch that
+//!   needs it is laid out;
+//! - metadata file (vote, committed, purge point): the `.tmp` file fsynced,
+//!   renamed, then the directory fsynced (not under `nc-rename-no-dir-fsync`);
+//! - truncate: a directory fsync after each removed segment (highest
+//!   first), then the cut segment fsynced;
+//! - purge: the purge point saved (as a metadata file), then a directory
+//!   fsync after each removed segment (lowest first).
 //!
 //! ## Reads
 //! An in-memory index maps every live log index to its log id, segment and
@@ -74,7 +81,8 @@
 //! success for data that is gone). Reopening recovers the durable state.
 //!
 //! ## Recovery (open)
-//! Leftover `*.tmp` files are deleted; segments wholly below the purge point
+//! The directory is created if needed and its parent fsynced. Leftover
+//! `*.tmp` files are deleted; segments wholly below the purge point
 //! (left by a purge interrupted between writing the purge point and deleting
 //! files) are deleted; every remaining segment is scanned. Each batch is
 //! fsynced before the next is written, and a new segment is created only
@@ -82,6 +90,7 @@
 //! can be torn: a bad record there with no valid record after it is cut off
 //! (and the cut fsynced). A bad record anywhere else, a bad header or a gap
 //! between segments is corruption: an error naming the file and offset.
+//! Every removal at open is followed by a directory fsync.
 
 mod error;
 mod format;
