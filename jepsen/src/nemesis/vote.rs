@@ -13,7 +13,7 @@
 //! verdict becomes `not-durable` ([`crate::durability`]).
 //!
 //! The vote file is read by its documented layout
-//! (`node/kvnode/LOG_FORMAT.md`, "Metadata files"): a 20-byte header
+//! (`node/raftlog/LOG_FORMAT.md`, "Metadata files"): a 20-byte header
 //! (magic, format version, kind, payload length), the payload, a CRC-32.
 //! The payload is a bincode-2 (standard config) `Vote`, whose first field
 //! is the term, a variable-length integer.

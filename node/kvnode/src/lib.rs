@@ -18,10 +18,11 @@
 //!   install, save, backup and restore.
 //! - [`server`]: the ports — one file per gRPC service, the admin port,
 //!   conversions, limits, security, metrics.
-//! - [`log_store`]: the Raft log store (segmented, checksummed files;
-//!   `LOG_FORMAT.md`).
-//! - [`codec`]: the one binary codec (bincode 2) for Raft entries, votes
-//!   and openraft payloads, with bounded decoding.
+//! - [`log_store`]: the `raftlog` crate, re-exported — the Raft log store
+//!   (segmented, checksummed files; `node/raftlog/LOG_FORMAT.md`).
+//! - [`codec`]: the `kvcodec` crate, re-exported — the one binary codec
+//!   (bincode 2) for Raft entries, votes and openraft payloads, with
+//!   bounded decoding.
 //! - [`hooks`]: the seams tests plug into (fault switches, install crash
 //!   points): the real switches with the `testing` feature, constant-false
 //!   stand-ins without it.
@@ -34,11 +35,11 @@
 //! - [`BUILD_FEATURES`]: the test-only features this build has (negative
 //!   controls `nc-*` break the node on purpose; see Cargo.toml).
 
-pub mod codec;
+pub use kvcodec as codec;
 pub mod hooks;
 #[cfg(feature = "lazy-disk")]
 pub mod lazy_disk;
-pub mod log_store;
+pub use raftlog as log_store;
 pub mod node;
 pub mod raft;
 pub mod server;

@@ -1,10 +1,12 @@
+//! # kvcodec
+//!
 //! The one binary codec of the node: bincode 2 in serde mode with the
 //! standard configuration (little-endian, variable-length integers).
 //!
 //! Every Raft entry, vote, log id and openraft payload the node writes to
 //! disk or sends to a peer goes through [`encode`] and comes back through
-//! [`decode`]. Nothing else in the crate names bincode, so changing the
-//! encoding touches only this file.
+//! [`decode`]. Nothing else in the node (kvnode, raftlog) names bincode, so
+//! changing the encoding touches only this crate.
 //!
 //! Decoding treats its input as untrusted (bytes from disk may be rotten,
 //! bytes from the network may be hostile): the input is capped at
@@ -12,12 +14,16 @@
 //! [`DECODE_ALLOC_BYTES_MAX`] bytes while decoding (so a garbage length
 //! prefix cannot make it allocate gigabytes), and every byte must be used. A
 //! malformed input is an error, never a panic.
+//!
+//! ## Modules
+//! One file, no submodules: [`encode`], [`decode`], [`CodecError`] and the
+//! two decoding limits. kvnode re-exports it as `kvnode::codec`.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 /// Largest input [`decode`] accepts, in bytes. Raft entries are capped far
-/// below this (see `log_store::LOG_ENTRY_SIZE_BYTES_MAX`); the network layer
+/// below this (see `raftlog::LOG_ENTRY_SIZE_BYTES_MAX`); the network layer
 /// splits messages so that none exceeds it.
 pub const DECODE_INPUT_BYTES_MAX: usize = 64 * 1024 * 1024;
 
