@@ -16,14 +16,14 @@ use std::thread::JoinHandle;
 
 use crate::error::{Error, Result};
 use crate::format::{
-    DATA_MAGIC, FileId, HintEntry, RECORD_HEADER_SIZE_BYTES, RecordKind, encode_record,
+    DATA_MAGIC, FileId, HintEntry, RECORD_HEADER_SIZE_BYTES, RecordKind, encode_record, path_in,
     record_size, verify_record,
 };
 use crate::hint::HintWriter;
-use crate::io::{Mapping, VfsFile, path_in};
 use crate::keydir::{KeyDir, Location};
 use crate::merge::MergeJob;
 use crate::options::{METADATA_SIZE_BYTES_MAX, Options, SyncPolicy};
+use vfs::{Mapping, VfsFile};
 
 /// Attempts of a read whose file a concurrent merge removed (the key
 /// directory points at the merge output by the next attempt).
@@ -396,7 +396,7 @@ impl Handles {
 #[derive(Debug)]
 pub(crate) struct Shared {
     /// Held while the engine is open: one engine per data directory.
-    _dir_lock: crate::io::DirLock,
+    _dir_lock: vfs::DirLock,
     pub(crate) dir: PathBuf,
     pub(crate) opts: Options,
     pub(crate) keydir: RwLock<KeyDir>,

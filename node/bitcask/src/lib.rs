@@ -16,8 +16,10 @@
 //!
 //! ## Modules
 //! - [`format`]: byte layout of headers, records and hint entries; file names.
-//! - [`io`]: the I/O trait all file access goes through, and real files.
-//! - [`sim`]: an in-memory file system that can lose unsynced data or fail.
+//! - [`io`]: re-export of the [`vfs`] crate's I/O trait and real disk, kept
+//!   for compatibility (every file access goes through [`vfs::Vfs`]).
+//! - `sim` (feature `sim`): re-export of `vfs::sim`, the in-memory disk
+//!   that can lose unsynced data or fail, kept for compatibility.
 //! - `keydir`: the ordered key directory (one allocation per key).
 //! - `hint`: writing and loading hint files.
 //! - `recovery`: opening a directory, torn-tail repair, merge leftovers.
@@ -56,6 +58,7 @@ pub mod error;
 pub mod format;
 pub mod io;
 pub mod options;
+#[cfg(feature = "sim")]
 pub mod sim;
 
 mod engine;

@@ -24,12 +24,13 @@ use std::sync::atomic::Ordering;
 use crate::engine::{FileMeta, MergeReport, Shared, lock, read, write};
 use crate::error::{Error, Result};
 use crate::format::{
-    DATA_MAGIC, FileId, HintEntry, RECORD_HEADER_SIZE_BYTES, RecordKind, TEMP_SUFFIX, encode_record,
+    DATA_MAGIC, FileId, HintEntry, RECORD_HEADER_SIZE_BYTES, RecordKind, TEMP_SUFFIX,
+    encode_record, path_in,
 };
 use crate::hint::HintWriter;
-use crate::io::{VfsFile, path_in};
 use crate::keydir::Location;
 use crate::options::MERGE_SWAP_CHUNK_KEYS;
+use vfs::VfsFile;
 
 /// Output bytes buffered before a write.
 const MERGE_WRITE_BUFFER_BYTES: usize = 1 << 20;

@@ -27,12 +27,12 @@ use crate::error::{Error, Result};
 use crate::format::{
     DATA_MAGIC, DATA_SUFFIX, FILE_HEADER_SIZE_BYTES, FileHeader, FileId, HINT_SUFFIX, HintEntry,
     RECORD_HEADER_SIZE_BYTES, RecordFault, RecordHeader, RecordKind, TEMP_SUFFIX,
-    decode_record_header,
+    decode_record_header, path_in,
 };
 use crate::hint::{self, HintWriter};
-use crate::io::{Vfs, VfsFile, path_in};
 use crate::keydir::{KeyDir, Location};
 use crate::options::Options;
+use vfs::{Vfs, VfsFile};
 
 /// Bytes read at a time when scanning a data file.
 const SCAN_WINDOW_BYTES: usize = 4 * 1024 * 1024;
@@ -59,7 +59,7 @@ pub(crate) fn recover(dir: &Path, opts: &Options) -> Result<Recovered> {
             data.insert(id);
         } else if let Some(id) = name.strip_suffix(HINT_SUFFIX).and_then(FileId::parse_stem) {
             hints.insert(id);
-        } else if name != crate::io::LOCK_FILE_NAME {
+        } else if name != vfs::LOCK_FILE_NAME {
             tracing::warn!(file = %name, dir = %dir.display(), "ignoring a file that is not the engine's");
         }
     }
