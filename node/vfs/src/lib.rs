@@ -13,10 +13,10 @@
 //!   block of the workspace, with its SAFETY comment.
 //! - `poison`: [`Poison`], the latch a store sets at its first failed write
 //!   or fsync, after which it refuses every write.
-//! - [`sim`] (feature `sim`, test builds only): [`SimFs`], an in-memory
+//! - `sim` (feature `sim`, test builds only): `SimFs`, an in-memory
 //!   disk that tracks what was made durable, can cut the power (with a torn
 //!   tail) and fails writes or syncs on command.
-//! - [`lazy`] (feature `lazy`, test builds only): [`LazyFs`], real files
+//! - `lazy` (feature `lazy`, test builds only): `LazyFs`, real files
 //!   whose un-fsynced writes and directory changes stay in process memory,
 //!   so a SIGKILL loses exactly what a power cut would.
 //!

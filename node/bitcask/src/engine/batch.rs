@@ -25,7 +25,9 @@ pub enum Op {
 pub struct Batch {
     /// The writes, applied in order.
     pub ops: Vec<Op>,
-    /// Caller metadata, returned by [`Engine::last_commit_meta`] after a restart.
+    /// Caller metadata, returned by
+    /// [`Engine::last_commit_meta`](crate::Engine::last_commit_meta) after a
+    /// restart.
     pub meta: Vec<u8>,
     /// First sequence number: op `i` gets `seq + i`, the commit record
     /// `seq + ops.len()`. `None` lets the engine continue from its last one.
