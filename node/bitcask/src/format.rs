@@ -471,6 +471,11 @@ impl FileId {
     }
 }
 
+/// Joins a directory and a file name.
+pub(crate) fn path_in(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+    dir.join(name)
+}
+
 pub(crate) fn u16_at(bytes: &[u8], offset: usize) -> u16 {
     u16::from_le_bytes([bytes[offset], bytes[offset + 1]])
 }

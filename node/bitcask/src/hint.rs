@@ -15,9 +15,9 @@ use crate::error::{Error, Result};
 use crate::format::{
     FILE_HEADER_SIZE_BYTES, FileHeader, FileId, HINT_MAGIC, HINT_TRAILER_SIZE_BYTES, HintEntry,
     HintTrailer, RecordKind, TEMP_SUFFIX, decode_hint_entry, decode_hint_trailer,
-    encode_hint_entry, encode_hint_trailer,
+    encode_hint_entry, encode_hint_trailer, path_in,
 };
-use crate::io::{Vfs, VfsFile, path_in};
+use vfs::{Vfs, VfsFile};
 
 /// Hint bytes buffered in memory before they are written to the temp file.
 const HINT_FLUSH_BYTES: usize = 256 * 1024;

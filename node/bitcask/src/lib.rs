@@ -15,15 +15,29 @@
 //! engine sits under Raft.
 //!
 //! ## Modules
-//! - [`format`]: byte layout of headers, records and hint entries; file names.
-//! - [`io`]: the I/O trait all file access goes through, and real files.
-//! - [`sim`]: an in-memory file system that can lose unsynced data or fail.
+//! - [`format`](mod@format): byte layout of headers, records and hint entries; file names.
+//! - [`io`]: re-export of the [`vfs`] crate's I/O trait and real disk, kept
+//!   for compatibility (every file access goes through [`vfs::Vfs`]).
+//! - `sim` (feature `sim`): re-export of `vfs::sim`, the in-memory disk
+//!   that can lose unsynced data or fail, kept for compatibility.
 //! - `keydir`: the ordered key directory (one allocation per key).
 //! - `hint`: writing and loading hint files.
-//! - `recovery`: opening a directory, torn-tail repair, merge leftovers.
-//! - `merge`: deterministic merge and atomic swap.
-//! - `engine`: the write path (batches, group commit, rotation), reads,
-//!   scans, stats, and the file API the Raft layer uses.
+//! - `recovery`: opening a directory (list, plan, load), torn-tail repair,
+//!   merge leftovers.
+//! - `merge`: deterministic merge (write parts, publish, swap in, retire).
+//! - `engine`: the [`Engine`], one submodule a job:
+//!   - `engine` (`mod.rs`): the handle and its shared state, open, close;
+//!   - `engine::batch`: [`Batch`], [`Op`], [`Written`];
+//!   - `engine::write`: the write path: validation, appending, rotation,
+//!     sealing;
+//!   - `engine::sync`: group commit, fsyncs, the sync thread, poisoning
+//!     (through [`vfs::Poison`]);
+//!   - `engine::read`: lookups, scans, the cache of open files and maps;
+//!   - `engine::files`: the file API the Raft layer uses ([`FileInfo`],
+//!     [`Pin`], checksums of the published prefix, retiring files);
+//!   - `engine::stats`: [`Stats`], [`FileStats`];
+//!   - `engine::merging`: merge entry points ([`MergeReport`]) and
+//!     automatic merges.
 //! - [`options`]: options, sync policies and every limit.
 //! - [`error`]: the error type.
 //!
@@ -56,6 +70,7 @@ pub mod error;
 pub mod format;
 pub mod io;
 pub mod options;
+#[cfg(feature = "sim")]
 pub mod sim;
 
 mod engine;

@@ -24,12 +24,13 @@ use std::sync::atomic::Ordering;
 use crate::engine::{FileMeta, MergeReport, Shared, lock, read, write};
 use crate::error::{Error, Result};
 use crate::format::{
-    DATA_MAGIC, FileId, HintEntry, RECORD_HEADER_SIZE_BYTES, RecordKind, TEMP_SUFFIX, encode_record,
+    DATA_MAGIC, FileId, HintEntry, RECORD_HEADER_SIZE_BYTES, RecordKind, TEMP_SUFFIX,
+    encode_record, path_in,
 };
 use crate::hint::HintWriter;
-use crate::io::{VfsFile, path_in};
 use crate::keydir::Location;
 use crate::options::MERGE_SWAP_CHUNK_KEYS;
+use vfs::VfsFile;
 
 /// Output bytes buffered before a write.
 const MERGE_WRITE_BUFFER_BYTES: usize = 1 << 20;
@@ -217,88 +218,28 @@ impl MergeJob {
         let shared = &shared;
         shared.check_poison()?;
         let vfs = shared.opts.vfs.as_ref();
-        let dir = shared.dir.clone();
         // Make the cut-off durable before any output names it: otherwise a power
         // cut could leave a merge generation named after sequence numbers the
         // write stream no longer holds, and they would be handed out again.
         let written = lock(&shared.writer).written_total;
         shared.sync_to(written)?;
+        let last_commit = (last_commit_seq, last_commit_meta);
         // 3. Write the output parts.
-        let mut parts: Vec<Part> = Vec::new();
-        let mut moved: Vec<Moved> = Vec::with_capacity(live.len());
-        let mut dropped: Vec<usize> = Vec::new();
-        let result = (|| -> Result<()> {
-            parts.push(new_part(shared, cutoff, 0, boundary)?);
-            for (index, (key, location)) in live.iter().enumerate() {
-                if index % 1024 == 0 && shared.closed.load(Ordering::SeqCst) {
-                    return Err(Error::Closed);
-                }
-                if location.expired(now_ms) {
-                    dropped.push(index);
-                    continue;
-                }
-                if parts.last().expect("one part at least").len >= shared.opts.segment_size_bytes {
-                    let next = parts.len() as u32;
-                    parts.push(new_part(shared, cutoff, next, boundary)?);
-                }
-                let part_index = parts.len() - 1;
-                let part = parts.last_mut().expect("one part at least");
-                let offset = part.len as u32;
-                let copied = shared.with_record(key.len(), location, |record| {
-                    part.buf.extend_from_slice(record);
-                    record.len() as u64
-                })?;
-                let Some(copied) = copied else {
-                    return Err(Error::Corruption {
-                        file: format!("file #{}", location.file),
-                        offset: location.offset as u64,
-                        reason: "merge input vanished during the merge".to_string(),
-                    });
-                };
-                part.len += copied;
-                part.max_seq = part.max_seq.max(location.seq);
-                part.hint.add(&HintEntry {
-                    kind: RecordKind::Put,
-                    key,
-                    value_len: location.value_len,
-                    offset,
-                    seq: location.seq,
-                    expiry_ms: location.expiry_ms,
-                })?;
-                moved.push(Moved {
-                    index,
-                    part: part_index,
-                    offset,
-                });
-                if part.buf.len() >= MERGE_WRITE_BUFFER_BYTES {
-                    part.flush()?;
-                }
-            }
-            let part = parts.last_mut().expect("one part at least");
-            let offset = part.len as u32;
-            let before = part.buf.len();
-            encode_record(
-                &mut part.buf,
-                RecordKind::Commit,
-                last_commit_seq,
-                0,
-                &[],
-                &last_commit_meta,
-            );
-            part.len += (part.buf.len() - before) as u64;
-            part.max_seq = part.max_seq.max(last_commit_seq);
-            part.hint.commit(&last_commit_meta, offset, last_commit_seq);
-            for part in &mut parts {
-                part.flush()?;
-                let name = part
-                    .tmp_path
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .unwrap_or_default();
-                shared.sync_file(part.file.as_ref(), name)?;
-            }
-            Ok(())
-        })();
+        let mut output = Output::default();
+        let result = write_parts(
+            shared,
+            &mut output,
+            &live,
+            cutoff,
+            boundary,
+            now_ms,
+            &last_commit,
+        );
+        let Output {
+            parts,
+            moved,
+            dropped,
+        } = output;
         if let Err(e) = result {
             for part in parts {
                 let _ = vfs.remove(&part.tmp_path);
@@ -306,94 +247,12 @@ impl MergeJob {
             }
             return Err(e);
         }
-
         // 4. Publish: hints, parts n-1..1, directory fsync, part 0, directory fsync.
-        let mut metas = Vec::with_capacity(parts.len());
-        let last_part = parts.len() - 1;
-        for (index, part) in parts.into_iter().enumerate() {
-            let crc = part.hasher.clone().finalize();
-            part.hint
-                .finish(vfs, part.len, crc)
-                .map_err(|e| shared.poison(e))?;
-            let last_commit =
-                (index == last_part).then(|| (last_commit_seq, last_commit_meta.clone()));
-            metas.push((
-                part.id,
-                part.tmp_path,
-                part.len,
-                crc,
-                part.max_seq,
-                last_commit,
-            ));
-        }
-        let sync_dir = || {
-            vfs.sync_dir(&dir)
-                .map_err(|e| shared.poison(Error::io(&dir, e)))
-        };
-        for (id, tmp_path, ..) in metas.iter().skip(1).rev() {
-            vfs.rename(tmp_path, &path_in(&dir, &id.data_name()))
-                .map_err(|e| shared.poison(Error::io(tmp_path, e)))?;
-        }
-        sync_dir()?;
-        let (id0, tmp0, ..) = &metas[0];
-        vfs.rename(tmp0, &path_in(&dir, &id0.data_name()))
-            .map_err(|e| shared.poison(Error::io(tmp0, e)))?;
-        sync_dir()?;
-
+        let outputs = publish(shared, parts, &last_commit)?;
         // 5. Swap: register the outputs, repoint the keys chunk by chunk, then
         //    replace the inputs in the sealed list.
-        let new_metas: Vec<Arc<FileMeta>> = {
-            let mut files = write(&shared.files);
-            metas
-                .into_iter()
-                .map(|(id, _, len, crc, max_seq, last_commit)| {
-                    let num = files.allocate(path_in(&dir, &id.data_name()));
-                    Arc::new(FileMeta {
-                        id,
-                        num,
-                        len,
-                        crc,
-                        max_seq,
-                        last_commit,
-                    })
-                })
-                .collect()
-        };
-        for chunk in moved.chunks(MERGE_SWAP_CHUNK_KEYS) {
-            let mut keydir = write(&shared.keydir);
-            for item in chunk {
-                let (key, location) = &live[item.index];
-                keydir.repoint(key, location.seq, new_metas[item.part].num, item.offset);
-            }
-        }
-        for chunk in dropped.chunks(MERGE_SWAP_CHUNK_KEYS) {
-            let mut keydir = write(&shared.keydir);
-            for index in chunk {
-                let (key, location) = &live[*index];
-                keydir.remove_if_seq(key, location.seq);
-            }
-        }
-        {
-            let mut files = write(&shared.files);
-            let rest = files.sealed.split_off(input_metas.len());
-            files.sealed = new_metas.iter().cloned().chain(rest).collect();
-            for meta in &input_metas {
-                files.paths.remove(&meta.num);
-            }
-            let mut keydir = write(&shared.keydir);
-            for meta in &input_metas {
-                keydir.drop_file(meta.num);
-            }
-        }
-        for meta in &input_metas {
-            shared.forget_handle(meta.num);
-            shared.retire_file(&meta.id.hint_name());
-            shared.retire_file(&meta.id.data_name());
-        }
-        if let Err(e) = vfs.sync_dir(&dir) {
-            // The swap already happened; a later open deletes leftovers anyway.
-            tracing::warn!(error = %e, "directory fsync after deleting merge inputs failed");
-        }
+        let new_metas = swap_in(shared, outputs, &live, &moved, &dropped, &input_metas);
+        retire_inputs(shared, &input_metas);
         shared.merges.fetch_add(1, Ordering::SeqCst);
         let report = MergeReport {
             cutoff,
@@ -412,6 +271,230 @@ impl MergeJob {
             "merge swapped in"
         );
         Ok(report)
+    }
+}
+
+/// What step 3 wrote: the parts (as `*.tmp` files), where each copied
+/// record went, and the records dropped as expired (indices into `live`).
+#[derive(Default)]
+struct Output {
+    parts: Vec<Part>,
+    moved: Vec<Moved>,
+    dropped: Vec<usize>,
+}
+
+/// A part written and fsynced under its temporary name: what the swap
+/// registers once it has its final name.
+struct WrittenPart {
+    id: FileId,
+    tmp_path: PathBuf,
+    len: u64,
+    crc: u32,
+    max_seq: u64,
+    last_commit: Option<(u64, Vec<u8>)>,
+}
+
+/// Step 3: copies the live records of `live` (those not expired at
+/// `now_ms`) in key order into parts named after `cutoff`, rotating at the
+/// segment size, ends the last part with the inputs' last commit record,
+/// and fsyncs every part. On error the caller deletes what `output` holds.
+fn write_parts(
+    shared: &Shared,
+    output: &mut Output,
+    live: &[(Vec<u8>, Location)],
+    cutoff: u64,
+    boundary: u64,
+    now_ms: u64,
+    (last_commit_seq, last_commit_meta): &(u64, Vec<u8>),
+) -> Result<()> {
+    let Output {
+        parts,
+        moved,
+        dropped,
+    } = output;
+    moved.reserve(live.len());
+    parts.push(new_part(shared, cutoff, 0, boundary)?);
+    for (index, (key, location)) in live.iter().enumerate() {
+        if index % 1024 == 0 && shared.closed.load(Ordering::SeqCst) {
+            return Err(Error::Closed);
+        }
+        if location.expired(now_ms) {
+            dropped.push(index);
+            continue;
+        }
+        if parts.last().expect("one part at least").len >= shared.opts.segment_size_bytes {
+            let next = parts.len() as u32;
+            parts.push(new_part(shared, cutoff, next, boundary)?);
+        }
+        let part_index = parts.len() - 1;
+        let part = parts.last_mut().expect("one part at least");
+        let offset = part.len as u32;
+        let copied = shared.with_record(key.len(), location, |record| {
+            part.buf.extend_from_slice(record);
+            record.len() as u64
+        })?;
+        let Some(copied) = copied else {
+            return Err(Error::Corruption {
+                file: format!("file #{}", location.file),
+                offset: location.offset as u64,
+                reason: "merge input vanished during the merge".to_string(),
+            });
+        };
+        part.len += copied;
+        part.max_seq = part.max_seq.max(location.seq);
+        part.hint.add(&HintEntry {
+            kind: RecordKind::Put,
+            key,
+            value_len: location.value_len,
+            offset,
+            seq: location.seq,
+            expiry_ms: location.expiry_ms,
+        })?;
+        moved.push(Moved {
+            index,
+            part: part_index,
+            offset,
+        });
+        if part.buf.len() >= MERGE_WRITE_BUFFER_BYTES {
+            part.flush()?;
+        }
+    }
+    let part = parts.last_mut().expect("one part at least");
+    let offset = part.len as u32;
+    let before = part.buf.len();
+    encode_record(
+        &mut part.buf,
+        RecordKind::Commit,
+        *last_commit_seq,
+        0,
+        &[],
+        last_commit_meta,
+    );
+    part.len += (part.buf.len() - before) as u64;
+    part.max_seq = part.max_seq.max(*last_commit_seq);
+    part.hint.commit(last_commit_meta, offset, *last_commit_seq);
+    for part in parts.iter_mut() {
+        part.flush()?;
+        let name = part
+            .tmp_path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        shared.sync_file(part.file.as_ref(), name)?;
+    }
+    Ok(())
+}
+
+/// Step 4: finishes the parts' hints, then renames parts n-1..1 to their
+/// final names, fsyncs the directory, renames part 0 and fsyncs again (part
+/// 0 makes the generation complete). A failure poisons the engine.
+fn publish(
+    shared: &Shared,
+    parts: Vec<Part>,
+    last_commit: &(u64, Vec<u8>),
+) -> Result<Vec<WrittenPart>> {
+    let vfs = shared.opts.vfs.as_ref();
+    let dir = &shared.dir;
+    let mut outputs = Vec::with_capacity(parts.len());
+    let last_part = parts.len() - 1;
+    for (index, part) in parts.into_iter().enumerate() {
+        let crc = part.hasher.clone().finalize();
+        part.hint
+            .finish(vfs, part.len, crc)
+            .map_err(|e| shared.poison(e))?;
+        outputs.push(WrittenPart {
+            id: part.id,
+            tmp_path: part.tmp_path,
+            len: part.len,
+            crc,
+            max_seq: part.max_seq,
+            last_commit: (index == last_part).then(|| last_commit.clone()),
+        });
+    }
+    let sync_dir = || {
+        vfs.sync_dir(dir)
+            .map_err(|e| shared.poison(Error::io(dir, e)))
+    };
+    for output in outputs.iter().skip(1).rev() {
+        vfs.rename(&output.tmp_path, &path_in(dir, &output.id.data_name()))
+            .map_err(|e| shared.poison(Error::io(&output.tmp_path, e)))?;
+    }
+    sync_dir()?;
+    let first = &outputs[0];
+    vfs.rename(&first.tmp_path, &path_in(dir, &first.id.data_name()))
+        .map_err(|e| shared.poison(Error::io(&first.tmp_path, e)))?;
+    sync_dir()?;
+    Ok(outputs)
+}
+
+/// Step 5: registers the outputs, repoints the moved keys and removes the
+/// dropped ones chunk by chunk (readers and writers wait at most one
+/// chunk), then replaces the inputs in the sealed list. Returns the
+/// outputs' metadata.
+fn swap_in(
+    shared: &Shared,
+    outputs: Vec<WrittenPart>,
+    live: &[(Vec<u8>, Location)],
+    moved: &[Moved],
+    dropped: &[usize],
+    input_metas: &[Arc<FileMeta>],
+) -> Vec<Arc<FileMeta>> {
+    let new_metas: Vec<Arc<FileMeta>> = {
+        let mut files = write(&shared.files);
+        outputs
+            .into_iter()
+            .map(|output| {
+                let num = files.allocate(path_in(&shared.dir, &output.id.data_name()));
+                Arc::new(FileMeta {
+                    id: output.id,
+                    num,
+                    len: output.len,
+                    crc: output.crc,
+                    max_seq: output.max_seq,
+                    last_commit: output.last_commit,
+                })
+            })
+            .collect()
+    };
+    for chunk in moved.chunks(MERGE_SWAP_CHUNK_KEYS) {
+        let mut keydir = write(&shared.keydir);
+        for item in chunk {
+            let (key, location) = &live[item.index];
+            keydir.repoint(key, location.seq, new_metas[item.part].num, item.offset);
+        }
+    }
+    for chunk in dropped.chunks(MERGE_SWAP_CHUNK_KEYS) {
+        let mut keydir = write(&shared.keydir);
+        for index in chunk {
+            let (key, location) = &live[*index];
+            keydir.remove_if_seq(key, location.seq);
+        }
+    }
+    {
+        let mut files = write(&shared.files);
+        let rest = files.sealed.split_off(input_metas.len());
+        files.sealed = new_metas.iter().cloned().chain(rest).collect();
+        for meta in input_metas {
+            files.paths.remove(&meta.num);
+        }
+        let mut keydir = write(&shared.keydir);
+        for meta in input_metas {
+            keydir.drop_file(meta.num);
+        }
+    }
+    new_metas
+}
+
+/// Deletes the swapped-out inputs (a pinned one at its last unpin).
+fn retire_inputs(shared: &Shared, input_metas: &[Arc<FileMeta>]) {
+    for meta in input_metas {
+        shared.forget_handle(meta.num);
+        shared.retire_file(&meta.id.hint_name());
+        shared.retire_file(&meta.id.data_name());
+    }
+    if let Err(e) = shared.opts.vfs.sync_dir(&shared.dir) {
+        // The swap already happened; a later open deletes leftovers anyway.
+        tracing::warn!(error = %e, "directory fsync after deleting merge inputs failed");
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::format::KEY_SIZE_BYTES_FORMAT_MAX;
-use crate::io::{RealFs, Vfs};
+use vfs::{RealFs, Vfs};
 
 /// Default largest key: 4 KiB.
 pub const KEY_SIZE_BYTES_MAX: usize = 4 * 1024;

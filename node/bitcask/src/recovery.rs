@@ -27,12 +27,12 @@ use crate::error::{Error, Result};
 use crate::format::{
     DATA_MAGIC, DATA_SUFFIX, FILE_HEADER_SIZE_BYTES, FileHeader, FileId, HINT_SUFFIX, HintEntry,
     RECORD_HEADER_SIZE_BYTES, RecordFault, RecordHeader, RecordKind, TEMP_SUFFIX,
-    decode_record_header,
+    decode_record_header, path_in,
 };
 use crate::hint::{self, HintWriter};
-use crate::io::{Vfs, VfsFile, path_in};
 use crate::keydir::{KeyDir, Location};
 use crate::options::Options;
+use vfs::{Vfs, VfsFile};
 
 /// Bytes read at a time when scanning a data file.
 const SCAN_WINDOW_BYTES: usize = 4 * 1024 * 1024;
@@ -47,24 +47,96 @@ pub(crate) struct Recovered {
 
 pub(crate) fn recover(dir: &Path, opts: &Options) -> Result<Recovered> {
     let vfs = opts.vfs.as_ref();
+    let listing = list_files(vfs, dir)?;
+    let mut changed = listing.removed_temp;
+    let plan = plan(vfs, dir, listing)?;
+    let published = opts.published_prefix.as_ref();
+    if let Some(published) = published {
+        check_published_exists(&plan.ordered, published.file.as_str(), plan.boundary)?;
+    }
+    let (keydir, files, active) = load_files(vfs, dir, opts, &plan)?;
+    check_last_merge_committed(&files)?;
+    let last_meta = match &active {
+        Some(active) => active.last_commit.clone(),
+        None => files
+            .sealed
+            .last()
+            .and_then(|meta| meta.last_commit.clone()),
+    }
+    .map(|(_, meta)| meta);
+    for id in &plan.superseded {
+        tracing::info!(file = %id.data_name(), "deleting a file superseded by a merge");
+        remove(vfs, dir, &id.data_name())?;
+        remove(vfs, dir, &id.hint_name())?;
+        changed = true;
+    }
+    for id in &plan.orphan_hints {
+        remove(vfs, dir, &id.hint_name())?;
+        changed = true;
+    }
+    if changed {
+        vfs.sync_dir(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    let last_seq = keydir.applied_seq();
+    Ok(Recovered {
+        keydir,
+        files,
+        writer: Writer::new(active, last_seq, last_meta),
+    })
+}
+
+/// The engine's files in a directory (rule 1 applied: `*.tmp` deleted).
+struct Listing {
+    data: BTreeSet<FileId>,
+    hints: HashSet<FileId>,
+    /// Whether a `*.tmp` file was deleted (the directory needs an fsync).
+    removed_temp: bool,
+}
+
+fn list_files(vfs: &dyn Vfs, dir: &Path) -> Result<Listing> {
     let names = vfs.list(dir).map_err(|e| Error::io(dir, e))?;
-    let mut changed = false;
-    let mut data: BTreeSet<FileId> = BTreeSet::new();
-    let mut hints: HashSet<FileId> = HashSet::new();
+    let mut listing = Listing {
+        data: BTreeSet::new(),
+        hints: HashSet::new(),
+        removed_temp: false,
+    };
     for name in names {
         if name.ends_with(TEMP_SUFFIX) {
             remove(vfs, dir, &name)?;
-            changed = true;
+            listing.removed_temp = true;
         } else if let Some(id) = name.strip_suffix(DATA_SUFFIX).and_then(FileId::parse_stem) {
-            data.insert(id);
+            listing.data.insert(id);
         } else if let Some(id) = name.strip_suffix(HINT_SUFFIX).and_then(FileId::parse_stem) {
-            hints.insert(id);
-        } else if name != crate::io::LOCK_FILE_NAME {
+            listing.hints.insert(id);
+        } else if name != vfs::LOCK_FILE_NAME {
             tracing::warn!(file = %name, dir = %dir.display(), "ignoring a file that is not the engine's");
         }
     }
+    Ok(listing)
+}
 
-    // Rule 2: the current merge generation and what it supersedes.
+/// Which files to load, in order, and which to delete once they loaded.
+struct Plan {
+    /// Data files to load: merge parts, then segments by first sequence.
+    ordered: Vec<FileId>,
+    /// Hints of the files in `ordered`.
+    hints: HashSet<FileId>,
+    /// Files a merge replaced (rule 2).
+    superseded: Vec<FileId>,
+    /// Hints without their data file.
+    orphan_hints: Vec<FileId>,
+    /// The current merge generation's boundary (0 without one).
+    boundary: u64,
+}
+
+/// Rule 2: the current merge generation and what it supersedes; checks
+/// that the current generation has every part.
+fn plan(vfs: &dyn Vfs, dir: &Path, listing: Listing) -> Result<Plan> {
+    let Listing {
+        mut data,
+        mut hints,
+        ..
+    } = listing;
     let current = data
         .iter()
         .filter_map(|id| match id {
@@ -112,12 +184,26 @@ pub(crate) fn recover(dir: &Path, opts: &Options) -> Result<Recovered> {
             expected_part += 1;
         }
     }
+    Ok(Plan {
+        ordered,
+        hints,
+        superseded,
+        orphan_hints,
+        boundary,
+    })
+}
 
+/// Rules 3 and 4: loads the planned files in order into a key directory;
+/// the last segment without a hint becomes the active one (or is sealed,
+/// or deleted from the set when it holds no complete batch).
+fn load_files(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    opts: &Options,
+    plan: &Plan,
+) -> Result<(KeyDir, FileSet, Option<Active>)> {
+    let ordered = &plan.ordered;
     let published = opts.published_prefix.as_ref();
-    if let Some(published) = published {
-        check_published_exists(&ordered, published.file.as_str(), boundary)?;
-    }
-
     let mut keydir = KeyDir::default();
     let mut files = FileSet::default();
     let mut active = None;
@@ -125,7 +211,7 @@ pub(crate) fn recover(dir: &Path, opts: &Options) -> Result<Recovered> {
     for (index, id) in ordered.iter().enumerate() {
         let is_last_segment = Some(index) == last_index && matches!(id, FileId::Segment { .. });
         let path = path_in(dir, &id.data_name());
-        if is_last_segment && !hints.contains(id) {
+        if is_last_segment && !plan.hints.contains(id) {
             let num = files.allocate(path);
             let published_len = published
                 .filter(|p| p.file == id.data_name())
@@ -133,21 +219,8 @@ pub(crate) fn recover(dir: &Path, opts: &Options) -> Result<Recovered> {
             match recover_active(vfs, dir, id, num, published_len, &mut keydir)? {
                 Some(found) if found.len >= opts.segment_size_bytes => {
                     // The write path would have sealed it at this batch boundary.
-                    let crc = found.hasher.clone().finalize();
-                    found
-                        .file
-                        .sync()
-                        .map_err(|e| Error::io(path_in(dir, &id.data_name()), e))?;
-                    found.hint.finish(vfs, found.len, crc)?;
-                    vfs.sync_dir(dir).map_err(|e| Error::io(dir, e))?;
-                    files.sealed.push(Arc::new(FileMeta {
-                        id: found.id,
-                        num: found.num,
-                        len: found.len,
-                        crc,
-                        max_seq: found.max_seq,
-                        last_commit: found.last_commit,
-                    }));
+                    let meta = seal_recovered(vfs, dir, found)?;
+                    files.sealed.push(Arc::new(meta));
                 }
                 Some(found) => {
                     files.active = Some((found.num, found.id));
@@ -162,19 +235,35 @@ pub(crate) fn recover(dir: &Path, opts: &Options) -> Result<Recovered> {
             // Only the last part of a merge ends with a commit record.
             let next_is_merge = matches!(ordered.get(index + 1), Some(FileId::Merge { .. }));
             let needs_commit = !(matches!(id, FileId::Merge { .. }) && next_is_merge);
-            let meta = load_sealed(vfs, dir, id, num, boundary, needs_commit, &mut keydir)?;
+            let meta = load_sealed(vfs, dir, id, num, plan.boundary, needs_commit, &mut keydir)?;
             files.sealed.push(Arc::new(meta));
         }
     }
+    Ok((keydir, files, active))
+}
 
-    let last_meta = match &active {
-        Some(active) => active.last_commit.clone(),
-        None => files
-            .sealed
-            .last()
-            .and_then(|meta| meta.last_commit.clone()),
-    }
-    .map(|(_, meta)| meta);
+/// Seals a recovered active segment that reached the rotation size: fsync,
+/// hint, directory fsync, as the write path's seal does.
+fn seal_recovered(vfs: &dyn Vfs, dir: &Path, found: Active) -> Result<FileMeta> {
+    let crc = found.hasher.clone().finalize();
+    found
+        .file
+        .sync()
+        .map_err(|e| Error::io(path_in(dir, &found.id.data_name()), e))?;
+    found.hint.finish(vfs, found.len, crc)?;
+    vfs.sync_dir(dir).map_err(|e| Error::io(dir, e))?;
+    Ok(FileMeta {
+        id: found.id,
+        num: found.num,
+        len: found.len,
+        crc,
+        max_seq: found.max_seq,
+        last_commit: found.last_commit,
+    })
+}
+
+/// The last merge part must end with a commit record (else a part is missing).
+fn check_last_merge_committed(files: &FileSet) -> Result<()> {
     if let Some(last_merge) = files
         .sealed
         .iter()
@@ -189,25 +278,7 @@ pub(crate) fn recover(dir: &Path, opts: &Options) -> Result<Recovered> {
                 .to_string(),
         });
     }
-    for id in &superseded {
-        tracing::info!(file = %id.data_name(), "deleting a file superseded by a merge");
-        remove(vfs, dir, &id.data_name())?;
-        remove(vfs, dir, &id.hint_name())?;
-        changed = true;
-    }
-    for id in &orphan_hints {
-        remove(vfs, dir, &id.hint_name())?;
-        changed = true;
-    }
-    if changed {
-        vfs.sync_dir(dir).map_err(|e| Error::io(dir, e))?;
-    }
-    let last_seq = keydir.applied_seq();
-    Ok(Recovered {
-        keydir,
-        files,
-        writer: Writer::new(active, last_seq, last_meta),
-    })
+    Ok(())
 }
 
 fn remove(vfs: &dyn Vfs, dir: &Path, name: &str) -> Result<()> {

@@ -6,8 +6,8 @@ use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bitcask::sim::SimFs;
 use bitcask::{Batch, Engine, Error, KeyRange, Options, Scan, SyncPolicy};
+use vfs::sim::SimFs;
 
 use crate::common::{open_sim, value_for};
 
@@ -350,7 +350,7 @@ fn concurrent_writers_share_fsyncs() {
     );
     // Every acknowledged write is durable (cut the power before the engine
     // is dropped: closing would fsync and hide a missing fsync).
-    let after = fs.power_cut(bitcask::sim::Torn::Nothing);
+    let after = fs.power_cut(vfs::sim::Torn::Nothing);
     drop(engine);
     let engine = open_sim(&after, SyncPolicy::Always, 1 << 20);
     assert_eq!(engine.stats().keys, writes);

@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bitcask::sim::SimFs;
 use bitcask::{Engine, Options, SyncPolicy};
+use vfs::sim::SimFs;
 
 /// The data directory used on a [`SimFs`].
 pub fn sim_dir() -> PathBuf {
@@ -31,7 +31,7 @@ pub fn open_sim(fs: &SimFs, sync: SyncPolicy, segment_size_bytes: u64) -> Engine
 
 /// Every file in `dir` of `fs` with its bytes, sorted by name.
 pub fn sim_files(fs: &SimFs, dir: &Path) -> Vec<(String, Vec<u8>)> {
-    use bitcask::io::Vfs;
+    use vfs::Vfs;
     fs.list(dir)
         .expect("list")
         .into_iter()

@@ -29,8 +29,8 @@
 
 use std::collections::BTreeSet;
 
-use bitcask::sim::{SimFs, Torn};
 use bitcask::{Batch, Engine, FileInfo, MergeReport, Scan, Stats, SyncPolicy};
+use vfs::sim::{SimFs, Torn};
 
 use crate::common;
 

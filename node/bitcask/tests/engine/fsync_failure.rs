@@ -7,8 +7,8 @@
 
 use std::process::Command;
 
-use bitcask::sim::SimFs;
 use bitcask::{Engine, Error, Options, SyncPolicy};
+use vfs::sim::SimFs;
 
 use crate::common::open_sim;
 

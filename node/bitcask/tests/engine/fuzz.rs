@@ -19,10 +19,10 @@
 
 use std::path::{Path, PathBuf};
 
-use bitcask::sim::SimFs;
 use bitcask::{Batch, Engine, Scan, SyncPolicy};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use vfs::sim::SimFs;
 
 use crate::common::{sim_dir, sim_files, sim_options};
 

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use bitcask::sim::{SimFs, Torn};
 use bitcask::{AutoMerge, Batch, Engine, Error, Options, Scan, SyncPolicy};
+use vfs::sim::{SimFs, Torn};
 
 use crate::common::{open_sim, sim_dir, sim_options, value_for};
 
@@ -269,7 +269,7 @@ fn a_lost_hint_of_any_merge_part_falls_back_to_a_scan() {
     );
     let expected = contents(&engine, 0);
     drop(engine);
-    use bitcask::io::Vfs;
+    use vfs::Vfs;
     for part in &report.outputs {
         let hint = sim_dir().join(part.replace(".data", ".hint"));
         let _ = fs.remove(&hint);

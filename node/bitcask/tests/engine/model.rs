@@ -36,11 +36,11 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use bitcask::sim::{SimFs, Torn};
 use bitcask::{Batch, Engine, Entry, Error, Item, KeyRange, Scan, SyncPolicy};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use vfs::sim::{SimFs, Torn};
 
 use crate::common;
 

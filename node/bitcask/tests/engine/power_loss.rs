@@ -9,10 +9,10 @@
 
 use std::collections::BTreeMap;
 
-use bitcask::sim::{SimFs, Torn};
 use bitcask::{Batch, Engine, Scan, SyncPolicy};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use vfs::sim::{SimFs, Torn};
 
 use crate::common::{open_sim, value_for};
 

@@ -8,8 +8,8 @@
 //! - a bad hint falls back to scanning and is rewritten identically;
 //! - leftover temp files and a never-synced new segment are cleaned up.
 
-use bitcask::sim::SimFs;
 use bitcask::{Batch, Engine, Error, PublishedPrefix, SyncPolicy};
+use vfs::sim::SimFs;
 
 use crate::common::{open_sim, sim_dir, sim_files, sim_options};
 
@@ -232,7 +232,7 @@ fn a_bad_record_in_a_sealed_segment_is_corruption_naming_file_and_offset() {
     assert_eq!(errors, 1, "exactly the damaged record fails its checksum");
     drop(engine);
     // Without its hint, opening scans the segment and refuses it.
-    use bitcask::io::Vfs;
+    use vfs::Vfs;
     fs.remove(&sim_dir().join(victim.replace(".data", ".hint")))
         .unwrap();
     match Engine::open(sim_dir(), sim_options(&fs, SyncPolicy::Never, 512)) {
@@ -314,7 +314,7 @@ fn reopening_after_a_kill_makes_the_recovered_state_durable() {
     std::mem::forget(engine); // SIGKILL: no close, no fsync
     let reopened = open_sim(&fs, SyncPolicy::Never, 1 << 20);
     assert_eq!(reopened.stats().keys, 10);
-    let after = fs.power_cut(bitcask::sim::Torn::Nothing);
+    let after = fs.power_cut(vfs::sim::Torn::Nothing);
     drop(reopened);
     let engine = open_sim(&after, SyncPolicy::Never, 1 << 20);
     assert_eq!(

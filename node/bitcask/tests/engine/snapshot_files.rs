@@ -5,8 +5,8 @@
 //! holds byte-identical files. Pins keep the listed files alive across a
 //! merge while they are being copied.
 
-use bitcask::sim::SimFs;
 use bitcask::{Batch, Engine, Options, PublishedPrefix, Scan, SyncPolicy};
+use vfs::sim::SimFs;
 
 use crate::common::{sim_dir, sim_files, sim_options, value_for};
 

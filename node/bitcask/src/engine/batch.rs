@@ -1,0 +1,89 @@
+//! The write input: a [`Batch`] of [`Op`]s, and the sequence numbers it
+//! received ([`Written`]).
+
+/// One write in a batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Set `key` to `value`, expiring at `expiry_ms` (0 = never).
+    Put {
+        /// The key.
+        key: Vec<u8>,
+        /// The value.
+        value: Vec<u8>,
+        /// Expiry in ms of the caller's clock; 0 = never.
+        expiry_ms: u64,
+    },
+    /// Delete `key` (a tombstone is written even if the key is absent).
+    Delete {
+        /// The key.
+        key: Vec<u8>,
+    },
+}
+
+/// An atomic group of writes plus opaque metadata stored in its commit record.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// The writes, applied in order.
+    pub ops: Vec<Op>,
+    /// Caller metadata, returned by
+    /// [`Engine::last_commit_meta`](crate::Engine::last_commit_meta) after a
+    /// restart.
+    pub meta: Vec<u8>,
+    /// First sequence number: op `i` gets `seq + i`, the commit record
+    /// `seq + ops.len()`. `None` lets the engine continue from its last one.
+    pub seq: Option<u64>,
+}
+
+impl Batch {
+    /// An empty batch.
+    pub fn new() -> Batch {
+        Batch::default()
+    }
+    /// Adds a put without expiry.
+    pub fn put(mut self, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Batch {
+        self.ops.push(Op::Put {
+            key: key.into(),
+            value: value.into(),
+            expiry_ms: 0,
+        });
+        self
+    }
+    /// Adds a put that expires at `expiry_ms`.
+    pub fn put_with_expiry(
+        mut self,
+        key: impl Into<Vec<u8>>,
+        value: impl Into<Vec<u8>>,
+        expiry_ms: u64,
+    ) -> Batch {
+        self.ops.push(Op::Put {
+            key: key.into(),
+            value: value.into(),
+            expiry_ms,
+        });
+        self
+    }
+    /// Adds a delete.
+    pub fn delete(mut self, key: impl Into<Vec<u8>>) -> Batch {
+        self.ops.push(Op::Delete { key: key.into() });
+        self
+    }
+    /// Sets the commit metadata.
+    pub fn meta(mut self, meta: impl Into<Vec<u8>>) -> Batch {
+        self.meta = meta.into();
+        self
+    }
+    /// Sets the first sequence number.
+    pub fn seq(mut self, seq: u64) -> Batch {
+        self.seq = Some(seq);
+        self
+    }
+}
+
+/// Sequence numbers a batch received.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Written {
+    /// Sequence of the first op (equal to `commit` for an empty batch).
+    pub first_seq: u64,
+    /// Sequence of the commit record, the batch's highest.
+    pub commit_seq: u64,
+}

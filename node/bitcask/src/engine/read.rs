@@ -1,0 +1,412 @@
+//! The read path: lookups, scans and the bounded cache of open files and
+//! memory maps they read through.
+
+use std::collections::HashMap;
+use std::ops::Bound;
+use std::sync::Arc;
+
+use vfs::{Mapping, VfsFile};
+
+use super::{Engine, Shared, read, write};
+use crate::error::{Error, Result};
+use crate::format::{RECORD_HEADER_SIZE_BYTES, record_size, verify_record};
+use crate::keydir::Location;
+
+/// Attempts of a read whose file a concurrent merge removed (the key
+/// directory points at the merge output by the next attempt).
+const READ_ATTEMPTS_MAX: usize = 8;
+
+/// A value read back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Item {
+    /// The value.
+    pub value: Vec<u8>,
+    /// Sequence number of the write that stored it (its version).
+    pub seq: u64,
+    /// Expiry in ms of the caller's clock; 0 = never.
+    pub expiry_ms: u64,
+}
+
+/// What the key directory knows of a live key, without its value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ItemMeta {
+    /// Sequence number of the write that stored it (its version).
+    pub seq: u64,
+    /// Expiry in ms of the caller's clock; 0 = never.
+    pub expiry_ms: u64,
+    /// Length of the value in bytes.
+    pub value_len: u32,
+}
+
+/// One entry of a scan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The value (`None` for a keys-only scan).
+    pub value: Option<Vec<u8>>,
+    /// Sequence number of the write that stored it.
+    pub seq: u64,
+    /// Expiry, 0 = never.
+    pub expiry_ms: u64,
+}
+
+/// Which keys a scan visits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyRange {
+    /// Every key.
+    All,
+    /// Keys starting with these bytes.
+    Prefix(Vec<u8>),
+    /// Keys between two bounds.
+    Range(Bound<Vec<u8>>, Bound<Vec<u8>>),
+}
+
+/// A scan request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scan {
+    /// Keys to visit.
+    pub range: KeyRange,
+    /// Resume strictly after this key (the last key of the previous page).
+    pub after: Option<Vec<u8>>,
+    /// Largest number of entries returned.
+    pub limit: usize,
+    /// Return keys and versions without reading values.
+    pub keys_only: bool,
+}
+
+impl Scan {
+    /// A scan of every key, at most `limit` entries.
+    pub fn all(limit: usize) -> Scan {
+        Scan {
+            range: KeyRange::All,
+            after: None,
+            limit,
+            keys_only: false,
+        }
+    }
+    /// A scan of keys with `prefix`, at most `limit` entries.
+    pub fn prefix(prefix: impl Into<Vec<u8>>, limit: usize) -> Scan {
+        Scan {
+            range: KeyRange::Prefix(prefix.into()),
+            after: None,
+            limit,
+            keys_only: false,
+        }
+    }
+}
+
+/// How a file is read: sealed files through a memory map, the active one
+/// (still growing) with positioned reads.
+#[derive(Clone)]
+pub(crate) enum Handle {
+    Map(Mapping),
+    File(Arc<dyn VfsFile>),
+}
+
+impl std::fmt::Debug for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Handle::Map(map) => write!(f, "Map({} bytes)", map.as_ref().as_ref().len()),
+            Handle::File(file) => write!(f, "File({file:?})"),
+        }
+    }
+}
+
+/// The bounded cache of open files and maps. Reads take it shared, so
+/// concurrent readers do not contend; a miss evicts the longest-cached entry
+/// when `open_files_max` is reached (a reader still holding it keeps it
+/// alive until done).
+#[derive(Debug, Default)]
+pub(crate) struct Handles {
+    open: HashMap<u32, (Handle, u64)>,
+    inserted: u64,
+}
+
+impl Handles {
+    pub(super) fn insert(&mut self, num: u32, handle: Handle, capacity: usize) {
+        if self.open.len() >= capacity && !self.open.contains_key(&num) {
+            let oldest = self
+                .open
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(num, _)| *num);
+            if let Some(oldest) = oldest {
+                self.open.remove(&oldest);
+            }
+        }
+        self.inserted += 1;
+        self.open.insert(num, (handle, self.inserted));
+    }
+}
+
+impl Engine {
+    /// Looks up `key`; an expired value (expiry ≤ `now_ms`) is absent.
+    pub fn get(&self, key: &[u8], now_ms: u64) -> Result<Option<Item>> {
+        self.shared.note_now(now_ms);
+        for _ in 0..READ_ATTEMPTS_MAX {
+            let Some(location) = read(&self.shared.keydir).get(key) else {
+                return Ok(None);
+            };
+            if location.expired(now_ms) {
+                return Ok(None);
+            }
+            if let Some(value) = self.shared.read_value(key, &location)? {
+                return Ok(Some(Item {
+                    value,
+                    seq: location.seq,
+                    expiry_ms: location.expiry_ms,
+                }));
+            }
+        }
+        Err(Error::Corruption {
+            file: String::new(),
+            offset: 0,
+            reason: format!(
+                "key {:?} kept pointing at removed files",
+                String::from_utf8_lossy(key)
+            ),
+        })
+    }
+
+    /// `key`'s version and expiry from the key directory alone: no disk
+    /// read (what a write needs to check a condition or to know whether it
+    /// replaced a key). An expired key is absent, as in [`Engine::get`].
+    pub fn meta(&self, key: &[u8], now_ms: u64) -> Option<ItemMeta> {
+        self.shared.note_now(now_ms);
+        let location = read(&self.shared.keydir).get(key)?;
+        if location.expired(now_ms) {
+            return None;
+        }
+        Some(ItemMeta {
+            seq: location.seq,
+            expiry_ms: location.expiry_ms,
+            value_len: location.value_len,
+        })
+    }
+
+    /// Visits keys in order. Expired entries are skipped.
+    pub fn scan(&self, scan: &Scan, now_ms: u64) -> Result<Vec<Entry>> {
+        self.shared.note_now(now_ms);
+        let (start, end) = bounds(&scan.range);
+        let start = match (&scan.after, start) {
+            (Some(after), Bound::Unbounded) => Bound::Excluded(after.clone()),
+            (Some(after), Bound::Included(s) | Bound::Excluded(s)) if *after >= s => {
+                Bound::Excluded(after.clone())
+            }
+            (_, start) => start,
+        };
+        // A merge may retire a file between collecting locations and reading
+        // them; then the page is collected again, so a page never mixes
+        // records from before and after a batch.
+        'attempt: for _ in 0..READ_ATTEMPTS_MAX {
+            let found: Vec<(Vec<u8>, Location)> = {
+                let keydir = read(&self.shared.keydir);
+                if range_is_empty(&start, &end) {
+                    return Ok(Vec::new());
+                }
+                keydir
+                    .range(as_ref_bound(&start), as_ref_bound(&end))
+                    .filter(|(_, location)| !location.expired(now_ms))
+                    .take(scan.limit)
+                    .map(|(key, location)| (key.to_vec(), location))
+                    .collect()
+            };
+            let mut out = Vec::with_capacity(found.len());
+            for (key, location) in found {
+                let value = if scan.keys_only {
+                    None
+                } else {
+                    match self.shared.read_value(&key, &location)? {
+                        Some(value) => Some(value),
+                        None => continue 'attempt,
+                    }
+                };
+                out.push(Entry {
+                    key,
+                    value,
+                    seq: location.seq,
+                    expiry_ms: location.expiry_ms,
+                });
+            }
+            return Ok(out);
+        }
+        Err(Error::Corruption {
+            file: String::new(),
+            offset: 0,
+            reason: "scan kept finding records in removed files".to_string(),
+        })
+    }
+
+    /// The latest expiry (ms) any put since open carried, 0 = none: while
+    /// the caller's clock is below it, some key may still be due to expire
+    /// (a high-water mark; deletes and overwrites do not lower it).
+    pub fn expiry_high_water_ms(&self) -> u64 {
+        read(&self.shared.keydir).expiry_high_ms()
+    }
+}
+
+fn bounds(range: &KeyRange) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
+    match range {
+        KeyRange::All => (Bound::Unbounded, Bound::Unbounded),
+        KeyRange::Prefix(prefix) => (
+            Bound::Included(prefix.clone()),
+            prefix_end(prefix).map_or(Bound::Unbounded, Bound::Excluded),
+        ),
+        KeyRange::Range(start, end) => (start.clone(), end.clone()),
+    }
+}
+
+/// The smallest key greater than every key starting with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+fn as_ref_bound(bound: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+    match bound {
+        Bound::Included(key) => Bound::Included(key.as_slice()),
+        Bound::Excluded(key) => Bound::Excluded(key.as_slice()),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+/// BTreeMap::range panics on inverted bounds; such a range is simply empty.
+fn range_is_empty(start: &Bound<Vec<u8>>, end: &Bound<Vec<u8>>) -> bool {
+    match (start, end) {
+        (Bound::Included(s), Bound::Included(e)) => s > e,
+        (Bound::Included(s), Bound::Excluded(e))
+        | (Bound::Excluded(s), Bound::Included(e))
+        | (Bound::Excluded(s), Bound::Excluded(e)) => s >= e,
+        _ => false,
+    }
+}
+
+impl Shared {
+    /// A way to read file `num`, or `None` if the file left the engine:
+    /// sealed files are memory-mapped, the active one is read with pread.
+    fn handle(&self, num: u32) -> Result<Option<Handle>> {
+        if let Some((handle, _)) = read(&self.handles).open.get(&num) {
+            return Ok(Some(handle.clone()));
+        }
+        let (path, active) = {
+            let files = read(&self.files);
+            let Some(path) = files.paths.get(&num).cloned() else {
+                return Ok(None);
+            };
+            (path, files.active.is_some_and(|(active, _)| active == num))
+        };
+        let file = match self.opts.vfs.open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::io(&path, e)),
+        };
+        let handle = if active {
+            Handle::File(file)
+        } else {
+            Handle::Map(file.map().map_err(|e| Error::io(&path, e))?)
+        };
+        write(&self.handles).insert(num, handle.clone(), self.opts.open_files_max);
+        // A merge may have retired the file while it was being opened: do
+        // not keep a stale map of it (it would pin its disk space).
+        if !read(&self.files).paths.contains_key(&num) {
+            self.forget_handle(num);
+        }
+        Ok(Some(handle))
+    }
+
+    pub(crate) fn forget_handle(&self, num: u32) {
+        write(&self.handles).open.remove(&num);
+    }
+
+    fn file_name(&self, num: u32) -> String {
+        read(&self.files)
+            .paths
+            .get(&num)
+            .and_then(|p| p.file_name()?.to_str().map(str::to_string))
+            .unwrap_or_else(|| format!("file #{num}"))
+    }
+
+    /// Hands the whole record at `location`, checked against its checksum
+    /// and the key directory, to `f`; `None` if its file left the engine
+    /// meanwhile (a merge swapped it out: look the key up again).
+    pub(crate) fn with_record<T>(
+        &self,
+        key_len: usize,
+        location: &Location,
+        f: impl FnOnce(&[u8]) -> T,
+    ) -> Result<Option<T>> {
+        let Some(handle) = self.handle(location.file)? else {
+            return Ok(None);
+        };
+        let size = record_size(key_len, location.value_len as usize);
+        let offset = location.offset as usize;
+        let corruption = |reason: String| Error::Corruption {
+            file: self.file_name(location.file),
+            offset: offset as u64,
+            reason,
+        };
+        let buf;
+        let record: &[u8] = match &handle {
+            Handle::Map(map) => {
+                let bytes = map.as_ref().as_ref();
+                bytes.get(offset..offset + size).ok_or_else(|| {
+                    corruption(format!(
+                        "record runs past the end of the {}-byte file",
+                        bytes.len()
+                    ))
+                })?
+            }
+            Handle::File(file) => {
+                let mut bytes = vec![0u8; size];
+                file.read_exact_at(&mut bytes, offset as u64)
+                    .map_err(|e| corruption(format!("record unreadable: {e}")))?;
+                buf = bytes;
+                &buf
+            }
+        };
+        match verify_record(record) {
+            Ok(header) if header.seq == location.seq && header.key_len as usize == key_len => {
+                Ok(Some(f(record)))
+            }
+            Ok(_) => Err(corruption(
+                "record is not the one the key directory names".to_string(),
+            )),
+            Err(fault) => Err(corruption(format!("{fault:?}"))),
+        }
+    }
+
+    fn read_value(&self, key: &[u8], location: &Location) -> Result<Option<Vec<u8>>> {
+        let value = self.with_record(key.len(), location, |record| {
+            let key_end = RECORD_HEADER_SIZE_BYTES + key.len();
+            (&record[RECORD_HEADER_SIZE_BYTES..key_end] == key).then(|| record[key_end..].to_vec())
+        })?;
+        match value {
+            Some(Some(value)) => Ok(Some(value)),
+            Some(None) => Err(Error::Corruption {
+                file: self.file_name(location.file),
+                offset: location.offset as u64,
+                reason: "record holds another key".to_string(),
+            }),
+            None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_end_skips_trailing_max_bytes() {
+        assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_end(&[1, 0xff]), Some(vec![2]));
+        assert_eq!(prefix_end(&[0xff, 0xff]), None);
+    }
+}
