@@ -10,10 +10,9 @@
 //!   ([`node::disk`]).
 //! - [`raft`]: openraft's type config and network over tonic, the proposal
 //!   batcher, linearizable reads, membership changes, the merge policy.
-//! - [`state_machine`]: openraft's `RaftStateMachine` over the engine:
-//!   commands ([`state_machine::command`]), deterministic apply
-//!   ([`state_machine::apply`]), exact recovery of `last_applied`,
-//!   membership and cluster time.
+//! - [`state_machine`]: openraft's `RaftStateMachine` over the engine and
+//!   the `kvstate` crate (commands, deterministic apply): exact recovery of
+//!   `last_applied`, membership and cluster time.
 //! - [`snapshot`]: the snapshot lifecycle — manifest, build, send, receive,
 //!   install, save, backup and restore.
 //! - [`server`]: the ports — one file per gRPC service, the admin port,
@@ -47,6 +46,10 @@ pub mod snapshot;
 pub mod state_machine;
 #[cfg(feature = "testing")]
 pub mod testing;
+
+// kvstate evicts sessions after the wire constant clients size retries by;
+// it does not link the protocol, so the two are checked equal here.
+const _: () = assert!(kvstate::command::SESSION_IDLE_MS_MAX == kvproto::SESSION_IDLE_MS);
 
 /// The test-only cargo features this build was made with (none in a real
 /// build); `kvnode --version` prints them and the fault suite checks them.

@@ -32,8 +32,8 @@ use crate::server::cluster::ClusterService;
 use crate::server::kv::KvService;
 use crate::server::raft::PeerService;
 use crate::server::security::{ClientCerts, Security, SecurityError};
-use crate::state_machine::command::{Command, Outcome, Proposal, Request};
 use crate::state_machine::{StateMachine, StateMachineOptions};
+use kvstate::command::{Command, Outcome, Proposal, Request};
 
 /// Heartbeat interval (DESIGN §3).
 pub const HEARTBEAT_MS: u64 = 200;

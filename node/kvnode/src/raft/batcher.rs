@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::state_machine::command::{ENTRY_OPS_MAX, Outcome, Request};
+use kvstate::command::{ENTRY_OPS_MAX, Outcome, Request};
 
 /// Requests in one entry at most.
 pub const ENTRY_REQUESTS_MAX: usize = 1024;
@@ -227,7 +227,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::state_machine::command::Op;
+    use kvstate::command::Op;
 
     fn request(id: u64, ops: usize, value_len: usize) -> Request {
         Request {

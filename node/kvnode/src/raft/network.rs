@@ -613,7 +613,7 @@ mod tests {
     use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
 
     use super::*;
-    use crate::state_machine::command::{Command, Op, Proposal, Request};
+    use kvstate::command::{Command, Op, Proposal, Request};
 
     /// An entry carrying one put of a `value_bytes` value.
     fn entry(index: u64, value_bytes: usize) -> Entry<TypeConfig> {

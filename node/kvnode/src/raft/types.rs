@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::{self, CodecError};
 use crate::snapshot::SnapshotHandle;
-use crate::state_machine::command::{EntryResponse, Proposal};
+use kvstate::command::{EntryResponse, Proposal};
 
 /// A cluster member as openraft stores it in the membership: where clients
 /// reach it and where peers reach it.

@@ -8,7 +8,7 @@ use kvproto::kv::v1::{
 use prost::Message;
 use tonic::{Code, Status};
 
-use crate::state_machine::command::RESERVED_KEY_PREFIX;
+use kvstate::command::RESERVED_KEY_PREFIX;
 
 pub use kvproto::{ERROR_DETAIL_KEY, KEY_SIZE_BYTES_MAX, VALUE_SIZE_BYTES_MAX};
 

@@ -31,9 +31,7 @@ use crate::server::cluster;
 use crate::server::convert::{self, check_key, check_value};
 use crate::server::metrics::{Metrics, RequestOp, RequestTimer};
 use crate::state_machine::StateMachine;
-use crate::state_machine::command::{
-    self, Condition, Op, Outcome, RESERVED_KEY_PREFIX, SessionRef,
-};
+use kvstate::command::{self, Condition, Op, Outcome, RESERVED_KEY_PREFIX, SessionRef};
 
 /// Largest client request or response message, in bytes: above the largest
 /// legal value plus its key and framing.

@@ -17,9 +17,6 @@
 //! never fsyncs on apply (the Raft log is the write-ahead log) and never
 //! merges on its own; merges come as `Command::Merge` entries.
 
-pub mod apply;
-pub mod command;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,8 +36,8 @@ use crate::snapshot::{
     self, CURRENT_BYTES_MAX, CURRENT_FILE, KIND_ACTIVE_PREFIX, KIND_SEALED, Manifest, ManifestFile,
     Pointer, SnapshotError, SnapshotHandle, io_err, node_vfs,
 };
-use crate::state_machine::apply::{Applier, ApplyError, VERSIONS_PER_INDEX};
-use crate::state_machine::command::{Command, EntryResponse};
+use kvstate::apply::{Applier, ApplyError, VERSIONS_PER_INDEX};
+use kvstate::command::{Command, EntryResponse};
 
 /// Name of the directory holding snapshots.
 pub const SNAPSHOTS_DIR: &str = "snapshots";
@@ -85,7 +82,7 @@ pub struct StateMachineOptions {
     /// that never fires without the `testing` feature).
     pub failpoints: InstallFailpoints,
     /// Test-only: cluster time a session may stay idle before it is evicted;
-    /// `None` = [`crate::state_machine::command::SESSION_IDLE_MS_MAX`]. Every member must
+    /// `None` = [`kvstate::command::SESSION_IDLE_MS_MAX`]. Every member must
     /// use the same value (`kvnode run --test-session-idle-ms`).
     pub session_idle_ms: Option<u64>,
     /// TEST FAULT (`testing` builds only): the stale build before an
@@ -405,7 +402,7 @@ impl StateMachine {
             let (response, time_ms, membership) = match entry.payload {
                 EntryPayload::Normal(mut proposal) => {
                     proposal.time_ms =
-                        crate::state_machine::apply::entry_time_ms(inner.time_ms, proposal.time_ms);
+                        kvstate::apply::entry_time_ms(inner.time_ms, proposal.time_ms);
                     if index == 0 {
                         return Err(SmError::Inconsistent(
                             "a normal entry at log index 0 has no versions".to_string(),

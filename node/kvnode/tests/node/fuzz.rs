@@ -25,8 +25,8 @@ use kvnode::codec;
 use kvnode::node::identity::Identity;
 use kvnode::raft::types::{CommitMeta, NodeInfo, TypeConfig};
 use kvnode::snapshot::{KIND_ACTIVE_PREFIX, KIND_SEALED, Manifest, ManifestFile, Pointer};
-use kvnode::state_machine::command::{Command, Condition, Op, Proposal, Request, SessionRef};
 use kvnode::{LogStore, LogStoreOptions};
+use kvstate::command::{Command, Condition, Op, Proposal, Request, SessionRef};
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
 use openraft::{

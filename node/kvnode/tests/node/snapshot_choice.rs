@@ -21,8 +21,8 @@ use std::sync::Arc;
 use bitcask::io::RealFs;
 use bitcask::{Engine, Options, Scan};
 use kvnode::snapshot::SnapshotHandle;
-use kvnode::state_machine::command::{Command, Op, Proposal, Request};
 use kvnode::{LogStore, LogStoreOptions, NodeInfo, StateMachine, StateMachineOptions, TypeConfig};
+use kvstate::command::{Command, Op, Proposal, Request};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Membership, RaftLogReader};
 

@@ -641,7 +641,7 @@ fn small_state_machine(dir: &Path) -> kvnode::StateMachine {
 
 /// The membership entry at 0, then puts of 300-byte values at 1..=last.
 fn put_entries(from: u64, last: u64) -> Vec<openraft::Entry<kvnode::TypeConfig>> {
-    use kvnode::state_machine::command::{Command, Op, Proposal, Request};
+    use kvstate::command::{Command, Op, Proposal, Request};
     use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Membership};
     (from..=last)
         .map(|index| Entry {

@@ -16,10 +16,8 @@ use std::time::{Duration, Instant};
 
 use bitcask::{Engine, Options, Scan};
 use kvnode::snapshot::SnapshotHandle;
-use kvnode::state_machine::command::{
-    Command, EntryResponse, Op, Outcome, Proposal, Request, SessionRef,
-};
 use kvnode::{NodeInfo, StateMachine, StateMachineOptions, TypeConfig};
+use kvstate::command::{Command, EntryResponse, Op, Outcome, Proposal, Request, SessionRef};
 use openraft::storage::RaftStateMachine;
 use openraft::{
     CommittedLeaderId, Entry, EntryPayload, LogId, Membership, RaftSnapshotBuilder,

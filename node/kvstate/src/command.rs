@@ -15,9 +15,11 @@ pub const ENTRY_OPS_MAX: usize = 65_535;
 /// bookkeeping (exactly-once sessions) and refused as a user key.
 pub const RESERVED_KEY_PREFIX: &[u8] = b"\xff\xffraftcask/";
 /// Sessions idle longer than this (cluster time) are evicted: the wire
-/// constant clients size their retries by (a test build may shorten it per
-/// cluster, [`crate::state_machine::StateMachineOptions::session_idle_ms`]).
-pub const SESSION_IDLE_MS_MAX: u64 = kvproto::SESSION_IDLE_MS;
+/// constant `kvproto::SESSION_IDLE_MS` clients size their retries by (kvnode
+/// checks at compile time that the two are equal; this crate does not link
+/// the protocol). A test build may shorten it per cluster (kvnode's
+/// `StateMachineOptions::session_idle_ms`).
+pub const SESSION_IDLE_MS_MAX: u64 = 10 * 60 * 1000;
 /// Answers kept per session (requests in flight per client, at most).
 pub const SESSION_ANSWERS_MAX: usize = 1024;
 
@@ -174,10 +176,10 @@ pub struct EntryResponse {
 
 #[cfg(test)]
 mod tests {
+    use kvcodec as codec;
     use serde::Serialize;
 
     use super::*;
-    use crate::codec;
 
     // The same shapes without `serde_bytes`: how entries were encoded before
     // the byte fields were marked (one serde call per byte).

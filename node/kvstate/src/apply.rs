@@ -16,11 +16,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use bitcask::{Batch, Engine};
 use serde::{Deserialize, Serialize};
 
-use crate::codec;
-use crate::state_machine::command::{
+use crate::command::{
     Command, ENTRY_OPS_MAX, EntryResponse, Op, Outcome, Proposal, RESERVED_KEY_PREFIX, Request,
     SESSION_ANSWERS_MAX, SESSION_IDLE_MS_MAX, SessionRef,
 };
+use kvcodec as codec;
 
 /// Sequence numbers per log index: versions are `index × VERSIONS_PER_INDEX + position`.
 pub const VERSIONS_PER_INDEX: u64 = 65_536;
@@ -507,7 +507,7 @@ mod tests {
     use bitcask::{Options, SyncPolicy};
 
     use super::*;
-    use crate::state_machine::command::Condition;
+    use crate::command::Condition;
 
     fn engine(fs: &SimFs) -> Engine {
         let opts = Options {
