@@ -46,7 +46,9 @@
 
 pub mod compare;
 pub mod fsutil;
-pub mod load;
+/// The cluster load core, now its own crate ([`kvload`]); re-exported here
+/// so `kvbench::load` paths keep working.
+pub use kvload as load;
 pub mod probe;
 pub mod report;
 pub mod run;
