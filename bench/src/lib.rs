@@ -1,9 +1,11 @@
 //! # kvbench
 //!
-//! Load generators and storage benchmarks. The storage benchmark
-//! (`engine-compare`) runs the seed workload (25-byte keys, incompressible
-//! 4 KiB values) against bitcask, redb and fjall side by side; its results
-//! live in `node/bitcask/BENCHMARKS.md`.
+//! Storage benchmarks and the benchmark binaries; the cluster load
+//! generator itself is the `kvload` crate (`bench/load`), which depends on
+//! no part of the node. The storage benchmark (`engine-compare`) runs the
+//! seed workload (25-byte keys, incompressible 4 KiB values) against
+//! bitcask, redb and fjall side by side; its results live in
+//! `node/bitcask/BENCHMARKS.md`.
 //!
 //! ## Modules
 //! - [`workload`]: keys, incompressible values, random orders.
@@ -14,14 +16,18 @@
 //!   writes while something else runs; latency histograms.
 //! - [`probe`]: open time and key-directory memory of one engine, measured
 //!   in a fresh child process.
-//! - [`compare`]: the whole `engine-compare` run and its tables.
-//! - [`report`]: Markdown tables and number formats.
+//! - [`compare`]: the whole `engine-compare` run (`engine`: the main data
+//!   set of one engine; `big`: the restart data set; `tables`: one function
+//!   a result table; `targets`: the targets and their verdicts).
+//! - [`report`]: Markdown tables and number formats ([`report::Table`] and
+//!   [`report::count`] are kvload's, shared with the load report).
 //! - [`fsutil`]: disk usage, page-cache dropping, resident memory.
-//! - [`load`]: the cluster load generator (gRPC clients, leader discovery,
+//! - [`load`]: the `kvload` crate re-exported (so `kvbench::load` paths keep
+//!   working): the cluster load generator (gRPC clients, leader discovery,
 //!   latency histogram, errors by kind, ops per Raft entry, a live progress
 //!   counter and a bounded latency-over-time sample); `kvctl bench` runs on
-//!   it too. With feature `etcd` the same loop drives etcd's v3 API
-//!   ([`load::System`]).
+//!   it too. With feature `etcd` (which enables `kvload/etcd`) the same loop
+//!   drives etcd's v3 API ([`load::System`]).
 //! - `versus` (feature `etcd`): the raftcask-vs-etcd matrix, its table and
 //!   its SVG.
 //!
@@ -46,7 +52,9 @@
 
 pub mod compare;
 pub mod fsutil;
-pub mod load;
+/// The cluster load core, now its own crate ([`kvload`]); re-exported here
+/// so `kvbench::load` paths keep working.
+pub use kvload as load;
 pub mod probe;
 pub mod report;
 pub mod run;

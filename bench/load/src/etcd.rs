@@ -10,11 +10,12 @@ use std::collections::BTreeMap;
 use etcd_client::{Client, GetOptions, KvClient};
 use prost::bytes::Bytes;
 
-use super::{ConfigError, Pool};
+use crate::config::ConfigError;
+use crate::pool::Pool;
 
 /// One KV client per pooled channel, by endpoint address.
 #[derive(Default)]
-pub(super) struct Clients {
+pub(crate) struct Clients {
     by_addr: BTreeMap<String, Vec<KvClient>>,
 }
 
@@ -40,7 +41,7 @@ impl Clients {
     /// asks each endpoint for the leader: returns the clients and the
     /// endpoint that is the leader (None when no endpoint answered with one;
     /// the loop then starts at the first endpoint, which forwards writes).
-    pub(super) async fn connect(
+    pub(crate) async fn connect(
         pool: &Pool,
         endpoints: &[String],
     ) -> Result<(Clients, Option<String>), ConfigError> {
@@ -80,7 +81,7 @@ impl Clients {
 
     /// The KV client of `client` at `addr` (round-robin over the
     /// connections, like the raftcask side's channels).
-    pub(super) fn kv(&self, addr: &str, client: usize) -> Result<KvClient, tonic::Status> {
+    pub(crate) fn kv(&self, addr: &str, client: usize) -> Result<KvClient, tonic::Status> {
         let list = self
             .by_addr
             .get(addr)
@@ -95,7 +96,7 @@ impl Clients {
 }
 
 /// One unconditional put.
-pub(super) async fn put(mut kv: KvClient, key: &Bytes, value: &Bytes) -> Result<(), tonic::Status> {
+pub(crate) async fn put(mut kv: KvClient, key: &Bytes, value: &Bytes) -> Result<(), tonic::Status> {
     kv.put(key.to_vec(), value.to_vec(), None)
         .await
         .map(|_| ())
@@ -104,7 +105,7 @@ pub(super) async fn put(mut kv: KvClient, key: &Bytes, value: &Bytes) -> Result<
 
 /// One get: linearizable (etcd's default, a read index round through the
 /// leader) or serializable (the member's local state: raftcask's stale).
-pub(super) async fn get(
+pub(crate) async fn get(
     mut kv: KvClient,
     key: &Bytes,
     serializable: bool,
