@@ -59,8 +59,8 @@
 //!   when dead bytes pile up, one at a time) and the snapshot-by-bytes
 //!   trigger.
 //! - [`security`]: TLS material and the ports' TLS settings (mutual TLS
-//!   on the peer port), the client port's bearer-token check, and a
-//!   development CA (`kvctl certs`, tests).
+//!   on the peer port) and the client port's bearer-token check (the
+//!   development CA of `kvctl certs` and the tests is the `kvcerts` crate).
 //! - [`testing`]: test support for the crates above (an in-process cluster
 //!   on a private loopback address); nothing in the node uses it.
 //! - [`lazy_disk`] (feature `lazy-disk`, test builds only): a file system
