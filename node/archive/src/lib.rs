@@ -81,7 +81,9 @@ use std::path::PathBuf;
 pub mod reader;
 pub mod writer;
 
-pub use reader::{ArchiveSummary, FileSink, ManifestFiles, in_archive, read_archive, verify_archive};
+pub use reader::{
+    ArchiveSummary, FileSink, ManifestFiles, in_archive, read_archive, verify_archive,
+};
 pub use writer::ArchiveWriter;
 
 /// Magic at the start of an archive.

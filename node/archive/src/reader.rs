@@ -318,12 +318,14 @@ mod tests {
         let bytes = archive();
         let mut other = list();
         other[2].crc ^= 1;
-        let refused = read_archive::<_, ArchiveError>(
-            &bytes[..],
-            &mut |_| Ok(other.clone()),
-            &mut |_, _| Ok(()),
+        let refused =
+            read_archive::<_, ArchiveError>(&bytes[..], &mut |_| Ok(other.clone()), &mut |_, _| {
+                Ok(())
+            });
+        assert!(
+            matches!(refused, Err(ArchiveError::Format(_))),
+            "{refused:?}"
         );
-        assert!(matches!(refused, Err(ArchiveError::Format(_))), "{refused:?}");
         let shorter = read_archive::<_, ArchiveError>(
             &bytes[..],
             &mut |_| Ok(list()[..2].to_vec()),
@@ -336,7 +338,10 @@ mod tests {
             &mut |_, _| Ok(()),
         )
         .unwrap_err();
-        assert!(unusable.to_string().contains("the manifest: bad"), "{unusable}");
+        assert!(
+            unusable.to_string().contains("the manifest: bad"),
+            "{unusable}"
+        );
     }
 
     #[test]

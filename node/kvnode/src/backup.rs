@@ -739,7 +739,10 @@ mod tests {
         }
         let bytes = writer.finish().unwrap();
         let refused = read_archive(&bytes[..], &mut |_, _| Ok(()));
-        assert!(matches!(refused, Err(BackupError::Format(_))), "{refused:?}");
+        assert!(
+            matches!(refused, Err(BackupError::Format(_))),
+            "{refused:?}"
+        );
         // A manifest that does not decode is refused by the writer.
         assert!(ArchiveWriter::new(Vec::new(), b"not a manifest").is_err());
     }
