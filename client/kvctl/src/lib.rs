@@ -42,7 +42,7 @@
 //!     verified backup archive, the `kvarchive` format);
 //!   - [`cmd::certs`]: `kvctl certs` (development CA and certificates,
 //!     `kvcerts`) and the TLS settings from `--cacert`, `--cert`, `--key`;
-//!   - [`cmd::bench`]: `kvctl bench` on `kvbench::load`, with a progress bar.
+//!   - [`cmd::bench`](mod@cmd::bench): `kvctl bench` on `kvbench::load`, with a progress bar.
 //! - [`plot`]: the bench's SVG (latency over time, latency histogram).
 //! - [`output`]: tables, JSON, binary-safe bytes, colours.
 //! - [`exit`]: exit codes and the error mapping above.

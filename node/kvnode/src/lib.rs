@@ -68,8 +68,9 @@
 //!   directory fsync, in process memory, so SIGKILL is a power cut.
 //! - [`BUILD_FEATURES`]: the test-only features this build has (negative
 //!   controls `nc-*` break the node on purpose; see Cargo.toml).
-//! - [`backup`]: the backup archive (format, writer, verifying reader) and
-//!   `kvnode restore` (seed a member of a new cluster from an archive).
+//! - [`backup`]: backups over the `kvarchive` format (the archive's
+//!   headers checked against the decoded snapshot manifest) and `kvnode
+//!   restore` (seed a member of a new cluster from an archive).
 
 pub mod admin;
 pub mod apply;
