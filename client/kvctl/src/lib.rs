@@ -32,20 +32,27 @@
 //! ## Modules
 //!
 //! - [`cli`]: the grammar (clap) and duration parsing.
-//! - [`commands`]: each command's calls and output.
-//! - [`certs`]: `kvctl certs` (development CA and certificates) and the
-//!   TLS settings from `--cacert`, `--cert`, `--key`.
-//! - [`bench`]: `kvctl bench` on `kvbench::load`, with a progress bar.
+//! - [`cmd`]: the commands, one file each, and what they share (the
+//!   [`cmd::Context`], key checks):
+//!   - [`cmd::get`], [`cmd::put`], [`cmd::del`], [`cmd::expire`] (also
+//!     `persist`), [`cmd::scan`]: the key commands;
+//!   - [`cmd::status`]: every member's status in one table;
+//!   - [`cmd::member`]: membership list and changes;
+//!   - [`cmd::snapshot`]: `snapshot trigger` and `snapshot save FILE` (a
+//!     verified backup archive, the `kvarchive` format);
+//!   - [`cmd::certs`]: `kvctl certs` (development CA and certificates,
+//!     `kvcerts`) and the TLS settings from `--cacert`, `--cert`, `--key`;
+//!   - [`cmd::bench`](mod@cmd::bench): `kvctl bench` on `kvbench::load`, with a progress bar.
 //! - [`plot`]: the bench's SVG (latency over time, latency histogram).
 //! - [`output`]: tables, JSON, binary-safe bytes, colours.
 //! - [`exit`]: exit codes and the error mapping above.
 //!
 //! ## Limits
 //!
-//! Keys up to [`commands::KEY_SIZE_BYTES_MAX`] (checked before sending);
-//! values up to [`commands::VALUE_SIZE_BYTES_MAX`] read (the cluster's own
-//! value limit is checked by the cluster); bench bounds are
-//! `kvbench::load`'s.
+//! Keys up to [`cmd::KEY_SIZE_BYTES_MAX`] (the cluster's limit, from
+//! kvproto; checked before sending); values up to
+//! [`cmd::put::INPUT_VALUE_BYTES_MAX`] read (the cluster's own value limit
+//! is checked by the cluster); bench bounds are `kvbench::load`'s.
 //!
 //! ## Example
 //!
@@ -56,10 +63,8 @@
 //! assert_eq!(code, Exit::Unavailable.code());
 //! ```
 
-pub mod bench;
-pub mod certs;
 pub mod cli;
-pub mod commands;
+pub mod cmd;
 pub mod exit;
 pub mod output;
 pub mod plot;
@@ -100,7 +105,7 @@ where
             return failure.exit.code();
         }
     };
-    match runtime.block_on(commands::run(cli, printer)) {
+    match runtime.block_on(cmd::run(cli, printer)) {
         Ok(()) => exit::Exit::Ok.code(),
         Err(failure) => {
             printer.print_failure(&failure);

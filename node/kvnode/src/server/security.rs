@@ -3,8 +3,8 @@
 //! settings of its three ports (client and admin: server certificate,
 //! client certificates optional per port; peer: always mutual TLS with the
 //! cluster CA, and the caller's certificate must be a node certificate),
-//! the client port's bearer-token check, and a development CA
-//! ([`DevCa`]) that `kvctl certs` and the tests use.
+//! and the client port's bearer-token check. The development CA that `kvctl
+//! certs` and the TLS tests use is the `kvcerts` crate.
 //!
 //! Node certificates carry both the server-auth and client-auth key
 //! purposes (a member dials its peers with the certificate it serves);
@@ -30,8 +30,6 @@ pub const TOKEN_BYTES_MAX: usize = 4096;
 /// dropped (a client that opens a connection and says nothing holds no
 /// slot for longer).
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Validity of the certificates [`DevCa`] issues (development only).
-pub const DEV_CERT_VALIDITY_DAYS: u64 = 365;
 /// The metadata key carrying the bearer token.
 pub const AUTHORIZATION_KEY: &str = "authorization";
 
@@ -72,9 +70,6 @@ pub enum SecurityError {
     /// rustls refused the material.
     #[error("tls: {0}")]
     Tls(String),
-    /// Certificate generation failed.
-    #[error("certificate generation: {0}")]
-    Generate(String),
 }
 
 /// A member's certificate, private key and CA bundle, as PEM text checked
@@ -489,142 +484,5 @@ impl tonic::service::Interceptor for PeerCheck {
             ))
         })?;
         Ok(request)
-    }
-}
-
-/// A certificate and its private key, as PEM text.
-#[derive(Clone)]
-pub struct IssuedCert {
-    /// The certificate.
-    pub cert_pem: String,
-    /// Its private key (PKCS#8).
-    pub key_pem: String,
-}
-
-impl std::fmt::Debug for IssuedCert {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IssuedCert").finish_non_exhaustive()
-    }
-}
-
-/// A development certificate authority (ECDSA P-256, rcgen): issues node
-/// certificates (server and client auth, the given host names and IP
-/// addresses) and client certificates (client auth only). Held in memory
-/// only; for anything but development use a real CA.
-pub struct DevCa {
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-    cert_pem: String,
-}
-
-impl std::fmt::Debug for DevCa {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DevCa").finish_non_exhaustive()
-    }
-}
-
-fn generate_error(err: rcgen::Error) -> SecurityError {
-    SecurityError::Generate(err.to_string())
-}
-
-/// How far back a [`DevCa`] certificate's validity starts (clock skew
-/// between the machine that made it and the members).
-pub const DEV_CERT_BACKDATE: Duration = Duration::from_secs(3600);
-
-fn validity(params: &mut rcgen::CertificateParams) {
-    let since_epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let epoch = rcgen::date_time_ymd(1970, 1, 1);
-    params.not_before = epoch + since_epoch.saturating_sub(DEV_CERT_BACKDATE);
-    params.not_after =
-        epoch + since_epoch + Duration::from_secs(DEV_CERT_VALIDITY_DAYS * 24 * 3600);
-}
-
-impl DevCa {
-    /// A new CA named `common_name`.
-    pub fn new(common_name: &str) -> Result<DevCa, SecurityError> {
-        let mut params =
-            rcgen::CertificateParams::new(Vec::<String>::new()).map_err(generate_error)?;
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, common_name);
-        params.key_usages = vec![
-            rcgen::KeyUsagePurpose::KeyCertSign,
-            rcgen::KeyUsagePurpose::CrlSign,
-            rcgen::KeyUsagePurpose::DigitalSignature,
-        ];
-        validity(&mut params);
-        let key = rcgen::KeyPair::generate().map_err(generate_error)?;
-        let cert = params.self_signed(&key).map_err(generate_error)?;
-        Ok(DevCa {
-            issuer: rcgen::Issuer::new(params, key),
-            cert_pem: cert.pem(),
-        })
-    }
-
-    /// The CA certificate (the `--tls-ca` / `--cacert` bundle).
-    pub fn cert_pem(&self) -> &str {
-        &self.cert_pem
-    }
-
-    fn issue(
-        &self,
-        common_name: &str,
-        hosts: &[String],
-        purposes: Vec<rcgen::ExtendedKeyUsagePurpose>,
-    ) -> Result<IssuedCert, SecurityError> {
-        let mut params = rcgen::CertificateParams::new(hosts.to_vec()).map_err(generate_error)?;
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, common_name);
-        params.key_usages = vec![
-            rcgen::KeyUsagePurpose::DigitalSignature,
-            rcgen::KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.extended_key_usages = purposes;
-        params.use_authority_key_identifier_extension = true;
-        validity(&mut params);
-        let key = rcgen::KeyPair::generate().map_err(generate_error)?;
-        let cert = params
-            .signed_by(&key, &self.issuer)
-            .map_err(generate_error)?;
-        Ok(IssuedCert {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-        })
-    }
-
-    /// A node certificate for `hosts` (DNS names and IP addresses the
-    /// member is reached at), valid for server and client authentication.
-    pub fn node_cert(&self, name: &str, hosts: &[String]) -> Result<IssuedCert, SecurityError> {
-        if hosts.is_empty() {
-            return Err(SecurityError::Generate(format!(
-                "node certificate {name:?}: at least one host name or IP address is needed"
-            )));
-        }
-        self.issue(
-            name,
-            hosts,
-            vec![
-                rcgen::ExtendedKeyUsagePurpose::ServerAuth,
-                rcgen::ExtendedKeyUsagePurpose::ClientAuth,
-            ],
-        )
-    }
-
-    /// A client certificate named `name`, valid for client authentication
-    /// only (it cannot act as a member on the peer port).
-    pub fn client_cert(&self, name: &str) -> Result<IssuedCert, SecurityError> {
-        self.issue(name, &[], vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth])
-    }
-
-    /// Material for a member holding `cert` of this CA.
-    pub fn material(&self, cert: &IssuedCert) -> Result<TlsMaterial, SecurityError> {
-        TlsMaterial::from_pem(
-            cert.cert_pem.as_bytes(),
-            cert.key_pem.as_bytes(),
-            self.cert_pem.as_bytes(),
-        )
     }
 }

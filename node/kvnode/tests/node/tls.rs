@@ -1,6 +1,6 @@
 //! TLS, mutual TLS and token authentication (issue 9 items 1 and 2) on
 //! in-process clusters whose certificates come from the development CA
-//! (`kvnode::server::security::DevCa`, the code behind `kvctl certs`):
+//! (`kvcerts::DevCa`, the code behind `kvctl certs`):
 //!
 //! - a three-member cluster with TLS everywhere and client certificates
 //!   demanded on the client port elects a leader and serves a client with
@@ -22,8 +22,9 @@
 
 use std::time::{Duration, Instant};
 
+use kvcerts::{DevCa, IssuedCert};
 use kvnode::NodeConfig;
-use kvnode::server::security::{AuthToken, DevCa, IssuedCert, TlsMaterial};
+use kvnode::server::security::{AuthToken, TlsMaterial};
 use kvnode::testing::LocalCluster;
 use kvproto::kv::v1::kv_client::KvClient;
 use kvproto::kv::v1::{Consistency, put_response};
@@ -46,7 +47,7 @@ fn node_material(ca: &DevCa, config: &NodeConfig) -> TlsMaterial {
         config.peer_addr.ip().to_string(),
     ];
     let cert = ca.node_cert(&format!("node{}", config.id), &hosts).unwrap();
-    ca.material(&cert).unwrap()
+    TlsMaterial::from_pem(cert.cert_pem, cert.key_pem, ca.cert_pem()).unwrap()
 }
 
 /// A TLS channel to `addr` trusting `ca`, presenting `identity` if any.

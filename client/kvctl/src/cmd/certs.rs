@@ -1,5 +1,5 @@
 //! `kvctl certs`: a development CA, node certificates and a client
-//! certificate as PEM files (rcgen through `kvnode::server::security::DevCa`), and
+//! certificate as PEM files (rcgen through `kvcerts::DevCa`), and
 //! the client's TLS settings read from `--cacert`, `--cert` and `--key`.
 //!
 //! Files written to `--out`: `ca.pem` (the `--tls-ca` / `--cacert`
@@ -12,7 +12,7 @@ use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
 
-use kvnode::server::security::{DevCa, IssuedCert};
+use kvcerts::{DevCa, IssuedCert};
 use serde_json::json;
 
 use crate::cli::{CertsArgs, Cli};
@@ -125,7 +125,7 @@ pub fn run(printer: &Printer, args: &CertsArgs) -> Result<(), Failure> {
             twice[0]
         )));
     }
-    let generated = |err: kvnode::server::security::SecurityError| Failure::usage(err.to_string());
+    let generated = |err: kvcerts::CertError| Failure::usage(err.to_string());
     std::fs::create_dir_all(&args.out)
         .map_err(|err| Failure::usage(format!("cannot create {}: {err}", args.out.display())))?;
     let ca = DevCa::new("raftcask development CA").map_err(generated)?;

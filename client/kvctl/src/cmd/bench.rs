@@ -11,8 +11,8 @@ use kvbench::load::{LoadConfig, LoadReport, OpKind, Progress, ReadTarget, run_ob
 use kvclient::kvproto::kv::v1::Consistency;
 use serde_json::json;
 
+use super::Context;
 use crate::cli::{BenchArgs, BenchOp, ConsistencyArg};
-use crate::commands::Context;
 use crate::exit::{Exit, Failure};
 use crate::output::Style;
 

@@ -1,0 +1,156 @@
+//! The commands: each one calls kvclient and prints its result as a table
+//! or one JSON object; every failure becomes a [`Failure`] with its exit
+//! code. One file a command; what they share (the [`Context`], key checks)
+//! is here.
+//!
+//! - [`get`]: `get KEY` (linearizable or stale).
+//! - [`put`]: `put KEY VALUE` (text, `@FILE` or `-`), TTL and conditions.
+//! - [`del`]: `del KEY`, optionally conditional on a version.
+//! - [`expire`]: `expire KEY TTL` and `persist KEY`.
+//! - [`scan`]: `scan` by prefix or range, paged.
+//! - [`status`]: every member's status, asked concurrently, as one table.
+//! - [`member`]: `member list | add-learner | promote | remove`.
+//! - [`snapshot`]: `snapshot trigger` and `snapshot save FILE` (a verified
+//!   archive, `kvarchive`'s format).
+//! - [`certs`]: `kvctl certs` (development CA and certificates) and the
+//!   TLS settings from `--cacert`, `--cert`, `--key`.
+//! - [`bench`](mod@bench): `kvctl bench` on `kvbench::load`, with a progress bar.
+
+use std::time::Duration;
+
+use kvclient::{Client, Consistency};
+use prost::bytes::Bytes;
+
+use crate::cli::{Cli, Command, ConsistencyArg};
+use crate::exit::Failure;
+use crate::output::Printer;
+
+pub mod bench;
+pub mod certs;
+pub mod del;
+pub mod expire;
+pub mod get;
+pub mod member;
+pub mod put;
+pub mod scan;
+pub mod snapshot;
+pub mod status;
+
+/// Largest key, in bytes: the cluster's limit (DESIGN §4), checked before
+/// sending so the message comes at once.
+pub use kvproto::KEY_SIZE_BYTES_MAX;
+
+/// What a command needs besides its arguments.
+#[derive(Debug)]
+pub struct Context {
+    /// The parsed command line.
+    pub endpoints: Vec<String>,
+    /// How long a command may take.
+    pub timeout: Duration,
+    /// How to print.
+    pub printer: Printer,
+    /// TLS settings (`--cacert`, `--cert`, `--key`).
+    pub tls: Option<kvclient::ClientTls>,
+    /// Bearer token (`--token`).
+    pub token: Option<String>,
+}
+
+impl Context {
+    /// A client builder for `endpoints` with the TLS settings and token.
+    pub fn builder(&self, endpoints: &[String]) -> kvclient::ClientBuilder {
+        let mut builder = Client::builder(endpoints.iter().cloned());
+        if let Some(tls) = &self.tls {
+            builder = builder.tls(tls.clone());
+        }
+        if let Some(token) = &self.token {
+            builder = builder.token(token.clone());
+        }
+        builder
+    }
+
+    /// A client for `endpoints` with the command's timeout.
+    pub fn client_for(&self, endpoints: &[String], timeout: Duration) -> Result<Client, Failure> {
+        self.builder(endpoints)
+            .operation_timeout(timeout)
+            .request_timeout(timeout.min(kvclient::builder::REQUEST_TIMEOUT_DEFAULT))
+            .connect_timeout(timeout.min(kvclient::builder::CONNECT_TIMEOUT_DEFAULT))
+            .build()
+            .map_err(|err| self.fail(err))
+    }
+
+    /// A client for every endpoint.
+    pub fn client(&self) -> Result<Client, Failure> {
+        self.client_for(&self.endpoints, self.timeout)
+    }
+
+    /// A kvclient error as a failure naming the endpoints.
+    pub fn fail(&self, err: kvclient::Error) -> Failure {
+        Failure::from_client(err, &self.endpoints)
+    }
+}
+
+/// Runs one command.
+pub async fn run(cli: Cli, printer: Printer) -> Result<(), Failure> {
+    if let Command::Certs(args) = &cli.command {
+        return certs::run(&printer, args);
+    }
+    let tls = certs::client_tls(&cli)?;
+    let context = Context {
+        endpoints: cli.endpoints,
+        timeout: cli.timeout,
+        printer,
+        tls,
+        token: cli.token,
+    };
+    match cli.command {
+        Command::Get { key, consistency } => get::run(&context, key, consistency).await,
+        Command::Put(args) => put::run(&context, args).await,
+        Command::Del { key, if_version } => del::run(&context, key, if_version).await,
+        Command::Expire { key, ttl } => expire::run(&context, key, Some(ttl)).await,
+        Command::Persist { key } => expire::run(&context, key, None).await,
+        Command::Scan(args) => scan::run(&context, args).await,
+        Command::Status => status::run(&context).await,
+        Command::Member(command) => member::run(&context, command).await,
+        Command::Snapshot(command) => snapshot::run(&context, command).await,
+        Command::Bench(_) if context.tls.is_some() || context.token.is_some() => {
+            Err(Failure::usage(
+                "bench does not support TLS or a token yet (its load core dials plain TCP); \
+                 bench a cluster without them",
+            ))
+        }
+        Command::Bench(args) => bench::run(&context, args).await,
+        Command::Certs(_) => Ok(()),
+    }
+}
+
+/// Checks a key from the command line against [`KEY_SIZE_BYTES_MAX`].
+pub fn check_key(field: &str, key: &str) -> Result<Bytes, Failure> {
+    if key.len() > KEY_SIZE_BYTES_MAX {
+        return Err(Failure::usage(format!(
+            "{field} is {} bytes, over KEY_SIZE_BYTES_MAX ({KEY_SIZE_BYTES_MAX} bytes)",
+            key.len()
+        )));
+    }
+    Ok(Bytes::copy_from_slice(key.as_bytes()))
+}
+
+pub(crate) fn consistency(arg: ConsistencyArg) -> Consistency {
+    match arg {
+        ConsistencyArg::Linearizable => Consistency::Linearizable,
+        ConsistencyArg::Stale => Consistency::Stale { min_index: 0 },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exit::Exit;
+
+    #[test]
+    fn oversized_keys_name_the_limit() {
+        let failure = check_key("key", &"k".repeat(KEY_SIZE_BYTES_MAX + 1)).unwrap_err();
+        assert_eq!(failure.exit, Exit::Usage);
+        assert!(failure.message.contains("KEY_SIZE_BYTES_MAX"), "{failure}");
+        assert!(check_key("key", &"k".repeat(KEY_SIZE_BYTES_MAX)).is_ok());
+    }
+}
