@@ -3,7 +3,7 @@
 //! The raftcask command line (etcdctl-style, DESIGN §5–§6): keys (get,
 //! put, del, expire, persist, scan), cluster status, membership, snapshots
 //! (trigger, save to an archive file) and a load generator (`bench`), over
-//! [`kvclient`] and kvbench's load core.
+//! [`kvclient`] and the kvload load core.
 //!
 //! ```text
 //! kvctl [--endpoints a,b,c | KVCTL_ENDPOINTS] [-o table|json] [--hex] [--timeout 10s]
@@ -42,7 +42,7 @@
 //!     verified backup archive, the `kvarchive` format);
 //!   - [`cmd::certs`]: `kvctl certs` (development CA and certificates,
 //!     `kvcerts`) and the TLS settings from `--cacert`, `--cert`, `--key`;
-//!   - [`cmd::bench`](mod@cmd::bench): `kvctl bench` on `kvbench::load`, with a progress bar.
+//!   - [`cmd::bench`](mod@cmd::bench): `kvctl bench` on `kvload`, with a progress bar.
 //! - [`plot`]: the bench's SVG (latency over time, latency histogram).
 //! - [`output`]: tables, JSON, binary-safe bytes, colours.
 //! - [`exit`]: exit codes and the error mapping above.
@@ -52,7 +52,7 @@
 //! Keys up to [`cmd::KEY_SIZE_BYTES_MAX`] (the cluster's limit, from
 //! kvproto; checked before sending); values up to
 //! [`cmd::put::INPUT_VALUE_BYTES_MAX`] read (the cluster's own value limit
-//! is checked by the cluster); bench bounds are `kvbench::load`'s.
+//! is checked by the cluster); bench bounds are `kvload`'s.
 //!
 //! ## Example
 //!

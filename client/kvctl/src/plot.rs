@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use kvbench::load::{LoadReport, Sample};
+use kvload::{LoadReport, Sample};
 use plotters::prelude::*;
 
 /// Size of the picture in pixels (width, height).

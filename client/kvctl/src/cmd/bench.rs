@@ -1,4 +1,4 @@
-//! `kvctl bench put|get|mixed`: runs kvbench's load core against the
+//! `kvctl bench put|get|mixed`: runs the kvload load core against the
 //! endpoints with a progress bar (on a terminal), then prints throughput
 //! and latency percentiles from the run's histogram (table or JSON) and
 //! optionally writes an SVG plot ([`crate::plot`]).
@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
-use kvbench::load::{LoadConfig, LoadReport, OpKind, Progress, ReadTarget, run_observed};
 use kvclient::kvproto::kv::v1::Consistency;
+use kvload::{LoadConfig, LoadReport, OpKind, Progress, ReadTarget, run_observed};
 use serde_json::json;
 
 use super::Context;

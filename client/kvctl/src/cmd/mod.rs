@@ -14,7 +14,7 @@
 //!   archive, `kvarchive`'s format).
 //! - [`certs`]: `kvctl certs` (development CA and certificates) and the
 //!   TLS settings from `--cacert`, `--cert`, `--key`.
-//! - [`bench`](mod@bench): `kvctl bench` on `kvbench::load`, with a progress bar.
+//! - [`bench`](mod@bench): `kvctl bench` on `kvload`, with a progress bar.
 
 use std::time::Duration;
 
