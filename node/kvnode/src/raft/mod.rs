@@ -24,5 +24,6 @@ pub mod batcher;
 pub mod membership;
 pub mod merge_policy;
 pub mod network;
+pub(crate) mod propose;
 pub mod read_index;
 pub mod types;

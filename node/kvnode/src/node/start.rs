@@ -1,0 +1,393 @@
+//! The steps of starting a member ([`super::Node::start_with_listeners`]
+//! runs them in order): open the storage, start openraft, bootstrap, serve
+//! the ports, spawn the background tasks.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+#[cfg(not(feature = "lazy-disk"))]
+use bitcask::io::RealFs;
+use openraft::error::RaftError;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::transport::server::TcpIncoming;
+
+use crate::log_store::{LogStore, LogStoreOptions};
+use crate::node::clock::ClusterClock;
+use crate::node::identity::Identity;
+use crate::node::tasks::{learn_identities, tick_loop};
+use crate::node::{
+    ELECTION_TIMEOUT_MAX_MS, ELECTION_TIMEOUT_MIN_MS, HEARTBEAT_MS, INSTALL_SNAPSHOT_TIMEOUT_MS,
+    NodeConfig, StartError,
+};
+use crate::raft::batcher::Batcher;
+use crate::raft::membership::Membership;
+use crate::raft::network::Network;
+use crate::raft::propose::{propose_fn, propose_merge_fn};
+use crate::raft::read_index::ReadRounds;
+use crate::raft::types::{NodeInfo, TypeConfig};
+use crate::server::cluster::ClusterService;
+use crate::server::kv::KvService;
+use crate::server::metrics::Metrics;
+use crate::server::raft::PeerService;
+use crate::server::security::ClientCerts;
+use crate::state_machine::StateMachine;
+
+/// The address a listener is bound to (`asked` names it in the error).
+pub(super) fn local_addr(
+    listener: &TcpListener,
+    asked: SocketAddr,
+) -> Result<SocketAddr, StartError> {
+    listener.local_addr().map_err(|source| StartError::Bind {
+        addr: asked,
+        source,
+    })
+}
+
+/// Opens (or creates) the member's identity, Raft log and state machine,
+/// off the async threads.
+pub(super) async fn open_storage(
+    config: &NodeConfig,
+    member_metrics: &Metrics,
+) -> Result<(Identity, LogStore<TypeConfig>, StateMachine), StartError> {
+    let log_dir = config.data_dir.join("raft-log");
+    let state_dir = config.data_dir.join("state");
+    let state_machine_options = config.state_machine.clone();
+    let fsync_observer = Some(member_metrics.log_fsync_observer());
+    let data_dir = config.data_dir.clone();
+    let id = config.id;
+    tokio::task::spawn_blocking(move || {
+        let identity = Identity::load_or_create(&data_dir, id)?;
+        // The same vfs as `snapshot::node_vfs`, which identity and the
+        // state machine use: the lazy disk in a lazy-disk build.
+        #[cfg(feature = "lazy-disk")]
+        let log_vfs: Arc<dyn bitcask::io::Vfs> = crate::lazy_disk::shared();
+        #[cfg(not(feature = "lazy-disk"))]
+        let log_vfs: Arc<dyn bitcask::io::Vfs> = Arc::new(RealFs);
+        // The committed id is kept in memory only (`persist_committed`
+        // is off by default): the store reopens every vote as
+        // uncommitted, so a member that led before a restart must win a
+        // new election, whose no-op entry commits after every earlier
+        // entry, before it serves a linearizable read. (With a committed
+        // vote, openraft 0.9 would restart it as the leader at once and
+        // its read index would be the recovered committed id, which after
+        // a power cut is only the applied id, below acknowledged writes;
+        // see ARCHITECTURE.md, Raft log store.)
+        let log_options = LogStoreOptions::default();
+        let log =
+            LogStore::<TypeConfig>::open_observed(log_vfs, log_dir, log_options, fsync_observer)?;
+        let sm = StateMachine::open(state_dir, state_machine_options)?;
+        Ok::<_, StartError>((identity, log, sm))
+    })
+    .await
+    .map_err(|err| StartError::Raft(format!("open task: {err}")))?
+}
+
+/// openraft with the cluster's timing and snapshot settings over this
+/// member's network, log and state machine.
+pub(super) async fn start_raft(
+    config: &NodeConfig,
+    network: Network,
+    log_store: LogStore<TypeConfig>,
+    state_machine: StateMachine,
+) -> Result<openraft::Raft<TypeConfig>, StartError> {
+    let raft_config = openraft::Config {
+        cluster_name: "raftcask".to_string(),
+        heartbeat_interval: HEARTBEAT_MS,
+        election_timeout_min: ELECTION_TIMEOUT_MIN_MS,
+        election_timeout_max: ELECTION_TIMEOUT_MAX_MS,
+        install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
+        max_in_snapshot_log_to_keep: config.snapshot_log_keep,
+        snapshot_policy: config.snapshot_policy.openraft(),
+        ..Default::default()
+    }
+    .validate()
+    .map_err(|err| StartError::Raft(err.to_string()))?;
+    openraft::Raft::new(
+        config.id,
+        Arc::new(raft_config),
+        network,
+        log_store,
+        state_machine,
+    )
+    .await
+    .map_err(|err| StartError::Raft(err.to_string()))
+}
+
+/// Initializes the cluster on the bootstrapping member's first start,
+/// unless a peer reports the cluster exists already (`existing`: a wiped
+/// directory must not fork it).
+pub(super) async fn bootstrap(
+    config: &NodeConfig,
+    raft: &openraft::Raft<TypeConfig>,
+    identity: &Identity,
+    state_machine: &StateMachine,
+    existing: Option<(u64, u64)>,
+) -> Result<(), StartError> {
+    let initialized = raft
+        .is_initialized()
+        .await
+        .map_err(|err| StartError::Raft(err.to_string()))?;
+    if let (false, Some((peer, cluster))) = (initialized, existing) {
+        // A new (or wiped) directory of the bootstrapping member: the
+        // cluster exists; initializing again would fork it.
+        tracing::error!(
+            id = config.id,
+            peer,
+            cluster = format!("{cluster:016x}"),
+            "not bootstrapping: member {peer} reports that the cluster already exists, and \
+             this data directory is new; a member that lost its data must be removed and \
+             added again under a new id"
+        );
+    } else if !initialized {
+        let ensure = identity.clone();
+        let cluster_id = tokio::task::spawn_blocking(move || ensure.ensure_cluster_id())
+            .await
+            .map_err(|err| StartError::Raft(format!("identity task: {err}")))??;
+        state_machine.set_cluster_id(cluster_id);
+        tracing::info!(id = config.id, members = ?config.initial_cluster.keys(), "bootstrapping the cluster");
+        match raft.initialize(config.initial_cluster.clone()).await {
+            Ok(()) => {}
+            Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(e))) => {
+                tracing::info!(error = %e, "already initialized; not bootstrapping again");
+            }
+            Err(err) => return Err(StartError::Raft(err.to_string())),
+        }
+    }
+    Ok(())
+}
+
+/// What the ports and tasks of a starting member share.
+pub(super) struct Member<'a> {
+    pub(super) config: &'a NodeConfig,
+    pub(super) raft: openraft::Raft<TypeConfig>,
+    pub(super) state_machine: StateMachine,
+    pub(super) identity: Identity,
+    pub(super) network: Network,
+    pub(super) metrics: Metrics,
+    pub(super) clock: Arc<ClusterClock>,
+    pub(super) shutdown: &'a watch::Sender<bool>,
+}
+
+impl Member<'_> {
+    /// The peer port (Raft service) and the client port (Kv, Cluster), each
+    /// with its TLS, limits and credential checks, until shutdown.
+    pub(super) fn serve_ports(
+        &self,
+        client: TcpListener,
+        peer: TcpListener,
+    ) -> Result<Vec<JoinHandle<()>>, StartError> {
+        let Member {
+            config,
+            raft,
+            state_machine,
+            identity,
+            network,
+            metrics: member_metrics,
+            clock,
+            shutdown,
+        } = self;
+        let batcher = Batcher::spawn_observed(
+            propose_fn(raft.clone(), (*clock).clone()),
+            Some(member_metrics.proposal_observer()),
+        );
+        let reads = ReadRounds::new(config.id, raft.clone(), network.clone());
+        let peer_service = PeerService::new(
+            raft.clone(),
+            state_machine.clone(),
+            identity.clone(),
+            reads.clone(),
+            config.faults.clone(),
+        )
+        .with_metrics(member_metrics.clone());
+        let cluster_service =
+            ClusterService::new(raft.clone(), state_machine.clone(), identity.clone())
+                .with_membership(Membership::new(
+                    raft.clone(),
+                    identity.clone(),
+                    network.clone(),
+                ));
+        let kv_service = KvService::new(
+            raft.clone(),
+            state_machine.clone(),
+            batcher,
+            reads,
+            identity.clone(),
+            config.faults.clone(),
+        )
+        .with_metrics(member_metrics.clone())
+        .with_watermark(crate::node::disk::Watermark::new(
+            &config.data_dir,
+            config.limits.disk_free_min_bytes,
+        ));
+        // No Nagle: a small reply held back for a delayed ACK costs 40 ms.
+        let limits = config.limits.clone();
+        let (peer, client) = (
+            crate::server::limits::incoming(
+                "peer",
+                TcpIncoming::from(peer).with_nodelay(Some(true)),
+                limits.peer_connections_max,
+                limits.handshake_timeout,
+            ),
+            crate::server::limits::incoming(
+                "client",
+                TcpIncoming::from(client).with_nodelay(Some(true)),
+                limits.client_connections_max,
+                limits.handshake_timeout,
+            ),
+        );
+        let security = &config.security;
+        // TLS first (the builder), then the limits, then the credential
+        // checks: a request over the in-flight cap is refused before its
+        // credentials are looked at.
+        let mut peer_server = crate::server::limits::peer_server(
+            crate::server::security::grpc_server(security.tls.as_ref(), ClientCerts::Required)?,
+        )
+        .layer(tonic::service::InterceptorLayer::new(
+            security.peer_check()?,
+        ));
+        let mut client_server = crate::server::limits::client_server(
+            crate::server::security::grpc_server(security.tls.as_ref(), security.client_certs())?,
+            &limits,
+        )
+        .layer(tonic::service::InterceptorLayer::new(
+            security.client_check(),
+        ));
+        let mut servers = Vec::new();
+        let mut stop = shutdown.subscribe();
+        servers.push(tokio::spawn(async move {
+            let result = peer_server
+                .add_service(peer_service.into_server())
+                .serve_with_incoming_shutdown(peer, async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await;
+            if let Err(err) = result {
+                tracing::error!(error = %err, "peer server failed");
+            }
+        }));
+        let mut stop = shutdown.subscribe();
+        servers.push(tokio::spawn(async move {
+            let result = client_server
+                .add_service(kv_service.into_server())
+                .add_service(cluster_service.into_server())
+                .serve_with_incoming_shutdown(client, async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await;
+            if let Err(err) = result {
+                tracing::error!(error = %err, "client server failed");
+            }
+        }));
+        Ok(servers)
+    }
+
+    /// The background tasks: identity learning, member incarnations, the
+    /// merge policy, the snapshot-by-bytes trigger and the tick loop.
+    pub(super) fn spawn_tasks(&self) -> Vec<JoinHandle<()>> {
+        let Member {
+            config,
+            raft,
+            state_machine,
+            identity,
+            network,
+            clock,
+            shutdown,
+            ..
+        } = self;
+        vec![
+            tokio::spawn(learn_identities(
+                network.clone(),
+                identity.clone(),
+                state_machine.clone(),
+                config.initial_cluster.clone(),
+                shutdown.subscribe(),
+            )),
+            tokio::spawn(crate::raft::membership::learn_member_incarnations(
+                raft.clone(),
+                identity.clone(),
+                network.clone(),
+                shutdown.subscribe(),
+            )),
+            tokio::spawn(crate::raft::merge_policy::merge_loop(
+                config.id,
+                config.merge_policy,
+                raft.clone(),
+                state_machine.clone(),
+                propose_merge_fn(raft.clone(), clock.clone()),
+                shutdown.subscribe(),
+            )),
+            tokio::spawn(crate::raft::merge_policy::snapshot_bytes_loop(
+                config.id,
+                config.snapshot_policy.every_bytes,
+                raft.clone(),
+                state_machine.clone(),
+                shutdown.subscribe(),
+            )),
+            tokio::spawn(tick_loop(
+                config.id,
+                raft.clone(),
+                state_machine.clone(),
+                clock.clone(),
+                shutdown.subscribe(),
+            )),
+        ]
+    }
+
+    /// The admin HTTP port (metrics, health, readiness), over TLS when the
+    /// member has it.
+    pub(super) fn serve_admin(&self, listener: TcpListener) -> Result<JoinHandle<()>, StartError> {
+        let state = crate::server::admin::AdminState::new(
+            self.config.id,
+            self.raft.clone(),
+            self.state_machine.clone(),
+            self.metrics.clone(),
+        );
+        let stop = self.shutdown.subscribe();
+        let security = &self.config.security;
+        let tls = (security.tls.as_ref())
+            .map(|tls| tls.rustls_server_config(security.admin_client_cert_auth))
+            .transpose()?;
+        Ok(tokio::spawn(crate::server::admin::serve(
+            listener, state, tls, stop,
+        )))
+    }
+}
+
+/// One log line per leader change and per membership change, until
+/// shutdown.
+pub(super) async fn log_leader_changes(
+    id: u64,
+    mut metrics: watch::Receiver<openraft::RaftMetrics<u64, NodeInfo>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut seen = None;
+    loop {
+        let now = {
+            let m = metrics.borrow();
+            (
+                m.current_leader,
+                m.current_term,
+                *m.membership_config.log_id(),
+            )
+        };
+        if seen != Some(now) {
+            let (leader, term, membership_log_id) = now;
+            let membership = metrics.borrow().membership_config.membership().clone();
+            match seen {
+                Some((old_leader, _, old_membership))
+                    if old_leader == leader && old_membership != membership_log_id =>
+                {
+                    tracing::info!(id, ?membership, "membership changed")
+                }
+                _ => tracing::info!(id, ?leader, term, "leader changed"),
+            }
+            seen = Some(now);
+        }
+        tokio::select! {
+            changed = metrics.changed() => if changed.is_err() { break },
+            _ = stop.wait_for(|s| *s) => break,
+        }
+    }
+}

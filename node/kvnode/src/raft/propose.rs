@@ -1,0 +1,94 @@
+//! How the leader proposes: the batcher's propose function and the merge
+//! proposer. Both wait until the leader has applied an entry of its own
+//! term, stamp the entry with the cluster clock, and `client_write` it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{ClientWriteError, RaftError};
+
+use crate::node::clock::ClusterClock;
+use crate::raft::batcher::{ProposeError, ProposeFn};
+use crate::raft::merge_policy::ProposeMerge;
+use crate::raft::types::{NodeInfo, TypeConfig};
+use kvstate::command::{Command, Outcome, Proposal, Request};
+
+/// How long a new leader waits to apply its predecessors' entries before
+/// it stamps its first proposal.
+pub const LEADER_CATCH_UP_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits until this leader has applied an entry of its own term (its blank
+/// entry): then every earlier entry is applied, so the cluster time it
+/// stamps is never below an entry earlier in the log. Returns that term,
+/// which the cluster clock re-bases on when it changes.
+pub(crate) async fn leader_caught_up(
+    raft: &openraft::Raft<TypeConfig>,
+) -> Result<u64, ProposeError> {
+    let caught_up = |m: &openraft::RaftMetrics<u64, NodeInfo>| {
+        m.last_applied
+            .is_some_and(|applied| applied.leader_id.term >= m.current_term)
+    };
+    {
+        let now = raft.metrics().borrow().clone();
+        if caught_up(&now) {
+            return Ok(now.current_term);
+        }
+    }
+    let mut metrics = raft.metrics();
+    match tokio::time::timeout(LEADER_CATCH_UP_WAIT, metrics.wait_for(caught_up)).await {
+        Ok(Ok(now)) => Ok(now.current_term),
+        Ok(Err(_)) => Err(ProposeError::Stopped),
+        Err(_) => Err(ProposeError::NotApplied(
+            "the leader has not applied its own first entry yet".to_string(),
+        )),
+    }
+}
+
+pub(crate) fn propose_fn(raft: openraft::Raft<TypeConfig>, clock: Arc<ClusterClock>) -> ProposeFn {
+    Arc::new(move |requests: Vec<Request>| {
+        let raft = raft.clone();
+        let clock = clock.clone();
+        Box::pin(async move {
+            let term = leader_caught_up(&raft).await?;
+            let proposal = Proposal {
+                time_ms: clock.stamp(term),
+                command: Command::Requests(requests),
+            };
+            match raft.client_write(proposal).await {
+                Ok(response) => Ok::<Vec<Outcome>, ProposeError>(response.data.outcomes),
+                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
+                    Err(ProposeError::NotApplied(forward.to_string()))
+                }
+                Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(err))) => {
+                    Err(ProposeError::NotApplied(err.to_string()))
+                }
+                Err(RaftError::Fatal(fatal)) => Err(ProposeError::Unknown(fatal.to_string())),
+            }
+        })
+    })
+}
+
+/// Proposes a merge entry the way writes and ticks are proposed: once the
+/// leader has caught up, stamped with its cluster clock, `client_write`.
+pub(crate) fn propose_merge_fn(
+    raft: openraft::Raft<TypeConfig>,
+    clock: Arc<ClusterClock>,
+) -> ProposeMerge {
+    Arc::new(move |inputs: Vec<String>| {
+        let raft = raft.clone();
+        let clock = clock.clone();
+        Box::pin(async move {
+            let term = leader_caught_up(&raft)
+                .await
+                .map_err(|err| format!("{err:?}"))?;
+            let merge = Proposal {
+                time_ms: clock.stamp(term),
+                command: Command::Merge { inputs },
+            };
+            raft.client_write(merge)
+                .await
+                .map(|_| ())
+                .map_err(|err| err.to_string())
+        })
+    })
+}
