@@ -44,7 +44,8 @@
 //! - [`run`]: `jepsen run`: one bounded scenario, its history, summary and
 //!   the "did enough" minimums.
 //! - [`suite`]: `jepsen suite` (fixed scenario list) and `jepsen controls`
-//!   (negative-control kvnode builds that the checker must catch).
+//!   (negative-control kvnode builds that the checker must catch); the
+//!   lists themselves are in `suite::scenarios`.
 //! - [`verdict`]: a run's records as the checkers' history, and the
 //!   workload's checker (register: linearizability + version checks; set).
 //!
