@@ -341,14 +341,65 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
         kvnode_bin,
         proxy_mode,
     } = checked;
-    if args.out.join("history.jsonl").exists() || args.out.join("node1").exists() {
+    prepare_out(&args.out)?;
+    let (firewall, cluster) = start_cluster(&args, nodes, kvnode_bin, proxy_mode)?;
+    let endpoints = cluster.client_addrs();
+    wait_ready(&endpoints).await?;
+    let ran = run_workload_and_faults(&args, seed, cluster, firewall, &endpoints).await?;
+
+    let records = ran.history.records();
+    let mut problems = run_problems(&args, &records, &ran);
+    // The verdict: the workload's checker on the run's history.
+    let (checker_json, checker_text, checker_name, checker_passes) =
+        workload_verdict(&args, &records, &mut problems)?;
+    // Durability: a saved vote a power cut took back, a member that did
+    // not come back, fail the verdict whatever the history shows.
+    let (checker_json, checker_text, checker_passes) =
+        crate::durability::apply(checker_json, checker_text, checker_passes, &ran.durability)?;
+    std::fs::write(
+        args.out.join("checker.json"),
+        serde_json::to_string_pretty(&checker_json)?,
+    )
+    .context("writing checker.json")?;
+    if !checker_passes {
+        problems.push(format!(
+            "the {checker_name} checker does not pass: {}",
+            checker_text.lines().next().unwrap_or("")
+        ));
+    }
+    let mut summary = summary(&args, nodes, seed, &records, &problems);
+    summary.push_str("\nchecker:\n");
+    summary.push_str(&checker_text);
+    summary.push_str(&crate::report::write(&args.out, &records, &checker_json)?);
+    std::fs::write(args.out.join("summary.txt"), &summary).context("writing summary.txt")?;
+    print!("{summary}");
+    Ok(if problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Creates `--out`, refusing one that holds an earlier run.
+fn prepare_out(out: &Path) -> anyhow::Result<()> {
+    if out.join("history.jsonl").exists() || out.join("node1").exists() {
         bail!(
             "--out {} holds an earlier run: give a new directory",
-            args.out.display()
+            out.display()
         );
     }
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("creating {}", args.out.display()))?;
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    Ok(())
+}
+
+/// Starts the members (behind userspace proxies in proxy mode) and the
+/// firewall, with a spare slot when a fault adds members.
+fn start_cluster(
+    args: &RunArgs,
+    nodes: u64,
+    kvnode_bin: PathBuf,
+    proxy_mode: bool,
+) -> anyhow::Result<(Firewall, Cluster)> {
     let config = ClusterConfig {
         kvnode_bin,
         dir: args.out.clone(),
@@ -372,16 +423,40 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
     if args.nemesis.0.iter().any(|f| f.needs_spare_slot()) {
         cluster.reserve_spare_slots(1)?;
     }
-    let endpoints = cluster.client_addrs();
-    wait_ready(&endpoints).await?;
+    Ok((firewall, cluster))
+}
 
+/// What the run phase leaves for the checks.
+struct Ran {
+    /// The run's history (flushed).
+    history: std::sync::Arc<History>,
+    /// Members that exited on their own: id and exit status.
+    exited: Vec<(u64, String)>,
+    /// Saved votes taken back, members that did not come back.
+    durability: Vec<crate::durability::DurabilityAnomaly>,
+    /// Whether the scan final read succeeded (set, exactly-once).
+    final_read_ok: Option<bool>,
+    /// Keys whose final read never succeeded (register).
+    unread: Vec<String>,
+}
+
+/// Runs the workload and the nemesis schedule until the deadline, heals
+/// every fault, does the workload's final read, checks that the members
+/// converged, and stops them.
+async fn run_workload_and_faults(
+    args: &RunArgs,
+    seed: u64,
+    cluster: Cluster,
+    firewall: Firewall,
+    endpoints: &[String],
+) -> anyhow::Result<Ran> {
     let history = History::create(&args.out.join("history.jsonl"))?;
     let deadline = Instant::now() + args.time;
     let mut nemesis = Nemesis::new(cluster, firewall, history.clone(), seed)?;
     let gate = workload::WriteGate::new();
     nemesis.set_idle(gate.clone(), args.idle, args.ttl_max);
     let config = WorkloadConfig {
-        endpoints: endpoints.clone(),
+        endpoints: endpoints.to_vec(),
         concurrency: args.concurrency,
         rate_per_second: args.rate,
         deadline,
@@ -409,14 +484,14 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
     );
     let healed = nemesis.heal_all().await;
     let final_read_ok = match args.workload {
-        WorkloadKind::Set => Some(workload::set::final_read(&endpoints, &history).await?),
+        WorkloadKind::Set => Some(workload::set::final_read(endpoints, &history).await?),
         WorkloadKind::ExactlyOnce => {
-            Some(workload::exactly_once::final_read(&endpoints, &history).await?)
+            Some(workload::exactly_once::final_read(endpoints, &history).await?)
         }
         WorkloadKind::Register | WorkloadKind::Ttl => None,
     };
     let unread = match args.workload {
-        WorkloadKind::Register => workload::register::final_reads(&endpoints, &history).await?,
+        WorkloadKind::Register => workload::register::final_reads(endpoints, &history).await?,
         WorkloadKind::Set | WorkloadKind::Ttl | WorkloadKind::ExactlyOnce => Vec::new(),
     };
     let exited = nemesis.cluster_mut().exited_on_their_own();
@@ -436,75 +511,68 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
     worked.context("the workload failed")?;
     nemesis_ran.context("the nemesis failed")?;
     healed.context("healing the faults failed")?;
+    Ok(Ran {
+        history,
+        exited,
+        durability,
+        final_read_ok,
+        unread,
+    })
+}
 
-    let records = history.records();
+/// What the run lacked to count: the minimums, a well-formed history,
+/// no member exited on its own, the final reads.
+fn run_problems(args: &RunArgs, records: &[Record], ran: &Ran) -> Vec<String> {
     let mut problems = check_minimums(
-        &records,
+        records,
         minimum_for(args.min_ok_writes, args.time),
         minimum_for(args.min_ok_reads, args.time),
     );
-    problems.extend(check_well_formed(&records));
-    for (id, status) in &exited {
+    problems.extend(check_well_formed(records));
+    for (id, status) in &ran.exited {
         problems.push(format!("member {id} exited on its own: {status}"));
     }
-    if final_read_ok == Some(false) {
+    if ran.final_read_ok == Some(false) {
         problems.push("the final read (scan) never succeeded".to_string());
     }
-    if !unread.is_empty() {
+    if !ran.unread.is_empty() {
         problems.push(format!(
             "the final read of {} key(s) never succeeded: {}",
-            unread.len(),
-            unread.join(", ")
+            ran.unread.len(),
+            ran.unread.join(", ")
         ));
     }
-    // The verdict: the workload's checker on the run's history.
-    let (checker_json, checker_text, checker_name, checker_passes) =
-        if args.workload == WorkloadKind::Ttl {
-            let report = crate::ttl_check::check(&records);
-            problems.extend(crate::ttl_check::shortfalls(&report));
-            let json = serde_json::to_value(&report)?;
-            (json, report.summary(), "ttl".to_string(), report.valid)
-        } else if args.workload == WorkloadKind::ExactlyOnce {
-            let report = crate::exactly_once::check(&records);
-            problems.extend(crate::exactly_once::shortfalls(&report));
-            let json = serde_json::to_value(&report)?;
-            (
-                json,
-                report.summary(),
-                "exactly-once".to_string(),
-                report.valid,
-            )
-        } else {
-            let report = crate::verdict::check_run(&records, args.workload)?;
-            let json = serde_json::to_value(&report)?;
-            let name = format!("{:?}", crate::verdict::model_of(args.workload));
-            (json, report.summary(), name, report.exit_code() == 0)
-        };
-    // Durability: a saved vote a power cut took back, a member that did
-    // not come back, fail the verdict whatever the history shows.
-    let (checker_json, checker_text, checker_passes) =
-        crate::durability::apply(checker_json, checker_text, checker_passes, &durability)?;
-    std::fs::write(
-        args.out.join("checker.json"),
-        serde_json::to_string_pretty(&checker_json)?,
-    )
-    .context("writing checker.json")?;
-    if !checker_passes {
-        problems.push(format!(
-            "the {checker_name} checker does not pass: {}",
-            checker_text.lines().next().unwrap_or("")
-        ));
-    }
-    let mut summary = summary(&args, nodes, seed, &records, &problems);
-    summary.push_str("\nchecker:\n");
-    summary.push_str(&checker_text);
-    summary.push_str(&crate::report::write(&args.out, &records, &checker_json)?);
-    std::fs::write(args.out.join("summary.txt"), &summary).context("writing summary.txt")?;
-    print!("{summary}");
-    Ok(if problems.is_empty() {
-        ExitCode::SUCCESS
+    problems
+}
+
+/// The workload's checker on the run's history: its JSON report, its
+/// text, its name and whether it passes; its shortfalls (TTL,
+/// exactly-once) go to `problems`.
+fn workload_verdict(
+    args: &RunArgs,
+    records: &[Record],
+    problems: &mut Vec<String>,
+) -> anyhow::Result<(serde_json::Value, String, String, bool)> {
+    Ok(if args.workload == WorkloadKind::Ttl {
+        let report = crate::ttl_check::check(records);
+        problems.extend(crate::ttl_check::shortfalls(&report));
+        let json = serde_json::to_value(&report)?;
+        (json, report.summary(), "ttl".to_string(), report.valid)
+    } else if args.workload == WorkloadKind::ExactlyOnce {
+        let report = crate::exactly_once::check(records);
+        problems.extend(crate::exactly_once::shortfalls(&report));
+        let json = serde_json::to_value(&report)?;
+        (
+            json,
+            report.summary(),
+            "exactly-once".to_string(),
+            report.valid,
+        )
     } else {
-        ExitCode::FAILURE
+        let report = crate::verdict::check_run(records, args.workload)?;
+        let json = serde_json::to_value(&report)?;
+        let name = format!("{:?}", crate::verdict::model_of(args.workload));
+        (json, report.summary(), name, report.exit_code() == 0)
     })
 }
 
