@@ -462,12 +462,7 @@ impl<'a> KeyCheck<'a> {
 
     /// Resurrection of one present read: after an observation of expiry
     /// in real time (linearizable reads) or by applied index (stale reads).
-    fn check_resurrection(
-        &self,
-        read: &Op,
-        observations: &[&Op],
-        anomalies: &mut Vec<TtlAnomaly>,
-    ) {
+    fn check_resurrection(&self, read: &Op, observations: &[&Op], anomalies: &mut Vec<TtlAnomaly>) {
         let by_time = if is_linearizable(read) {
             observations
                 .iter()
