@@ -42,7 +42,7 @@
 //! - [`ttl_check`]: the `ttl` workload's checker — early expiry (by more
 //!   than the cluster-time tick) and resurrection after an observed expiry.
 //! - [`run`]: `jepsen run`: one bounded scenario, its history, summary and
-//!   the "did enough" minimums.
+//!   the "did enough" minimums (those two in `run::outcome`).
 //! - [`suite`]: `jepsen suite` (fixed scenario list) and `jepsen controls`
 //!   (negative-control kvnode builds that the checker must catch); the
 //!   lists themselves are in `suite::scenarios`.

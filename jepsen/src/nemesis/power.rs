@@ -5,6 +5,9 @@
 //! drops exactly what a power cut would (a SIGKILL of a real-disk build
 //! loses nothing: the page cache keeps it).
 //!
+//! The cut itself (`Nemesis::power_cut`) also checks each victim's saved
+//! vote across it ([`super::vote`]).
+//!
 //! A run refuses these faults unless `kvnode --version` lists the
 //! `lazy-disk` feature ([`require_lazy_disk`]): power loss must never run
 //! silently on a real disk, where it would prove nothing.
