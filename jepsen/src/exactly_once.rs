@@ -97,6 +97,11 @@ impl ExactlyOnceReport {
     }
 }
 
+/// Key -> the adds of it (one by construction).
+type Adds<'a> = BTreeMap<&'a str, Vec<&'a Op>>;
+/// Key -> (version, op id) of every observation.
+type Seen<'a> = BTreeMap<&'a str, Vec<(u64, u64)>>;
+
 /// Checks an exactly-once history.
 pub fn check(records: &[Record]) -> ExactlyOnceReport {
     let ops: Vec<&Op> = records
@@ -113,8 +118,23 @@ pub fn check(records: &[Record]) -> ExactlyOnceReport {
         .copied()
         .filter(|op| op.f == Function::ReadAll && op.outcome == Outcome::Ok && op.values.is_some())
         .max_by_key(|op| op.invoke_ns);
-    // Key -> the adds of it (one by construction).
-    let mut adds: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    let adds = count_adds(&ops, &mut report);
+    let mut seen = acknowledged_versions(&adds);
+    check_reads(&ops, &adds, &mut seen, &mut anomalies);
+    let mut present: BTreeSet<String> = BTreeSet::new();
+    if let Some(read) = final_read {
+        present = check_final_read(read, &adds, &mut seen, &mut anomalies);
+        report.final_read = true;
+        report.present = present.len();
+    }
+    check_adds(&adds, &present, final_read, &mut report, &mut anomalies);
+    check_versions(&seen, &mut anomalies);
+    finish(report, anomalies)
+}
+
+/// The adds by key, counted by outcome into `report`.
+fn count_adds<'a>(ops: &[&'a Op], report: &mut ExactlyOnceReport) -> Adds<'a> {
+    let mut adds: Adds<'a> = BTreeMap::new();
     for op in ops.iter().copied().filter(|op| op.f == Function::Add) {
         report.adds += 1;
         match op.outcome {
@@ -124,8 +144,12 @@ pub fn check(records: &[Record]) -> ExactlyOnceReport {
         }
         adds.entry(op.key.as_str()).or_default().push(op);
     }
-    // Key -> (version, op id) of every observation.
-    let mut seen: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
+    adds
+}
+
+/// The first observations: each acknowledged add's version.
+fn acknowledged_versions<'a>(adds: &Adds<'a>) -> Seen<'a> {
+    let mut seen: Seen<'a> = BTreeMap::new();
     for add in adds.values().flatten() {
         if add.outcome == Outcome::Ok
             && let Some(version) = add.version
@@ -135,6 +159,17 @@ pub fn check(records: &[Record]) -> ExactlyOnceReport {
                 .push((version, add.id));
         }
     }
+    seen
+}
+
+/// Single-key reads: a value that is not the key's element is unexpected;
+/// each read's version is an observation.
+fn check_reads<'a>(
+    ops: &[&'a Op],
+    adds: &Adds<'a>,
+    seen: &mut Seen<'a>,
+    anomalies: &mut Vec<Anomaly>,
+) {
     for read in ops
         .iter()
         .copied()
@@ -159,37 +194,57 @@ pub fn check(records: &[Record]) -> ExactlyOnceReport {
                 .push((version, read.id));
         }
     }
+}
+
+/// The final read: an element no add invoked before it completed is
+/// unexpected; each element's version is an observation. Returns the
+/// elements' keys.
+fn check_final_read<'a>(
+    read: &Op,
+    adds: &Adds<'a>,
+    seen: &mut Seen<'a>,
+    anomalies: &mut Vec<Anomaly>,
+) -> BTreeSet<String> {
     let mut present: BTreeSet<String> = BTreeSet::new();
-    if let Some(read) = final_read {
-        report.final_read = true;
-        let values = read.values.as_deref().unwrap_or_default();
-        let versions = read.versions.as_deref().unwrap_or_default();
-        for (at, value) in values.iter().enumerate() {
-            let key = value
-                .parse::<u64>()
-                .map(crate::workload::exactly_once::element_key)
-                .unwrap_or_else(|_| format!("?{value}"));
-            let known = adds
-                .get_key_value(key.as_str())
-                .filter(|(_, a)| a.iter().any(|add| add.invoke_ns < read.complete_ns));
-            match known {
-                None => anomalies.push(Anomaly {
-                    kind: "unexpected",
-                    key: key.clone(),
-                    ops: vec![read.id],
-                    detail: format!("the final read holds {value:?}, which no add added"),
-                }),
-                Some((&key_ref, _)) => {
-                    if let Some(&version) = versions.get(at) {
-                        seen.entry(key_ref).or_default().push((version, read.id));
-                    }
+    let values = read.values.as_deref().unwrap_or_default();
+    let versions = read.versions.as_deref().unwrap_or_default();
+    for (at, value) in values.iter().enumerate() {
+        let key = value
+            .parse::<u64>()
+            .map(crate::workload::exactly_once::element_key)
+            .unwrap_or_else(|_| format!("?{value}"));
+        let known = adds
+            .get_key_value(key.as_str())
+            .filter(|(_, a)| a.iter().any(|add| add.invoke_ns < read.complete_ns));
+        match known {
+            None => anomalies.push(Anomaly {
+                kind: "unexpected",
+                key: key.clone(),
+                ops: vec![read.id],
+                detail: format!("the final read holds {value:?}, which no add added"),
+            }),
+            Some((&key_ref, _)) => {
+                if let Some(&version) = versions.get(at) {
+                    seen.entry(key_ref).or_default().push((version, read.id));
                 }
             }
-            present.insert(key);
         }
-        report.present = present.len();
+        present.insert(key);
     }
-    for (key, key_adds) in &adds {
+    present
+}
+
+/// Each add against the final read: a version mismatch (duplicate
+/// apply), failed but present, acknowledged but lost; counts the
+/// recovered unknown adds into `report`.
+fn check_adds(
+    adds: &Adds<'_>,
+    present: &BTreeSet<String>,
+    final_read: Option<&Op>,
+    report: &mut ExactlyOnceReport,
+    anomalies: &mut Vec<Anomaly>,
+) {
+    for (key, key_adds) in adds {
         for add in key_adds {
             let is_present = present.contains(*key);
             if add.outcome == Outcome::Info && is_present {
@@ -228,7 +283,11 @@ pub fn check(records: &[Record]) -> ExactlyOnceReport {
             }
         }
     }
-    for (key, observations) in &seen {
+}
+
+/// An element observed at more than one version was written more than once.
+fn check_versions(seen: &Seen<'_>, anomalies: &mut Vec<Anomaly>) {
+    for (key, observations) in seen {
         let versions: BTreeSet<u64> = observations.iter().map(|(v, _)| *v).collect();
         if versions.len() > 1 {
             anomalies.push(Anomaly {
@@ -242,6 +301,11 @@ pub fn check(records: &[Record]) -> ExactlyOnceReport {
             });
         }
     }
+}
+
+/// The verdict, the counts by kind and the first
+/// [`ANOMALIES_LISTED_MAX`] anomalies.
+fn finish(mut report: ExactlyOnceReport, mut anomalies: Vec<Anomaly>) -> ExactlyOnceReport {
     for anomaly in &anomalies {
         *report
             .anomalies_by_kind

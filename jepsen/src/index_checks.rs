@@ -71,15 +71,25 @@ pub fn check(operations: &[Operation]) -> Vec<Anomaly> {
     anomalies
 }
 
-fn check_key(key: &str, operations: &[Operation], anomalies: &mut Vec<Anomaly>) {
-    let mut report = |kind, message: String, involved: &[&Operation]| {
-        anomalies.push(Anomaly {
+/// Reports one key's anomalies into a list.
+struct Reporter<'a> {
+    key: &'a str,
+    anomalies: &'a mut Vec<Anomaly>,
+}
+
+impl Reporter<'_> {
+    fn report(&mut self, kind: AnomalyKind, message: String, involved: &[&Operation]) {
+        self.anomalies.push(Anomaly {
             kind,
-            key: key.to_string(),
+            key: self.key.to_string(),
             message,
             operations: involved.iter().map(|o| o.describe()).collect(),
         });
-    };
+    }
+}
+
+fn check_key(key: &str, operations: &[Operation], anomalies: &mut Vec<Anomaly>) {
+    let mut r = Reporter { key, anomalies };
     let acked: Vec<&Operation> = operations
         .iter()
         .filter(|o| is_write(o) && o.outcome == Outcome::Ok && o.version.is_some())
@@ -88,13 +98,19 @@ fn check_key(key: &str, operations: &[Operation], anomalies: &mut Vec<Anomaly>) 
         .iter()
         .filter(|o| is_read(o) && o.outcome == Outcome::Ok)
         .collect();
+    check_index_behind_version(operations, &mut r);
+    check_stale_reads(&acked, &reads, &mut r);
+    check_phantom_values(operations, &acked, &reads, &mut r);
+    check_duplicate_applies(operations, &acked, &reads, &mut r);
+}
 
-    // Index behind version.
+/// Index behind version.
+fn check_index_behind_version(operations: &[Operation], r: &mut Reporter<'_>) {
     for operation in operations.iter().filter(|o| o.outcome == Outcome::Ok) {
         if let (Some(version), Some(index)) = (operation.version, operation.index)
             && index < version >> VERSION_INDEX_SHIFT
         {
-            report(
+            r.report(
                 AnomalyKind::IndexBehindVersion,
                 format!(
                     "applied index {index} is below the log index {} of version {version}",
@@ -104,9 +120,11 @@ fn check_key(key: &str, operations: &[Operation], anomalies: &mut Vec<Anomaly>) 
             );
         }
     }
+}
 
-    // Stale reads: prefix maxima of acknowledged versions in completion order.
-    let mut by_completion: Vec<&Operation> = acked.clone();
+/// Stale reads: prefix maxima of acknowledged versions in completion order.
+fn check_stale_reads(acked: &[&Operation], reads: &[&Operation], r: &mut Reporter<'_>) {
+    let mut by_completion: Vec<&Operation> = acked.to_vec();
     by_completion.sort_by_key(|o| o.complete_position);
     let mut newest: Vec<(usize, &Operation)> = Vec::with_capacity(by_completion.len());
     for write in &by_completion {
@@ -116,7 +134,7 @@ fn check_key(key: &str, operations: &[Operation], anomalies: &mut Vec<Anomaly>) 
             _ => newest.push((done, write)),
         }
     }
-    for read in &reads {
+    for read in reads {
         let Some(version) = read.version else {
             continue;
         };
@@ -126,7 +144,7 @@ fn check_key(key: &str, operations: &[Operation], anomalies: &mut Vec<Anomaly>) 
         }
         let (_, write) = newest[finished - 1];
         if write.version.is_some_and(|written| written > version) {
-            report(
+            r.report(
                 AnomalyKind::StaleRead,
                 format!(
                     "read version {version} after a write acknowledged at version {} completed",
@@ -136,8 +154,15 @@ fn check_key(key: &str, operations: &[Operation], anomalies: &mut Vec<Anomaly>) 
             );
         }
     }
+}
 
-    // Phantom values.
+/// Phantom values.
+fn check_phantom_values(
+    operations: &[Operation],
+    acked: &[&Operation],
+    reads: &[&Operation],
+    r: &mut Reporter<'_>,
+) {
     let writers_of = |value: &str| -> Vec<&Operation> {
         operations
             .iter()
@@ -150,9 +175,9 @@ fn check_key(key: &str, operations: &[Operation], anomalies: &mut Vec<Anomaly>) 
         .iter()
         .filter_map(|o| Some((o.version?, *o)))
         .collect();
-    for read in &reads {
+    for read in reads {
         match (&read.value, read.version) {
-            (None, Some(version)) if version != 0 => report(
+            (None, Some(version)) if version != 0 => r.report(
                 AnomalyKind::PhantomValue,
                 format!("read absent at version {version}"),
                 &[read],
@@ -167,7 +192,7 @@ fn check_key(key: &str, operations: &[Operation], anomalies: &mut Vec<Anomaly>) 
                     })
                     .collect();
                 if possible.is_empty() {
-                    report(
+                    r.report(
                         AnomalyKind::PhantomValue,
                         format!(
                             "read {value:?}, which no write invoked before the read completed wrote"
@@ -177,7 +202,7 @@ fn check_key(key: &str, operations: &[Operation], anomalies: &mut Vec<Anomaly>) 
                 } else if let Some(write) = version.and_then(|v| by_version.get(&v))
                     && write.value.as_deref() != Some(value.as_str())
                 {
-                    report(
+                    r.report(
                         AnomalyKind::PhantomValue,
                         format!(
                             "read {value:?} at version {}, which the write acknowledged with that version did not write",
@@ -189,8 +214,15 @@ fn check_key(key: &str, operations: &[Operation], anomalies: &mut Vec<Anomaly>) 
             }
         }
     }
+}
 
-    // Duplicate applies: one version per write.
+/// Duplicate applies: one version per write.
+fn check_duplicate_applies(
+    operations: &[Operation],
+    acked: &[&Operation],
+    reads: &[&Operation],
+    r: &mut Reporter<'_>,
+) {
     let mut writer_count: HashMap<&str, usize> = HashMap::new();
     for write in operations.iter().filter(|o| is_write(o)) {
         if let Some(value) = write.value.as_deref() {
@@ -217,19 +249,19 @@ fn check_key(key: &str, operations: &[Operation], anomalies: &mut Vec<Anomaly>) 
         .collect();
     duplicates.sort_by_key(|(_, ops, _)| ops.first().map(|o| o.id));
     for (value, involved, versions) in duplicates {
-        report(
+        r.report(
             AnomalyKind::DuplicateApply,
             format!("the one write of {value:?} was seen at versions {versions:?}"),
             &involved,
         );
     }
     let mut versions: HashMap<u64, &Operation> = HashMap::new();
-    for write in &acked {
+    for write in acked {
         let Some(version) = write.version else {
             continue;
         };
         if let Some(first) = versions.insert(version, write) {
-            report(
+            r.report(
                 AnomalyKind::DuplicateApply,
                 format!("two writes acknowledged with version {version}"),
                 &[first, write],

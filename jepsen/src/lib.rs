@@ -42,9 +42,10 @@
 //! - [`ttl_check`]: the `ttl` workload's checker — early expiry (by more
 //!   than the cluster-time tick) and resurrection after an observed expiry.
 //! - [`run`]: `jepsen run`: one bounded scenario, its history, summary and
-//!   the "did enough" minimums.
+//!   the "did enough" minimums (those two in `run::outcome`).
 //! - [`suite`]: `jepsen suite` (fixed scenario list) and `jepsen controls`
-//!   (negative-control kvnode builds that the checker must catch).
+//!   (negative-control kvnode builds that the checker must catch); the
+//!   lists themselves are in `suite::scenarios`.
 //! - [`verdict`]: a run's records as the checkers' history, and the
 //!   workload's checker (register: linearizability + version checks; set).
 //!

@@ -84,6 +84,19 @@ type Completion = (EventType, Option<String>, Option<u64>, Option<u64>);
 
 /// Runs the simulation; the events come in real-time order.
 pub fn simulate(settings: Settings) -> Vec<Event> {
+    let (mut planned, end_ns) = plan(settings);
+    let (results, state, index) = apply_in_order(&mut planned);
+    let mut events = timeline_events(&planned, &results);
+    push_final_reads(settings, &state, index, end_ns, &mut events);
+    events
+}
+
+/// The final state: key -> (value, version).
+type State = BTreeMap<String, (Option<String>, u64)>;
+
+/// Each process's operations with their times (and whether an unknown
+/// write applies); the latest completion time.
+fn plan(settings: Settings) -> (Vec<Planned>, u64) {
     let mut random = SplitMix64::new(settings.seed);
     let mut planned: Vec<Planned> = Vec::new();
     let mut next_value = 0u64;
@@ -123,12 +136,18 @@ pub fn simulate(settings: Settings) -> Vec<Event> {
             });
         }
     }
+    (planned, end_ns)
+}
+
+/// Applies the operations in one global order (by apply time); returns
+/// each one's completion, the final state and the last log index.
+fn apply_in_order(planned: &mut [Planned]) -> (Vec<Completion>, State, u64) {
     // Compare-and-set expects a version the process could have seen: the
     // key's version a little before its invocation (so some succeed, some fail).
     let mut order: Vec<usize> = (0..planned.len()).collect();
     order.sort_by_key(|&i| (planned[i].apply_ns, i));
     // Apply in one global order: log index per applied write, version = index << shift.
-    let mut state: BTreeMap<String, (Option<String>, u64)> = BTreeMap::new();
+    let mut state: State = BTreeMap::new();
     let mut history_of: BTreeMap<String, Vec<(u64, u64)>> = BTreeMap::new();
     let mut index = 0u64;
     let mut results: Vec<Completion> = vec![(EventType::Info, None, None, None); planned.len()];
@@ -199,6 +218,11 @@ pub fn simulate(settings: Settings) -> Vec<Event> {
             _ => unreachable!("the simulator plans reads, writes and cas only"),
         }
     }
+    (results, state, index)
+}
+
+/// The invocation and completion events, in time order.
+fn timeline_events(planned: &[Planned], results: &[Completion]) -> Vec<Event> {
     // Events in time order: invocations, completions (unknown: an `info`).
     let mut timeline: Vec<(u64, u8, usize)> = Vec::new();
     for (i, operation) in planned.iter().enumerate() {
@@ -240,7 +264,17 @@ pub fn simulate(settings: Settings) -> Vec<Event> {
         }
         events.push(event);
     }
-    // Final healed reads, one per key, after everything.
+    events
+}
+
+/// Final healed reads, one per key, after everything.
+fn push_final_reads(
+    settings: Settings,
+    state: &State,
+    index: u64,
+    end_ns: u64,
+    events: &mut Vec<Event>,
+) {
     let final_process = settings.processes as u64 + 1000;
     for key in 0..settings.keys {
         let key = format!("k{key}");
@@ -255,5 +289,4 @@ pub fn simulate(settings: Settings) -> Vec<Event> {
         events.push(invoke);
         events.push(ok);
     }
-    events
 }

@@ -272,35 +272,107 @@ pub fn check(records: &[Record]) -> TtlReport {
     let bound_ns = u64::try_from(TTL_BOUND.as_nanos()).unwrap_or(u64::MAX);
     let mut anomalies = Vec::new();
     for (key, ops) in by_key {
-        let writes: Vec<&Op> = ops
-            .iter()
-            .copied()
-            .filter(|op| op.f == Function::Write)
-            .collect();
-        let [write] = writes.as_slice() else {
-            report.keys_unchecked += 1;
-            continue;
-        };
-        let (Outcome::Ok, Some(ttl_ms), Some(version), Some(value)) = (
-            write.outcome,
-            write.ttl_ms,
-            write.version,
-            write.value.as_ref(),
-        ) else {
-            report.keys_unchecked += 1;
-            continue;
-        };
-        report.keys_checked += 1;
-        let write_index = version >> 16;
-        let ttl_ns = ttl_ms.saturating_mul(1_000_000);
-        let reads: Vec<&Op> = ops
-            .iter()
-            .copied()
-            .filter(|op| op.f == Function::Read && op.outcome == Outcome::Ok)
-            .collect();
+        check_key(key, &ops, &windows, bound_ns, &mut report, &mut anomalies);
+    }
+    for anomaly in &anomalies {
+        *report
+            .anomalies_by_kind
+            .entry(anomaly.kind.name().to_string())
+            .or_default() += 1;
+    }
+    report.valid = anomalies.is_empty();
+    anomalies.truncate(ANOMALIES_LISTED_MAX);
+    report.anomalies = anomalies;
+    report
+}
+
+/// One checked key: its only write, acknowledged with a TTL, and what the
+/// checks of its reads need.
+struct KeyCheck<'a> {
+    key: &'a str,
+    write: &'a Op,
+    value: &'a String,
+    ttl_ms: u64,
+    ttl_ns: u64,
+    /// The write's log index (`version >> 16`).
+    write_index: u64,
+    /// The leaderless windows of the history.
+    windows: &'a [(u64, u64)],
+    /// [`TTL_BOUND`] in nanoseconds.
+    bound_ns: u64,
+}
+
+/// Checks one key's operations (counts into `report`, anomalies into
+/// `anomalies`); a key without exactly one acknowledged TTL write is
+/// counted unchecked.
+fn check_key<'a>(
+    key: &'a str,
+    ops: &[&'a Op],
+    windows: &'a [(u64, u64)],
+    bound_ns: u64,
+    report: &mut TtlReport,
+    anomalies: &mut Vec<TtlAnomaly>,
+) {
+    let writes: Vec<&Op> = ops
+        .iter()
+        .copied()
+        .filter(|op| op.f == Function::Write)
+        .collect();
+    let [write] = writes.as_slice() else {
+        report.keys_unchecked += 1;
+        return;
+    };
+    let (Outcome::Ok, Some(ttl_ms), Some(version), Some(value)) = (
+        write.outcome,
+        write.ttl_ms,
+        write.version,
+        write.value.as_ref(),
+    ) else {
+        report.keys_unchecked += 1;
+        return;
+    };
+    report.keys_checked += 1;
+    let checked = KeyCheck {
+        key,
+        write,
+        value,
+        ttl_ms,
+        ttl_ns: ttl_ms.saturating_mul(1_000_000),
+        write_index: version >> 16,
+        windows,
+        bound_ns,
+    };
+    let reads: Vec<&Op> = ops
+        .iter()
+        .copied()
+        .filter(|op| op.f == Function::Read && op.outcome == Outcome::Ok)
+        .collect();
+    let (observations, present) = checked.sort_reads(&reads, anomalies);
+    report.present_reads += present.len();
+    report.expiry_observations += observations.len();
+    if !observations.is_empty() {
+        report.keys_seen_expired += 1;
+    }
+    checked.check_early_expiry(&observations, anomalies);
+    for read in &present {
+        checked.check_late_expiry(read, report, anomalies);
+        checked.check_resurrection(read, &observations, anomalies);
+    }
+}
+
+impl<'a> KeyCheck<'a> {
+    /// Splits the ok reads into observations of expiry and present reads
+    /// (a read of another value is an unexpected value; an absent read
+    /// that does not provably reflect the write is ignored).
+    fn sort_reads(
+        &self,
+        reads: &[&'a Op],
+        anomalies: &mut Vec<TtlAnomaly>,
+    ) -> (Vec<&'a Op>, Vec<&'a Op>) {
+        let (key, write, value) = (self.key, self.write, self.value);
         let mut observations: Vec<&Op> = Vec::new();
         let mut present: Vec<&Op> = Vec::new();
-        for read in &reads {
+        for read in reads {
             match &read.value {
                 Some(v) if v == value => present.push(read),
                 Some(v) => anomalies.push(TtlAnomaly {
@@ -313,7 +385,7 @@ pub fn check(records: &[Record]) -> TtlReport {
                     let proves = if is_linearizable(read) {
                         read.invoke_ns >= write.complete_ns
                     } else {
-                        read.stale_min_index.unwrap_or(0) >= write_index
+                        read.stale_min_index.unwrap_or(0) >= self.write_index
                     };
                     if proves {
                         observations.push(read);
@@ -321,16 +393,18 @@ pub fn check(records: &[Record]) -> TtlReport {
                 }
             }
         }
-        report.present_reads += present.len();
-        report.expiry_observations += observations.len();
-        if !observations.is_empty() {
-            report.keys_seen_expired += 1;
-        }
+        (observations, present)
+    }
+
+    /// Early expiry: an observation completed more than the bound before
+    /// the write's invocation plus its TTL.
+    fn check_early_expiry(&self, observations: &[&Op], anomalies: &mut Vec<TtlAnomaly>) {
+        let (key, write, ttl_ms) = (self.key, self.write, self.ttl_ms);
         let earliest_allowed = write
             .invoke_ns
-            .saturating_add(ttl_ns)
-            .saturating_sub(bound_ns);
-        for seen in &observations {
+            .saturating_add(self.ttl_ns)
+            .saturating_sub(self.bound_ns);
+        for seen in observations {
             if seen.complete_ns < earliest_allowed {
                 anomalies.push(TtlAnomaly {
                     kind: TtlAnomalyKind::EarlyExpiry,
@@ -344,82 +418,87 @@ pub fn check(records: &[Record]) -> TtlReport {
                 });
             }
         }
-        let due_ns = write.complete_ns.saturating_add(ttl_ns);
-        for read in &present {
-            if is_linearizable(read) && read.invoke_ns > due_ns {
-                let leaderless = overlap_ns(&windows, write.invoke_ns, read.invoke_ns);
-                let lateness_ns =
-                    i128::from(read.invoke_ns) - i128::from(due_ns) - i128::from(leaderless);
-                let lateness_ms = i64::try_from(lateness_ns / 1_000_000).unwrap_or(i64::MAX);
-                report.lateness_max_ms = Some(
-                    report
-                        .lateness_max_ms
-                        .map_or(lateness_ms, |m| m.max(lateness_ms)),
-                );
-                if lateness_ns > i128::from(bound_ns) {
-                    anomalies.push(TtlAnomaly {
-                        kind: TtlAnomalyKind::LateExpiry,
-                        key: key.to_string(),
-                        ops: vec![write.id, read.id],
-                        detail: format!(
-                            "read present {:.3} s after the write was acknowledged; TTL \
-                             {ttl_ms} ms, leaderless time in between {:.3} s, bound \
-                             {TTL_BOUND_MS} ms",
-                            (read.invoke_ns - write.complete_ns) as f64 / 1e9,
-                            leaderless as f64 / 1e9
-                        ),
-                    });
-                } else if read.invoke_ns > due_ns.saturating_add(bound_ns) {
-                    report.late_reads += 1;
-                }
-            }
-            let by_time = if is_linearizable(read) {
-                observations
-                    .iter()
-                    .find(|seen| seen.complete_ns < read.invoke_ns)
-            } else {
-                None
-            };
-            let by_index = read.stale_min_index.and_then(|min_index| {
-                observations
-                    .iter()
-                    .find(|seen| seen.index.is_some_and(|i| i <= min_index))
-            });
-            if let Some(seen) = by_time.or(by_index) {
-                let how = if by_time.is_some() {
-                    format!(
-                        "a linearizable read invoked at +{:.3} s after expiry was observed at \
-                         +{:.3} s",
-                        read.invoke_ns as f64 / 1e9,
-                        seen.complete_ns as f64 / 1e9
-                    )
-                } else {
-                    format!(
-                        "a stale read with min_index {} after expiry was observed at applied \
-                         index {}",
-                        read.stale_min_index.unwrap_or(0),
-                        seen.index.unwrap_or(0)
-                    )
-                };
+    }
+
+    /// Late expiry of one present read: a linearizable read past the TTL,
+    /// the leaderless time and the bound (within the bound but past
+    /// TTL + bound: a late read, counted); records the lateness.
+    fn check_late_expiry(
+        &self,
+        read: &Op,
+        report: &mut TtlReport,
+        anomalies: &mut Vec<TtlAnomaly>,
+    ) {
+        let (key, write, ttl_ms, bound_ns) = (self.key, self.write, self.ttl_ms, self.bound_ns);
+        let due_ns = write.complete_ns.saturating_add(self.ttl_ns);
+        if is_linearizable(read) && read.invoke_ns > due_ns {
+            let leaderless = overlap_ns(self.windows, write.invoke_ns, read.invoke_ns);
+            let lateness_ns =
+                i128::from(read.invoke_ns) - i128::from(due_ns) - i128::from(leaderless);
+            let lateness_ms = i64::try_from(lateness_ns / 1_000_000).unwrap_or(i64::MAX);
+            report.lateness_max_ms = Some(
+                report
+                    .lateness_max_ms
+                    .map_or(lateness_ms, |m| m.max(lateness_ms)),
+            );
+            if lateness_ns > i128::from(bound_ns) {
                 anomalies.push(TtlAnomaly {
-                    kind: TtlAnomalyKind::Resurrection,
+                    kind: TtlAnomalyKind::LateExpiry,
                     key: key.to_string(),
-                    ops: vec![write.id, seen.id, read.id],
-                    detail: format!("{how} returned the value again"),
+                    ops: vec![write.id, read.id],
+                    detail: format!(
+                        "read present {:.3} s after the write was acknowledged; TTL \
+                         {ttl_ms} ms, leaderless time in between {:.3} s, bound \
+                         {TTL_BOUND_MS} ms",
+                        (read.invoke_ns - write.complete_ns) as f64 / 1e9,
+                        leaderless as f64 / 1e9
+                    ),
                 });
+            } else if read.invoke_ns > due_ns.saturating_add(bound_ns) {
+                report.late_reads += 1;
             }
         }
     }
-    for anomaly in &anomalies {
-        *report
-            .anomalies_by_kind
-            .entry(anomaly.kind.name().to_string())
-            .or_default() += 1;
+
+    /// Resurrection of one present read: after an observation of expiry
+    /// in real time (linearizable reads) or by applied index (stale reads).
+    fn check_resurrection(&self, read: &Op, observations: &[&Op], anomalies: &mut Vec<TtlAnomaly>) {
+        let by_time = if is_linearizable(read) {
+            observations
+                .iter()
+                .find(|seen| seen.complete_ns < read.invoke_ns)
+        } else {
+            None
+        };
+        let by_index = read.stale_min_index.and_then(|min_index| {
+            observations
+                .iter()
+                .find(|seen| seen.index.is_some_and(|i| i <= min_index))
+        });
+        if let Some(seen) = by_time.or(by_index) {
+            let how = if by_time.is_some() {
+                format!(
+                    "a linearizable read invoked at +{:.3} s after expiry was observed at \
+                     +{:.3} s",
+                    read.invoke_ns as f64 / 1e9,
+                    seen.complete_ns as f64 / 1e9
+                )
+            } else {
+                format!(
+                    "a stale read with min_index {} after expiry was observed at applied \
+                     index {}",
+                    read.stale_min_index.unwrap_or(0),
+                    seen.index.unwrap_or(0)
+                )
+            };
+            anomalies.push(TtlAnomaly {
+                kind: TtlAnomalyKind::Resurrection,
+                key: self.key.to_string(),
+                ops: vec![self.write.id, seen.id, read.id],
+                detail: format!("{how} returned the value again"),
+            });
+        }
     }
-    report.valid = anomalies.is_empty();
-    anomalies.truncate(ANOMALIES_LISTED_MAX);
-    report.anomalies = anomalies;
-    report
 }
 
 /// Keys a TTL run must see expired to prove anything.

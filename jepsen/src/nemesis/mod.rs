@@ -398,71 +398,12 @@ impl Nemesis {
             );
         }
         let (undo, detail) = match fault {
-            Fault::PartitionLeader => {
-                let (leader, how) = self.leader_or_random().await;
-                for &other in ids.iter().filter(|&&id| id != leader) {
-                    self.firewall.cut(leader, other)?;
-                    self.firewall.cut(other, leader)?;
-                }
-                (Undo::Firewall, format!("isolated member {leader} ({how})"))
-            }
-            Fault::PartitionHalf => {
-                let mut shuffled = ids.clone();
-                shuffled.shuffle(&mut self.rng);
-                let (minority, majority) = shuffled.split_at(ids.len() / 2);
-                self.cut_between(minority, majority)?;
-                (
-                    Undo::Firewall,
-                    format!("minority {minority:?} | majority {majority:?}"),
-                )
-            }
-            Fault::PartitionOneWay => {
-                let (leader, how) = self.leader_or_random().await;
-                for &other in ids.iter().filter(|&&id| id != leader) {
-                    self.firewall.cut(leader, other)?;
-                }
-                (
-                    Undo::Firewall,
-                    format!("packets from member {leader} ({how}) to the others dropped"),
-                )
-            }
-            Fault::PartitionBridge => {
-                let mut shuffled = ids.clone();
-                shuffled.shuffle(&mut self.rng);
-                let half = ids.len() / 2;
-                let (left, rest) = shuffled.split_at(half);
-                let (bridge, right) = rest.split_at(1);
-                self.cut_between(left, right)?;
-                (
-                    Undo::Firewall,
-                    format!("{left:?} | bridge {bridge:?} | {right:?}"),
-                )
-            }
-            Fault::PartitionRing => {
-                let mut ring = ids.clone();
-                ring.shuffle(&mut self.rng);
-                let n = ring.len();
-                for i in 0..n {
-                    for j in 0..n {
-                        let adjacent = (i + 1) % n == j || (j + 1) % n == i;
-                        if i != j && !adjacent {
-                            self.firewall.cut(ring[i], ring[j])?;
-                        }
-                    }
-                }
-                (Undo::Firewall, format!("ring {ring:?} (neighbours only)"))
-            }
-            Fault::Loss => {
-                for &a in &ids {
-                    for &b in ids.iter().filter(|&&b| b != a) {
-                        self.firewall.lossy(a, b, LOSS_PROBABILITY)?;
-                    }
-                }
-                (
-                    Undo::Firewall,
-                    format!("{LOSS_PROBABILITY} of packets dropped between every two members"),
-                )
-            }
+            Fault::PartitionLeader => self.isolate_leader(&ids).await?,
+            Fault::PartitionHalf => self.partition_half(&ids)?,
+            Fault::PartitionOneWay => self.partition_one_way(&ids).await?,
+            Fault::PartitionBridge => self.partition_bridge(&ids)?,
+            Fault::PartitionRing => self.partition_ring(&ids)?,
+            Fault::Loss => self.drop_packets(&ids)?,
             Fault::Kill | Fault::KillLeader => {
                 let (victim, how) = if fault == Fault::Kill {
                     (self.random_member(&ids), "random".to_string())
@@ -500,80 +441,134 @@ impl Nemesis {
                     format!("member {victim}'s wall clock {offset:+} s"),
                 )
             }
-            Fault::PartitionFollower => {
-                let (leader, how) = self.leader_or_random().await;
-                let followers: Vec<u64> = ids.iter().copied().filter(|&id| id != leader).collect();
-                let victim = self.random_member(&followers);
-                for &other in ids.iter().filter(|&&id| id != victim) {
-                    self.firewall.cut(victim, other)?;
-                    self.firewall.cut(other, victim)?;
-                }
-                (
-                    Undo::Firewall,
-                    format!("isolated member {victim} (not the {how} {leader})"),
-                )
-            }
+            Fault::PartitionFollower => self.isolate_follower(&ids).await?,
             Fault::PowerLoss | Fault::PowerLossMinority | Fault::PowerLossAll => {
-                let scope = match fault {
-                    Fault::PowerLoss => power::Scope::One,
-                    Fault::PowerLossMinority => power::Scope::Minority,
-                    _ => power::Scope::All,
-                };
-                let victims = power::victims(scope, &ids, &mut self.rng);
-                // Asked together, so the cut follows the answers closely.
-                let reported = vote::reported_saved_terms(&victims).await;
-                let at_ns = self.history.now_ns();
-                for &victim in &victims {
-                    self.cluster.kill(victim)?;
-                }
-                // The processes are reaped: their files are what the cut left.
-                let mut votes = Vec::new();
-                for (&victim, reported) in victims.iter().zip(reported) {
-                    let durable = vote::durable_term(&self.cluster.data_dir(victim));
-                    votes.push(format!(
-                        "{victim}: {}→{}",
-                        reported.map_or("?".to_string(), |t| t.to_string()),
-                        durable
-                            .as_ref()
-                            .map_or("unreadable".to_string(), |t| t.to_string())
-                    ));
-                    if let Some(anomaly) = vote::check(victim, reported, durable, at_ns) {
-                        eprintln!("jepsen: DURABILITY: {}", anomaly.detail);
-                        self.durability.push(anomaly);
-                    }
-                }
-                (
-                    Undo::RestartMany(victims.clone()),
-                    format!(
-                        "power cut (SIGKILL, lazy disk) of members {victims:?}; saved vote terms \
-                         reported→durable: {}",
-                        votes.join(", ")
-                    ),
-                )
+                self.power_cut(fault, &ids).await?
             }
             Fault::Membership => self.start_membership().await?,
             Fault::RestartAfterIdle => {
-                // The window opens before the sequence runs: its steps are
-                // recorded inside it.
-                self.history.nemesis(
-                    fault.name(),
-                    Phase::Start,
-                    format!(
-                        "writes stopped; idle {} s after the last TTL key",
-                        self.idle.as_secs()
-                    ),
-                )?;
-                let deadline = self
-                    .sequence_deadline
-                    .unwrap_or_else(|| Instant::now() + idle::estimate(self.idle, self.ttl_max));
-                let detail = self.restart_after_idle(deadline).await;
-                self.active = Some((fault, Undo::Sequence(detail)));
+                self.begin_restart_after_idle(fault).await?;
                 return Ok(());
             }
             Fault::Combined => bail!("`combined` must be expanded before the run"),
         };
         self.active = Some((fault, undo));
         self.history.nemesis(fault.name(), Phase::Start, detail)
+    }
+
+    /// `partition-leader`: the leader (or a random member) cut off from
+    /// everyone.
+    async fn isolate_leader(&mut self, ids: &[u64]) -> anyhow::Result<(Undo, String)> {
+        let (leader, how) = self.leader_or_random().await;
+        for &other in ids.iter().filter(|&&id| id != leader) {
+            self.firewall.cut(leader, other)?;
+            self.firewall.cut(other, leader)?;
+        }
+        Ok((Undo::Firewall, format!("isolated member {leader} ({how})")))
+    }
+
+    /// `partition-half`: a random minority cut off from the majority.
+    fn partition_half(&mut self, ids: &[u64]) -> anyhow::Result<(Undo, String)> {
+        let mut shuffled = ids.to_vec();
+        shuffled.shuffle(&mut self.rng);
+        let (minority, majority) = shuffled.split_at(ids.len() / 2);
+        self.cut_between(minority, majority)?;
+        Ok((
+            Undo::Firewall,
+            format!("minority {minority:?} | majority {majority:?}"),
+        ))
+    }
+
+    /// `partition-one-way`: the leader's packets to the others dropped.
+    async fn partition_one_way(&mut self, ids: &[u64]) -> anyhow::Result<(Undo, String)> {
+        let (leader, how) = self.leader_or_random().await;
+        for &other in ids.iter().filter(|&&id| id != leader) {
+            self.firewall.cut(leader, other)?;
+        }
+        Ok((
+            Undo::Firewall,
+            format!("packets from member {leader} ({how}) to the others dropped"),
+        ))
+    }
+
+    /// `partition-bridge`: two halves joined only through one member.
+    fn partition_bridge(&mut self, ids: &[u64]) -> anyhow::Result<(Undo, String)> {
+        let mut shuffled = ids.to_vec();
+        shuffled.shuffle(&mut self.rng);
+        let half = ids.len() / 2;
+        let (left, rest) = shuffled.split_at(half);
+        let (bridge, right) = rest.split_at(1);
+        self.cut_between(left, right)?;
+        Ok((
+            Undo::Firewall,
+            format!("{left:?} | bridge {bridge:?} | {right:?}"),
+        ))
+    }
+
+    /// `partition-ring`: each member sees only its two ring neighbours.
+    fn partition_ring(&mut self, ids: &[u64]) -> anyhow::Result<(Undo, String)> {
+        let mut ring = ids.to_vec();
+        ring.shuffle(&mut self.rng);
+        let n = ring.len();
+        for i in 0..n {
+            for j in 0..n {
+                let adjacent = (i + 1) % n == j || (j + 1) % n == i;
+                if i != j && !adjacent {
+                    self.firewall.cut(ring[i], ring[j])?;
+                }
+            }
+        }
+        Ok((Undo::Firewall, format!("ring {ring:?} (neighbours only)")))
+    }
+
+    /// `loss`: a share of the packets between every two members dropped.
+    fn drop_packets(&mut self, ids: &[u64]) -> anyhow::Result<(Undo, String)> {
+        for &a in ids {
+            for &b in ids.iter().filter(|&&b| b != a) {
+                self.firewall.lossy(a, b, LOSS_PROBABILITY)?;
+            }
+        }
+        Ok((
+            Undo::Firewall,
+            format!("{LOSS_PROBABILITY} of packets dropped between every two members"),
+        ))
+    }
+
+    /// `partition-follower`: one member that is not the leader cut off
+    /// from everyone.
+    async fn isolate_follower(&mut self, ids: &[u64]) -> anyhow::Result<(Undo, String)> {
+        let (leader, how) = self.leader_or_random().await;
+        let followers: Vec<u64> = ids.iter().copied().filter(|&id| id != leader).collect();
+        let victim = self.random_member(&followers);
+        for &other in ids.iter().filter(|&&id| id != victim) {
+            self.firewall.cut(victim, other)?;
+            self.firewall.cut(other, victim)?;
+        }
+        Ok((
+            Undo::Firewall,
+            format!("isolated member {victim} (not the {how} {leader})"),
+        ))
+    }
+
+    /// `restart-after-idle`: opens its window, runs the sequence and
+    /// leaves it active (its steps are recorded inside the window).
+    async fn begin_restart_after_idle(&mut self, fault: Fault) -> anyhow::Result<()> {
+        // The window opens before the sequence runs: its steps are
+        // recorded inside it.
+        self.history.nemesis(
+            fault.name(),
+            Phase::Start,
+            format!(
+                "writes stopped; idle {} s after the last TTL key",
+                self.idle.as_secs()
+            ),
+        )?;
+        let deadline = self
+            .sequence_deadline
+            .unwrap_or_else(|| Instant::now() + idle::estimate(self.idle, self.ttl_max));
+        let detail = self.restart_after_idle(deadline).await;
+        self.active = Some((fault, Undo::Sequence(detail)));
+        Ok(())
     }
 
     /// Heals the active fault, if any.

@@ -5,6 +5,9 @@
 //! drops exactly what a power cut would (a SIGKILL of a real-disk build
 //! loses nothing: the page cache keeps it).
 //!
+//! The cut itself (`Nemesis::power_cut`) also checks each victim's saved
+//! vote across it ([`super::vote`]).
+//!
 //! A run refuses these faults unless `kvnode --version` lists the
 //! `lazy-disk` feature ([`require_lazy_disk`]): power loss must never run
 //! silently on a real disk, where it would prove nothing.
@@ -17,6 +20,8 @@ use anyhow::{Context as _, bail};
 use rand::Rng as _;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom as _;
+
+use super::{Fault, Nemesis, Undo, vote};
 
 /// The kvnode cargo feature power-loss faults need.
 pub const LAZY_DISK_FEATURE: &str = "lazy-disk";
@@ -127,6 +132,55 @@ pub fn require_testing(kvnode_bin: &Path, why: &str) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+impl Nemesis {
+    /// `power-loss`, `power-loss-minority`, `power-loss-all`: the victims
+    /// SIGKILLed (lazy disk: un-fsynced writes lost); each victim's saved
+    /// vote term as reported just before the cut and as left on disk after
+    /// it ([`super::vote`]).
+    pub(super) async fn power_cut(
+        &mut self,
+        fault: Fault,
+        ids: &[u64],
+    ) -> anyhow::Result<(Undo, String)> {
+        let scope = match fault {
+            Fault::PowerLoss => Scope::One,
+            Fault::PowerLossMinority => Scope::Minority,
+            _ => Scope::All,
+        };
+        let victims = victims(scope, ids, &mut self.rng);
+        // Asked together, so the cut follows the answers closely.
+        let reported = vote::reported_saved_terms(&victims).await;
+        let at_ns = self.history.now_ns();
+        for &victim in &victims {
+            self.cluster.kill(victim)?;
+        }
+        // The processes are reaped: their files are what the cut left.
+        let mut votes = Vec::new();
+        for (&victim, reported) in victims.iter().zip(reported) {
+            let durable = vote::durable_term(&self.cluster.data_dir(victim));
+            votes.push(format!(
+                "{victim}: {}→{}",
+                reported.map_or("?".to_string(), |t| t.to_string()),
+                durable
+                    .as_ref()
+                    .map_or("unreadable".to_string(), |t| t.to_string())
+            ));
+            if let Some(anomaly) = vote::check(victim, reported, durable, at_ns) {
+                eprintln!("jepsen: DURABILITY: {}", anomaly.detail);
+                self.durability.push(anomaly);
+            }
+        }
+        Ok((
+            Undo::RestartMany(victims.clone()),
+            format!(
+                "power cut (SIGKILL, lazy disk) of members {victims:?}; saved vote terms \
+                 reported→durable: {}",
+                votes.join(", ")
+            ),
+        ))
+    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,6 @@
 //! well-formed history, and no member that exited on its own. Whether the
 //! history is correct is the checkers' verdict, not this one's.
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -23,9 +22,11 @@ use tokio::time::Instant;
 use crate::control::cluster::NODES_MAX;
 use crate::control::{Cluster, ClusterConfig, Firewall, Namespace};
 use crate::nemesis::{Fault, FaultList, Nemesis, Schedule};
-use crate::workload::{
-    self, Function, History, Outcome, Phase, Record, WorkloadConfig, check_well_formed,
-};
+use crate::workload::{self, History, Record, WorkloadConfig, check_well_formed};
+
+mod outcome;
+pub use outcome::check_minimums;
+use outcome::summary;
 
 /// Longest `--time` accepted.
 pub const RUN_TIME_MAX: Duration = Duration::from_secs(3600);
@@ -341,14 +342,65 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
         kvnode_bin,
         proxy_mode,
     } = checked;
-    if args.out.join("history.jsonl").exists() || args.out.join("node1").exists() {
+    prepare_out(&args.out)?;
+    let (firewall, cluster) = start_cluster(&args, nodes, kvnode_bin, proxy_mode)?;
+    let endpoints = cluster.client_addrs();
+    wait_ready(&endpoints).await?;
+    let ran = run_workload_and_faults(&args, seed, cluster, firewall, &endpoints).await?;
+
+    let records = ran.history.records();
+    let mut problems = run_problems(&args, &records, &ran);
+    // The verdict: the workload's checker on the run's history.
+    let (checker_json, checker_text, checker_name, checker_passes) =
+        workload_verdict(&args, &records, &mut problems)?;
+    // Durability: a saved vote a power cut took back, a member that did
+    // not come back, fail the verdict whatever the history shows.
+    let (checker_json, checker_text, checker_passes) =
+        crate::durability::apply(checker_json, checker_text, checker_passes, &ran.durability)?;
+    std::fs::write(
+        args.out.join("checker.json"),
+        serde_json::to_string_pretty(&checker_json)?,
+    )
+    .context("writing checker.json")?;
+    if !checker_passes {
+        problems.push(format!(
+            "the {checker_name} checker does not pass: {}",
+            checker_text.lines().next().unwrap_or("")
+        ));
+    }
+    let mut summary = summary(&args, nodes, seed, &records, &problems);
+    summary.push_str("\nchecker:\n");
+    summary.push_str(&checker_text);
+    summary.push_str(&crate::report::write(&args.out, &records, &checker_json)?);
+    std::fs::write(args.out.join("summary.txt"), &summary).context("writing summary.txt")?;
+    print!("{summary}");
+    Ok(if problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Creates `--out`, refusing one that holds an earlier run.
+fn prepare_out(out: &Path) -> anyhow::Result<()> {
+    if out.join("history.jsonl").exists() || out.join("node1").exists() {
         bail!(
             "--out {} holds an earlier run: give a new directory",
-            args.out.display()
+            out.display()
         );
     }
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("creating {}", args.out.display()))?;
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    Ok(())
+}
+
+/// Starts the members (behind userspace proxies in proxy mode) and the
+/// firewall, with a spare slot when a fault adds members.
+fn start_cluster(
+    args: &RunArgs,
+    nodes: u64,
+    kvnode_bin: PathBuf,
+    proxy_mode: bool,
+) -> anyhow::Result<(Firewall, Cluster)> {
     let config = ClusterConfig {
         kvnode_bin,
         dir: args.out.clone(),
@@ -372,16 +424,40 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
     if args.nemesis.0.iter().any(|f| f.needs_spare_slot()) {
         cluster.reserve_spare_slots(1)?;
     }
-    let endpoints = cluster.client_addrs();
-    wait_ready(&endpoints).await?;
+    Ok((firewall, cluster))
+}
 
+/// What the run phase leaves for the checks.
+struct Ran {
+    /// The run's history (flushed).
+    history: std::sync::Arc<History>,
+    /// Members that exited on their own: id and exit status.
+    exited: Vec<(u64, String)>,
+    /// Saved votes taken back, members that did not come back.
+    durability: Vec<crate::durability::DurabilityAnomaly>,
+    /// Whether the scan final read succeeded (set, exactly-once).
+    final_read_ok: Option<bool>,
+    /// Keys whose final read never succeeded (register).
+    unread: Vec<String>,
+}
+
+/// Runs the workload and the nemesis schedule until the deadline, heals
+/// every fault, does the workload's final read, checks that the members
+/// converged, and stops them.
+async fn run_workload_and_faults(
+    args: &RunArgs,
+    seed: u64,
+    cluster: Cluster,
+    firewall: Firewall,
+    endpoints: &[String],
+) -> anyhow::Result<Ran> {
     let history = History::create(&args.out.join("history.jsonl"))?;
     let deadline = Instant::now() + args.time;
     let mut nemesis = Nemesis::new(cluster, firewall, history.clone(), seed)?;
     let gate = workload::WriteGate::new();
     nemesis.set_idle(gate.clone(), args.idle, args.ttl_max);
     let config = WorkloadConfig {
-        endpoints: endpoints.clone(),
+        endpoints: endpoints.to_vec(),
         concurrency: args.concurrency,
         rate_per_second: args.rate,
         deadline,
@@ -409,14 +485,14 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
     );
     let healed = nemesis.heal_all().await;
     let final_read_ok = match args.workload {
-        WorkloadKind::Set => Some(workload::set::final_read(&endpoints, &history).await?),
+        WorkloadKind::Set => Some(workload::set::final_read(endpoints, &history).await?),
         WorkloadKind::ExactlyOnce => {
-            Some(workload::exactly_once::final_read(&endpoints, &history).await?)
+            Some(workload::exactly_once::final_read(endpoints, &history).await?)
         }
         WorkloadKind::Register | WorkloadKind::Ttl => None,
     };
     let unread = match args.workload {
-        WorkloadKind::Register => workload::register::final_reads(&endpoints, &history).await?,
+        WorkloadKind::Register => workload::register::final_reads(endpoints, &history).await?,
         WorkloadKind::Set | WorkloadKind::Ttl | WorkloadKind::ExactlyOnce => Vec::new(),
     };
     let exited = nemesis.cluster_mut().exited_on_their_own();
@@ -436,75 +512,68 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
     worked.context("the workload failed")?;
     nemesis_ran.context("the nemesis failed")?;
     healed.context("healing the faults failed")?;
+    Ok(Ran {
+        history,
+        exited,
+        durability,
+        final_read_ok,
+        unread,
+    })
+}
 
-    let records = history.records();
+/// What the run lacked to count: the minimums, a well-formed history,
+/// no member exited on its own, the final reads.
+fn run_problems(args: &RunArgs, records: &[Record], ran: &Ran) -> Vec<String> {
     let mut problems = check_minimums(
-        &records,
+        records,
         minimum_for(args.min_ok_writes, args.time),
         minimum_for(args.min_ok_reads, args.time),
     );
-    problems.extend(check_well_formed(&records));
-    for (id, status) in &exited {
+    problems.extend(check_well_formed(records));
+    for (id, status) in &ran.exited {
         problems.push(format!("member {id} exited on its own: {status}"));
     }
-    if final_read_ok == Some(false) {
+    if ran.final_read_ok == Some(false) {
         problems.push("the final read (scan) never succeeded".to_string());
     }
-    if !unread.is_empty() {
+    if !ran.unread.is_empty() {
         problems.push(format!(
             "the final read of {} key(s) never succeeded: {}",
-            unread.len(),
-            unread.join(", ")
+            ran.unread.len(),
+            ran.unread.join(", ")
         ));
     }
-    // The verdict: the workload's checker on the run's history.
-    let (checker_json, checker_text, checker_name, checker_passes) =
-        if args.workload == WorkloadKind::Ttl {
-            let report = crate::ttl_check::check(&records);
-            problems.extend(crate::ttl_check::shortfalls(&report));
-            let json = serde_json::to_value(&report)?;
-            (json, report.summary(), "ttl".to_string(), report.valid)
-        } else if args.workload == WorkloadKind::ExactlyOnce {
-            let report = crate::exactly_once::check(&records);
-            problems.extend(crate::exactly_once::shortfalls(&report));
-            let json = serde_json::to_value(&report)?;
-            (
-                json,
-                report.summary(),
-                "exactly-once".to_string(),
-                report.valid,
-            )
-        } else {
-            let report = crate::verdict::check_run(&records, args.workload)?;
-            let json = serde_json::to_value(&report)?;
-            let name = format!("{:?}", crate::verdict::model_of(args.workload));
-            (json, report.summary(), name, report.exit_code() == 0)
-        };
-    // Durability: a saved vote a power cut took back, a member that did
-    // not come back, fail the verdict whatever the history shows.
-    let (checker_json, checker_text, checker_passes) =
-        crate::durability::apply(checker_json, checker_text, checker_passes, &durability)?;
-    std::fs::write(
-        args.out.join("checker.json"),
-        serde_json::to_string_pretty(&checker_json)?,
-    )
-    .context("writing checker.json")?;
-    if !checker_passes {
-        problems.push(format!(
-            "the {checker_name} checker does not pass: {}",
-            checker_text.lines().next().unwrap_or("")
-        ));
-    }
-    let mut summary = summary(&args, nodes, seed, &records, &problems);
-    summary.push_str("\nchecker:\n");
-    summary.push_str(&checker_text);
-    summary.push_str(&crate::report::write(&args.out, &records, &checker_json)?);
-    std::fs::write(args.out.join("summary.txt"), &summary).context("writing summary.txt")?;
-    print!("{summary}");
-    Ok(if problems.is_empty() {
-        ExitCode::SUCCESS
+    problems
+}
+
+/// The workload's checker on the run's history: its JSON report, its
+/// text, its name and whether it passes; its shortfalls (TTL,
+/// exactly-once) go to `problems`.
+fn workload_verdict(
+    args: &RunArgs,
+    records: &[Record],
+    problems: &mut Vec<String>,
+) -> anyhow::Result<(serde_json::Value, String, String, bool)> {
+    Ok(if args.workload == WorkloadKind::Ttl {
+        let report = crate::ttl_check::check(records);
+        problems.extend(crate::ttl_check::shortfalls(&report));
+        let json = serde_json::to_value(&report)?;
+        (json, report.summary(), "ttl".to_string(), report.valid)
+    } else if args.workload == WorkloadKind::ExactlyOnce {
+        let report = crate::exactly_once::check(records);
+        problems.extend(crate::exactly_once::shortfalls(&report));
+        let json = serde_json::to_value(&report)?;
+        (
+            json,
+            report.summary(),
+            "exactly-once".to_string(),
+            report.valid,
+        )
     } else {
-        ExitCode::FAILURE
+        let report = crate::verdict::check_run(records, args.workload)?;
+        let json = serde_json::to_value(&report)?;
+        let name = format!("{:?}", crate::verdict::model_of(args.workload));
+        (json, report.summary(), name, report.exit_code() == 0)
     })
 }
 
@@ -524,231 +593,4 @@ async fn wait_ready(endpoints: &[String]) -> anyhow::Result<()> {
         "the cluster took no write within READY_TIMEOUT ({} s): {last}",
         READY_TIMEOUT.as_secs()
     )
-}
-
-/// Item 7 of the fault suite: a run proves something only if it did
-/// something **during the fault schedule**. Only operations invoked before
-/// the final reads count (an op marked `final_read` does not, nor does
-/// anything invoked after the first of them). Returns the shortfalls:
-/// fewer than `min_ok_writes` acknowledged writes or `min_ok_reads` ok
-/// reads (the caller scales them to the run's length: [`minimum_for`]);
-/// or a heal — a fault stop that leaves no fault active — with no ok read
-/// and no ok write invoked between it and the next fault's start (or the
-/// end of the schedule).
-pub fn check_minimums(
-    records: &[Record],
-    min_ok_writes: usize,
-    min_ok_reads: usize,
-) -> Vec<String> {
-    let schedule_end = records
-        .iter()
-        .filter_map(|r| match r {
-            Record::Op(op) if op.final_read => Some(op.invoke_ns),
-            _ => None,
-        })
-        .min()
-        .unwrap_or(u64::MAX);
-    let ok_ops: Vec<_> = records
-        .iter()
-        .filter_map(|r| match r {
-            Record::Op(op)
-                if op.outcome == Outcome::Ok && !op.final_read && op.invoke_ns < schedule_end =>
-            {
-                Some(op)
-            }
-            _ => None,
-        })
-        .collect();
-    let ok_writes = ok_ops.iter().filter(|op| op.f.is_write()).count();
-    let ok_reads = ok_ops.len() - ok_writes;
-    let mut problems = Vec::new();
-    if ok_writes < min_ok_writes {
-        problems.push(format!(
-            "{ok_writes} ok writes invoked during the schedule, fewer than min_ok_writes \
-             ({min_ok_writes})"
-        ));
-    }
-    if ok_reads < min_ok_reads {
-        problems.push(format!(
-            "{ok_reads} ok reads invoked during the schedule, fewer than min_ok_reads \
-             ({min_ok_reads})"
-        ));
-    }
-    // The calm gaps: from a stop that leaves no fault active to the next
-    // start (or the schedule's end).
-    let mut active: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
-    let mut gaps: Vec<(String, u64, u64)> = Vec::new();
-    for record in records {
-        let Record::Nemesis(event) = record else {
-            continue;
-        };
-        match event.phase {
-            Phase::Start => {
-                if active.values().all(|&n| n == 0)
-                    && let Some(gap) = gaps.last_mut()
-                    && gap.2 == u64::MAX
-                {
-                    gap.2 = event.time_ns;
-                }
-                *active.entry(event.fault.as_str()).or_default() += 1;
-            }
-            Phase::Stop => {
-                let open = active.entry(event.fault.as_str()).or_default();
-                *open = open.saturating_sub(1);
-                if active.values().all(|&n| n == 0) {
-                    gaps.push((event.fault.clone(), event.time_ns, u64::MAX));
-                }
-            }
-        }
-    }
-    for (fault, from, to) in gaps {
-        let to = to.min(schedule_end);
-        let in_gap = |write: bool| {
-            ok_ops
-                .iter()
-                .any(|op| op.f.is_write() == write && op.invoke_ns >= from && op.invoke_ns < to)
-        };
-        for (write, what) in [(false, "read"), (true, "write")] {
-            if !in_gap(write) {
-                problems.push(format!(
-                    "no ok {what} invoked between the heal of {fault} at +{:.2} s and the next \
-                     fault{}",
-                    seconds(from),
-                    if to == u64::MAX || to == schedule_end {
-                        " (the end of the schedule)".to_string()
-                    } else {
-                        format!(" at +{:.2} s", seconds(to))
-                    }
-                ));
-            }
-        }
-    }
-    problems
-}
-
-fn seconds(ns: u64) -> f64 {
-    ns as f64 / 1e9
-}
-
-/// The human summary: operations per function and outcome, faults with
-/// times, and the shortfalls.
-fn summary(
-    args: &RunArgs,
-    nodes: u64,
-    seed: u64,
-    records: &[Record],
-    problems: &[String],
-) -> String {
-    let mut out = String::new();
-    let mut faults: Vec<_> = args.nemesis.0.iter().map(|f| f.name()).collect();
-    // A combined schedule repeats names: list each once.
-    let mut seen = std::collections::HashSet::new();
-    faults.retain(|name| seen.insert(*name));
-    let _ = writeln!(
-        out,
-        "jepsen run: workload {:?}, nemesis {}, nodes {nodes}, time {} s, concurrency {}, rate {}/s, seed {seed}",
-        args.workload,
-        if faults.is_empty() {
-            "none".to_string()
-        } else {
-            faults.join(",")
-        },
-        args.time.as_secs_f64(),
-        args.concurrency,
-        args.rate,
-    );
-    let _ = writeln!(
-        out,
-        "\n{:<10} {:>8} {:>8} {:>8} {:>8}",
-        "f", "invoked", "ok", "fail", "unknown"
-    );
-    for f in [
-        Function::Read,
-        Function::Write,
-        Function::Cas,
-        Function::Add,
-        Function::ReadAll,
-    ] {
-        let ops: Vec<_> = records
-            .iter()
-            .filter_map(|r| match r {
-                Record::Op(op) if op.f == f && !op.final_read => Some(op),
-                _ => None,
-            })
-            .collect();
-        if ops.is_empty() {
-            continue;
-        }
-        let count = |o: Outcome| ops.iter().filter(|op| op.outcome == o).count();
-        let name = serde_json::to_value(f)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
-        let _ = writeln!(
-            out,
-            "{name:<10} {:>8} {:>8} {:>8} {:>8}",
-            ops.len(),
-            count(Outcome::Ok),
-            count(Outcome::Fail),
-            count(Outcome::Info)
-        );
-    }
-    let finals: Vec<_> = records
-        .iter()
-        .filter_map(|r| match r {
-            Record::Op(op) if op.final_read => Some(op),
-            _ => None,
-        })
-        .collect();
-    if !finals.is_empty() {
-        let _ = writeln!(
-            out,
-            "{:<10} {:>8} {:>8} {:>8} {:>8}   (after the schedule; not counted as work)",
-            "final-read",
-            finals.len(),
-            finals.iter().filter(|op| op.outcome == Outcome::Ok).count(),
-            finals
-                .iter()
-                .filter(|op| op.outcome == Outcome::Fail)
-                .count(),
-            finals
-                .iter()
-                .filter(|op| op.outcome == Outcome::Info)
-                .count()
-        );
-    }
-    let _ = writeln!(out, "\nfaults (seconds since the workload started):");
-    let mut any_fault = false;
-    for record in records {
-        if let Record::Nemesis(event) = record {
-            any_fault = true;
-            let phase = if event.phase == Phase::Start {
-                "start"
-            } else {
-                "stop "
-            };
-            let _ = writeln!(
-                out,
-                "  +{:>7.2}  {phase} {:<18} {}",
-                seconds(event.time_ns),
-                event.fault,
-                event.detail
-            );
-        }
-    }
-    if !any_fault {
-        let _ = writeln!(out, "  none");
-    }
-    if problems.is_empty() {
-        let _ = writeln!(
-            out,
-            "\nenough: yes (minimums met during the schedule, an ok read and write after every heal, history well-formed)"
-        );
-    } else {
-        let _ = writeln!(out, "\nenough: NO");
-        for problem in problems {
-            let _ = writeln!(out, "  - {problem}");
-        }
-    }
-    out
 }
