@@ -1,6 +1,6 @@
 //! The `snapshots/` directory of a state machine: the names of complete
 //! (`snap-<counter>`) and staging (`staging-<counter>`) directories, the
-//! order of complete snapshots (their [`Rank`]) and which one is current,
+//! order of complete snapshots (their `Rank`) and which one is current,
 //! and the file plumbing every stage shares (listing, hard links, the
 //! durable deletion of a snapshot directory).
 
