@@ -17,33 +17,30 @@
 //!
 //! SaveSnapshot streams a snapshot (the member's current one, or a new one)
 //! for a backup: the manifest, then the files in chunks (bounded memory; the
-//! files are held open for the stream's life).
+//! files are held open for the stream's life). The file side is
+//! [`crate::snapshot::save`]'s; this file does no file I/O.
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
-
-use bitcask::io::VfsFile;
 
 use kvproto::cluster::v1::cluster_server::{Cluster, ClusterServer};
 use kvproto::cluster::v1::{
     AddLearnerRequest, AddLearnerResponse, Member, MemberListRequest, MemberListResponse,
     MemberStatus, PromoteRequest, PromoteResponse, RemoveMemberRequest, RemoveMemberResponse, Role,
-    SaveSnapshotRequest, SaveSnapshotResponse, SnapshotChunk, SnapshotFile, SnapshotManifest,
-    StatusRequest, StatusResponse, TriggerSnapshotRequest, TriggerSnapshotResponse,
-    save_snapshot_response,
+    SaveSnapshotRequest, SaveSnapshotResponse, StatusRequest, StatusResponse,
+    TriggerSnapshotRequest, TriggerSnapshotResponse,
 };
 use kvproto::kv::v1::Header;
 use openraft::{RaftMetrics, ServerState};
-use tokio::sync::mpsc;
 use tokio_stream::Stream;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::node::identity::Identity;
 use crate::raft::membership::{Members, Membership, known_leader};
 use crate::raft::types::{NodeInfo, TypeConfig};
-use crate::snapshot::{MANIFEST_BYTES_MAX, Manifest, SnapshotError, node_vfs, read_capped};
+use crate::snapshot::save;
+#[cfg(doc)]
+use crate::snapshot::save::{SAVE_CHUNK_BYTES, SAVE_STREAM_BUFFER};
 use crate::state_machine::StateMachine;
 
 /// How long TriggerSnapshot waits for the snapshot to be built.
@@ -367,7 +364,8 @@ impl Cluster for ClusterService {
     type SaveSnapshotStream = SaveStream;
 
     /// Streams the member's snapshot: its manifest, then every file in
-    /// manifest order in chunks of [`SAVE_CHUNK_BYTES`]. The files are
+    /// manifest order in chunks of [`SAVE_CHUNK_BYTES`] (see
+    /// [`crate::snapshot::save`]). The files are
     /// opened before the first message goes out, so the snapshot stays
     /// readable for the whole stream even if newer snapshots prune its
     /// directory meanwhile (open descriptors keep unlinked files); at most
@@ -380,34 +378,10 @@ impl Cluster for ClusterService {
         if build_new || self.state_machine.current_snapshot().is_none() {
             build_snapshot_now(&self.raft).await?;
         }
-        let state_machine = self.state_machine.clone();
-        let opened = tokio::task::spawn_blocking(move || open_current_snapshot(&state_machine))
-            .await
-            .map_err(|err| Status::internal(format!("open task: {err}")))??;
-        let OpenedSnapshot {
-            manifest,
-            manifest_bytes,
-            files,
-        } = opened;
+        let opened = save::open_current(&self.state_machine).await?;
         let metrics = self.metrics();
-        let first = SaveSnapshotResponse {
-            part: Some(save_snapshot_response::Part::Manifest(SnapshotManifest {
-                header: Some(self.header(&metrics)),
-                snapshot_id: manifest.snapshot_id.clone(),
-                last_log_index: manifest.last_log_id.map(|l| l.index).unwrap_or(0),
-                last_log_term: manifest.last_log_id.map(|l| l.leader_id.term).unwrap_or(0),
-                files: manifest
-                    .files
-                    .iter()
-                    .map(|f| SnapshotFile {
-                        name: f.name.clone(),
-                        length_bytes: f.len,
-                        crc32: f.crc,
-                    })
-                    .collect(),
-                encoded: manifest_bytes.into(),
-            })),
-        };
+        let header = self.header(&metrics);
+        let manifest = &opened.manifest;
         tracing::info!(
             id = self.id,
             snapshot = %manifest.snapshot_id,
@@ -415,31 +389,8 @@ impl Cluster for ClusterService {
             bytes = manifest.files.iter().map(|f| f.len).sum::<u64>(),
             "saving a snapshot to a client"
         );
-        let (tx, rx) = mpsc::channel(SAVE_STREAM_BUFFER);
-        tokio::spawn(stream_snapshot(tx, first, manifest, files));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(save::spawn_stream(header, opened))))
     }
-}
-
-/// Bytes of file contents per SaveSnapshot chunk (well below the gRPC
-/// message limit of 4 MiB).
-pub const SAVE_CHUNK_BYTES: usize = 1024 * 1024;
-/// SaveSnapshot messages held ahead of a slow client (with
-/// [`SAVE_CHUNK_BYTES`], the stream's memory bound).
-pub const SAVE_STREAM_BUFFER: usize = 4;
-/// How long one SaveSnapshot message may wait for the client to take it
-/// before the stream is abandoned.
-pub const SAVE_SEND_TIMEOUT: Duration = Duration::from_secs(60);
-/// Attempts at opening the current snapshot's files (a newer snapshot can
-/// prune the directory between finding it and opening its files).
-pub const SAVE_OPEN_ATTEMPTS_MAX: usize = 5;
-
-/// A snapshot whose files are open (and so readable to the end, whatever
-/// happens to its directory).
-struct OpenedSnapshot {
-    manifest: Manifest,
-    manifest_bytes: Vec<u8>,
-    files: Vec<Arc<dyn VfsFile>>,
 }
 
 /// Builds a snapshot through openraft (so it knows of it) and waits for it.
@@ -466,122 +417,5 @@ async fn build_snapshot_now(raft: &openraft::Raft<TypeConfig>) -> Result<(), Sta
         Err(_) => Err(Status::deadline_exceeded(format!(
             "the snapshot was not built within {SNAPSHOT_BUILD_WAIT:?}"
         ))),
-    }
-}
-
-/// Opens the current snapshot's manifest and every file it lists.
-fn open_current_snapshot(state_machine: &StateMachine) -> Result<OpenedSnapshot, Status> {
-    let mut last_error = String::new();
-    for _ in 0..SAVE_OPEN_ATTEMPTS_MAX {
-        let Some(snapshot) = state_machine.current_snapshot() else {
-            return Err(Status::failed_precondition("this member has no snapshot"));
-        };
-        let handle = snapshot.snapshot;
-        let opened = (|| -> Result<OpenedSnapshot, SnapshotError> {
-            let manifest_bytes = read_capped(&handle.manifest_path(), MANIFEST_BYTES_MAX)?;
-            let manifest =
-                Manifest::decode(&manifest_bytes).map_err(|reason| SnapshotError::Malformed {
-                    path: handle.manifest_path(),
-                    reason,
-                })?;
-            let mut files = Vec::with_capacity(manifest.files.len());
-            for file in &manifest.files {
-                let path = handle.file_path(&file.name)?;
-                // Through the node's vfs (the lazy disk in a lazy-disk build).
-                let opened = node_vfs().open(&path).map_err(|source| SnapshotError::Io {
-                    op: "open",
-                    path: path.clone(),
-                    source,
-                })?;
-                files.push(opened);
-            }
-            Ok(OpenedSnapshot {
-                manifest,
-                manifest_bytes,
-                files,
-            })
-        })();
-        match opened {
-            Ok(opened) => return Ok(opened),
-            // Pruned in between: take the newer one.
-            Err(SnapshotError::Io { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
-                last_error = source.to_string();
-            }
-            Err(err) => return Err(Status::internal(format!("the current snapshot: {err}"))),
-        }
-    }
-    Err(Status::unavailable(format!(
-        "the current snapshot changed {SAVE_OPEN_ATTEMPTS_MAX} times while being opened: {last_error}"
-    )))
-}
-
-/// Sends the manifest message, then every file's bytes, checking each
-/// file's length and CRC-32 against the manifest; a mismatch ends the
-/// stream with DATA_LOSS.
-async fn stream_snapshot(
-    tx: mpsc::Sender<Result<SaveSnapshotResponse, Status>>,
-    first: SaveSnapshotResponse,
-    manifest: Manifest,
-    files: Vec<Arc<dyn VfsFile>>,
-) {
-    let send = async |message: Result<SaveSnapshotResponse, Status>| {
-        matches!(
-            tokio::time::timeout(SAVE_SEND_TIMEOUT, tx.send(message)).await,
-            Ok(Ok(()))
-        )
-    };
-    if !send(Ok(first)).await {
-        return;
-    }
-    for (entry, file) in manifest.files.iter().zip(files) {
-        let mut hasher = crc32fast::Hasher::new();
-        let mut offset = 0u64;
-        loop {
-            let want = (entry.len - offset).min(SAVE_CHUNK_BYTES as u64) as usize;
-            let reader = file.clone();
-            let read = tokio::task::spawn_blocking(move || {
-                let mut data = vec![0u8; want];
-                reader.read_exact_at(&mut data, offset).map(|()| data)
-            })
-            .await
-            .unwrap_or_else(|err| Err(std::io::Error::other(err.to_string())));
-            let data = match read {
-                Ok(data) => data,
-                Err(err) => {
-                    let _ = send(Err(Status::data_loss(format!(
-                        "snapshot file {} is shorter than its {} bytes: {err}",
-                        entry.name, entry.len
-                    ))))
-                    .await;
-                    return;
-                }
-            };
-            hasher.update(&data);
-            let chunk = SaveSnapshotResponse {
-                part: Some(save_snapshot_response::Part::Chunk(SnapshotChunk {
-                    file_name: entry.name.clone(),
-                    offset_bytes: offset,
-                    data: data.into(),
-                })),
-            };
-            offset += want as u64;
-            if !send(Ok(chunk)).await {
-                return;
-            }
-            if offset >= entry.len {
-                break;
-            }
-        }
-        let crc = hasher.finalize();
-        if crc != entry.crc {
-            let _ = send(Err(Status::data_loss(format!(
-                "snapshot file {} has crc32 {crc:08x}, its manifest says {:08x}",
-                entry.name, entry.crc
-            ))))
-            .await;
-            return;
-        }
     }
 }
