@@ -16,10 +16,8 @@
 //!
 //! ## Modules
 //! - [`format`](mod@format): byte layout of headers, records and hint entries; file names.
-//! - [`io`]: re-export of the [`vfs`] crate's I/O trait and real disk, kept
-//!   for compatibility (every file access goes through [`vfs::Vfs`]).
-//! - `sim` (feature `sim`): re-export of `vfs::sim`, the in-memory disk
-//!   that can lose unsynced data or fail, kept for compatibility.
+//! - Every file access goes through the [`vfs`] crate's [`vfs::Vfs`] (the
+//!   real disk in production; its simulated disks in tests).
 //! - `keydir`: the ordered key directory (one allocation per key).
 //! - `hint`: writing and loading hint files.
 //! - `recovery`: opening a directory (list, plan, load), torn-tail repair,
@@ -68,10 +66,7 @@
 
 pub mod error;
 pub mod format;
-pub mod io;
 pub mod options;
-#[cfg(feature = "sim")]
-pub mod sim;
 
 mod engine;
 mod hint;

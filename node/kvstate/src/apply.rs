@@ -503,8 +503,8 @@ impl EntryWrite<'_> {
 mod tests {
     use std::sync::Arc;
 
-    use bitcask::sim::SimFs;
     use bitcask::{Options, SyncPolicy};
+    use vfs::sim::SimFs;
 
     use super::*;
     use crate::command::Condition;

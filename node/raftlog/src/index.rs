@@ -10,8 +10,8 @@ use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use bitcask::io::VfsFile;
 use openraft::{LogId, RaftTypeConfig, StorageError, Vote};
+use vfs::VfsFile;
 
 use crate::error::{LogError, read_logs_err};
 use crate::format::{parse_record, segment_name};

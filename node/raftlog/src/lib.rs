@@ -2,7 +2,7 @@
 //!
 //! The Raft log store: openraft's `RaftLogStorage` over segmented,
 //! append-only, checksummed files, with every file access going through
-//! [`bitcask::io::Vfs`] (real files in production, [`bitcask::sim::SimFs`] in
+//! [`vfs::Vfs`] (real files in production, `vfs::sim::SimFs` in
 //! power-loss and fault tests). Generic over openraft's `RaftTypeConfig`;
 //! entries, log ids and metadata payloads are encoded with `kvcodec`.
 //!

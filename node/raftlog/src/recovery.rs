@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
 
-use bitcask::io::{Vfs, VfsFile};
 use openraft::{LogId, RaftTypeConfig, Vote};
+use vfs::{Vfs, VfsFile};
 
 use crate::error::LogError;
 use crate::format::{

@@ -8,12 +8,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 
-use bitcask::io::Vfs;
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{
     LogId, LogState, OptionalSend, RaftLogId, RaftLogReader, RaftTypeConfig, StorageError, Vote,
 };
 use tokio::sync::oneshot;
+use vfs::Vfs;
 
 use crate::error::{LogError, write_logs_err, write_vote_err};
 use crate::format::{

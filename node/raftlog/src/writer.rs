@@ -4,41 +4,38 @@
 //! leaves behind.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, mpsc};
 use std::time::Instant;
 
-use bitcask::io::{Vfs, VfsFile};
 use tokio::sync::oneshot;
+use vfs::{Vfs, VfsFile};
 
 use crate::error::LogError;
 use crate::format::{PURGED_FILE, TMP_SUFFIX, segment_header};
 use crate::limits::GROUP_COMMIT_BATCHES_MAX;
-use crate::lock;
 use crate::options::FsyncObserver;
 
 // ---------------------------------------------------------------------------
 // Poisoning
 // ---------------------------------------------------------------------------
 
-/// Set by the first failed write or fsync; every later write is refused.
+/// Set by the first failed write or fsync; every later write is refused
+/// with the first failure (the shared latch of `vfs`, with the log store's
+/// own error and log line).
 #[derive(Debug, Default)]
-pub(crate) struct Poison(Mutex<Option<String>>);
+pub(crate) struct Poison(vfs::Poison);
 
 impl Poison {
     pub(crate) fn check(&self) -> Result<(), LogError> {
-        match &*lock(&self.0) {
+        match self.0.cause() {
             None => Ok(()),
-            Some(cause) => Err(LogError::Poisoned {
-                cause: cause.clone(),
-            }),
+            Some(cause) => Err(LogError::Poisoned { cause }),
         }
     }
 
     pub(crate) fn set(&self, err: &LogError) {
-        let mut cause = lock(&self.0);
-        if cause.is_none() {
+        if self.0.set(err) {
             tracing::error!(error = %err, "raft log poisoned: refusing further writes");
-            *cause = Some(err.to_string());
         }
     }
 }

@@ -1,6 +1,6 @@
 //! [`SimFs`]: an in-memory file system for tests that keeps track of what was
 //! made durable, so a test can cut the power, and that fails on command
-//! (feature `sim`, off by default; `bitcask::sim` re-exports this module).
+//! (feature `sim`, off by default).
 //!
 //! Durability follows POSIX: file contents become durable at `sync`, and
 //! creations, renames and deletions only at `sync_dir` of their directory.

@@ -5,13 +5,13 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-#[cfg(not(feature = "lazy-disk"))]
-use bitcask::io::RealFs;
 use openraft::error::RaftError;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::server::TcpIncoming;
+#[cfg(not(feature = "lazy-disk"))]
+use vfs::RealFs;
 
 use crate::log_store::{LogStore, LogStoreOptions};
 use crate::node::clock::ClusterClock;
@@ -62,9 +62,9 @@ pub(super) async fn open_storage(
         // The same vfs as `snapshot::node_vfs`, which identity and the
         // state machine use: the lazy disk in a lazy-disk build.
         #[cfg(feature = "lazy-disk")]
-        let log_vfs: Arc<dyn bitcask::io::Vfs> = crate::lazy_disk::shared();
+        let log_vfs: Arc<dyn vfs::Vfs> = crate::lazy_disk::shared();
         #[cfg(not(feature = "lazy-disk"))]
-        let log_vfs: Arc<dyn bitcask::io::Vfs> = Arc::new(RealFs);
+        let log_vfs: Arc<dyn vfs::Vfs> = Arc::new(RealFs);
         // The committed id is kept in memory only (`persist_committed`
         // is off by default): the store reopens every vote as
         // uncommitted, so a member that led before a restart must win a

@@ -1,9 +1,9 @@
 //! The ports: the gRPC services (one file each), the admin HTTP port, and
 //! what every port shares — protocol conversions, limits under load, TLS
 //! and tokens, metrics. The front ends of later issues (etcd v3, Redis,
-//! HTTP/JSON) go here too. No file in this folder does file I/O: what a
-//! service needs from disk it asks of the state machine or the snapshot
-//! folder.
+//! HTTP/JSON) go here too. No service does file I/O: what a service needs
+//! from disk it asks of the state machine or the snapshot folder (the one
+//! file read here is the TLS material, once at start-up, in `security`).
 //!
 //! - [`kv`]: the client `Kv` service (writes through the batcher, reads by
 //!   consistency).

@@ -59,10 +59,10 @@ use std::io::{self, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bitcask::io::RealFs;
 use kvarchive::{ARCHIVE_COPY_BYTES, ArchiveError, ArchiveFile};
 use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use openraft::{EntryPayload, LogId, Membership, SnapshotMeta, Vote};
+use vfs::RealFs;
 
 use crate::log_store::LogStore;
 use crate::node::identity::{Identity, IdentityError};

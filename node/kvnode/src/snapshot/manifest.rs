@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[cfg(not(feature = "lazy-disk"))]
-use bitcask::io::RealFs;
-use bitcask::io::{Vfs, VfsFile};
+use vfs::RealFs;
+use vfs::{Vfs, VfsFile};
 
 use openraft::{CommittedLeaderId, LogId, Membership, StoredMembership};
 

@@ -15,13 +15,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bitcask::io::VfsFile;
 use kvproto::raft::v1::{
     FileRange, SnapshotChunk, SnapshotNeed, TransferSnapshotRequest, TransferSnapshotResponse,
     transfer_snapshot_request, transfer_snapshot_response,
 };
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
+use vfs::VfsFile;
 
 use crate::hooks::InstallStep;
 use crate::server::metrics::Metrics;

@@ -9,12 +9,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bitcask::io::VfsFile;
 use kvproto::cluster::v1::{SaveSnapshotResponse, SnapshotChunk, save_snapshot_response};
 use kvproto::kv::v1::Header;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
+use vfs::VfsFile;
 
 use crate::snapshot::{
     MANIFEST_BYTES_MAX, Manifest, SnapshotError, convert, node_vfs, read_capped,

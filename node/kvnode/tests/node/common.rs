@@ -3,11 +3,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bitcask::io::Vfs;
-use bitcask::sim::SimFs;
 use kvnode::{LogStore, LogStoreOptions};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader};
+use vfs::Vfs;
+use vfs::sim::SimFs;
 
 openraft::declare_raft_types!(
     /// A test type config: string payloads, the default u64 node ids.

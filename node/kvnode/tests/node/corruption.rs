@@ -3,12 +3,12 @@
 //! missing segment and a damaged vote file are errors naming the file and
 //! offset; only a torn tail of the last segment is cut off.
 
-use bitcask::sim::SimFs;
 use kvnode::log_store::{SEGMENT_HEADER_BYTES, VOTE_FILE};
 use kvnode::{LogError, LogStore, LogStoreOptions};
 use openraft::Vote;
 use openraft::storage::RaftLogStorage;
 use std::sync::Arc;
+use vfs::sim::SimFs;
 
 use crate::common::*;
 
@@ -117,7 +117,7 @@ async fn a_bad_segment_header_is_an_error() {
 async fn a_missing_segment_is_an_error() {
     let fs = SimFs::new();
     let names = written(&fs).await;
-    bitcask::io::Vfs::remove(&fs, &sim_dir().join(&names[1])).unwrap();
+    vfs::Vfs::remove(&fs, &sim_dir().join(&names[1])).unwrap();
     let err = open_err(&fs);
     assert_corrupt(&err, &names[2], 0);
 }

@@ -3,9 +3,9 @@
 //! refused with a clear "poisoned" error even once the disk works again, the
 //! fsync is never retried, reads keep working, and reopening recovers.
 
-use bitcask::sim::SimFs;
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
 use openraft::{RaftLogReader, Vote};
+use vfs::sim::SimFs;
 
 use crate::common::*;
 

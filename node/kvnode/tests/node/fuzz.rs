@@ -20,7 +20,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bitcask::sim::SimFs;
 use kvnode::codec;
 use kvnode::node::identity::Identity;
 use kvnode::raft::types::{CommitMeta, NodeInfo, TypeConfig};
@@ -35,6 +34,7 @@ use openraft::{
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use vfs::sim::SimFs;
 
 /// Largest random input or extension a case makes.
 const RANDOM_BYTES_MAX: usize = 4096;
@@ -414,7 +414,7 @@ fn log_seed() -> Vec<(String, Vec<u8>)> {
         });
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create corpus dir");
-        use bitcask::io::Vfs;
+        use vfs::Vfs;
         for name in fs.list(&sim_dir).expect("list") {
             let bytes = fs.read_file(&sim_dir.join(&name)).expect("listed");
             std::fs::write(dir.join(name), bytes).expect("write corpus file");

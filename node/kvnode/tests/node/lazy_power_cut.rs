@@ -15,11 +15,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use bitcask::io::Vfs;
 use kvnode::lazy_disk::LazyFs;
 use kvnode::{LogStore, LogStoreOptions, StateMachine, StateMachineOptions};
 use openraft::Vote;
 use openraft::storage::RaftLogStorage;
+use vfs::Vfs;
 
 use crate::common::*;
 

@@ -6,12 +6,12 @@
 
 use std::sync::Arc;
 
-use bitcask::io::{RealFs, Vfs};
-use bitcask::sim::SimFs;
 use kvnode::log_store::{LOG_ENTRY_SIZE_BYTES_MAX, segment_name};
 use kvnode::{LogStore, LogStoreOptions};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
 use openraft::{CommittedLeaderId, Entry, EntryPayload, RaftLogReader, Vote};
+use vfs::sim::SimFs;
+use vfs::{RealFs, Vfs};
 
 use crate::common::*;
 
@@ -136,7 +136,7 @@ async fn lifecycle_survives_power_cuts_between_steps() {
     store.truncate(log_id(1, 30)).await.unwrap();
     store.purge(log_id(1, 10)).await.unwrap();
     store.save_committed(Some(log_id(1, 20))).await.unwrap();
-    let fs = fs.power_cut(bitcask::sim::Torn::Nothing);
+    let fs = fs.power_cut(vfs::sim::Torn::Nothing);
     drop(store);
     let mut store = open_sim(&fs, options);
     assert_eq!(indexes(&mut store).await, (11..30).collect::<Vec<_>>());

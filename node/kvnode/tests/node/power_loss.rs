@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use bitcask::sim::{SimFs, Torn};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
 use openraft::{RaftLogReader, Vote};
+use vfs::sim::{SimFs, Torn};
 
 use crate::common::*;
 

@@ -18,13 +18,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use bitcask::io::RealFs;
 use bitcask::{Engine, Options, Scan};
 use kvnode::snapshot::SnapshotHandle;
 use kvnode::{LogStore, LogStoreOptions, NodeInfo, StateMachine, StateMachineOptions, TypeConfig};
 use kvstate::command::{Command, Op, Proposal, Request};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Membership, RaftLogReader};
+use vfs::RealFs;
 
 fn options() -> StateMachineOptions {
     StateMachineOptions {

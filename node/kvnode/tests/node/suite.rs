@@ -12,8 +12,6 @@
 use std::io::Cursor;
 use std::sync::{Arc, Mutex};
 
-use bitcask::io::RealFs;
-use bitcask::sim::SimFs;
 use kvnode::{LogStore, StateMachine, StateMachineOptions, TypeConfig, codec};
 use openraft::storage::RaftStateMachine;
 use openraft::testing::{StoreBuilder, Suite};
@@ -21,6 +19,8 @@ use openraft::{
     BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot,
     SnapshotMeta, StorageError, StorageIOError, StoredMembership,
 };
+use vfs::RealFs;
+use vfs::sim::SimFs;
 
 use crate::common::{Store, TestConfig, sim_dir};
 
