@@ -278,9 +278,15 @@ impl Checked {
         if args.nemesis.0.iter().any(|f| f.needs_lazy_disk()) {
             crate::nemesis::power::require_lazy_disk(&kvnode_bin)?;
         }
+        // A test setting from this process's environment, or
+        // `--session-idle-ms` (passed to the members as one).
         let test_env = std::env::vars()
             .map(|(name, _)| name)
-            .find(|name| name.starts_with(crate::nemesis::power::TEST_ENV_PREFIX));
+            .find(|name| name.starts_with(crate::nemesis::power::TEST_ENV_PREFIX))
+            .or_else(|| {
+                args.session_idle_ms
+                    .map(|_| "--session-idle-ms".to_string())
+            });
         if let Some(name) = test_env {
             crate::nemesis::power::require_testing(&kvnode_bin, &name)?;
         }

@@ -9,6 +9,9 @@
 //!
 //! ## Modules
 //!
+//! - [`envelope`]: the snapshot MANIFEST's envelope (magic, version, body
+//!   length, CRC-32), checked by kvctl before it saves and by kvnode's
+//!   decoder.
 //! - [`writer`]: [`ArchiveWriter`], an archive from the manifest's bytes
 //!   and the files' bytes in manifest order, every chunk's file, offset,
 //!   length and CRC-32 checked as it goes.
@@ -22,8 +25,9 @@
 //! The archive carries the member's snapshot `MANIFEST` verbatim
 //! (`node/kvnode/SNAPSHOT_FORMAT.md`: format version, last log id,
 //! membership, cluster id, files; it carries its own CRC-32) and never
-//! decodes it: the caller says which files the manifest lists, in order
-//! ([`ArchiveFile`]s). `kvnode` decodes the manifest for that;
+//! decodes its body: [`envelope`] checks only the envelope (magic,
+//! version, length, CRC-32), and the caller says which files the manifest
+//! lists, in order ([`ArchiveFile`]s). `kvnode` decodes the manifest for that;
 //! `kvctl snapshot save` takes the list the `SaveSnapshot` stream sends
 //! next to the manifest's bytes (`SnapshotManifest.files`, which the member
 //! fills from the same manifest).
@@ -78,9 +82,11 @@
 use std::io;
 use std::path::PathBuf;
 
+pub mod envelope;
 pub mod reader;
 pub mod writer;
 
+pub use envelope::manifest_body;
 pub use reader::{
     ArchiveSummary, FileSink, ManifestFiles, in_archive, read_archive, verify_archive,
 };

@@ -169,17 +169,19 @@ pub async fn save_stream(
         path: &partial_path,
         armed: true,
     };
-    // The archive holds the manifest's bytes as they came; the writer checks
-    // every chunk against the file list the member sent with them.
+    // The archive holds the manifest's bytes as they came, once their
+    // envelope checks out; the writer checks every chunk against the file
+    // list the member sent with them.
     let invalid = |reason: &dyn std::fmt::Display| {
         Failure::new(
             Exit::Unavailable,
             format!("the snapshot stream's manifest is not valid: {reason}"),
         )
     };
-    if manifest.encoded.is_empty() {
-        return Err(invalid(&"it carries no encoded manifest"));
-    }
+    // The envelope (magic, version, length, CRC-32) is checked here; the
+    // body's fields are the node's to decode (`kvnode restore` does).
+    kvarchive::manifest_body(&manifest.encoded, kvarchive::MANIFEST_BYTES_MAX)
+        .map_err(|reason| invalid(&reason))?;
     let files = archive_files(&manifest);
     let mut writer = ArchiveWriter::new(
         std::io::BufWriter::new(out),
@@ -236,8 +238,12 @@ pub async fn save_stream(
     out.sync_all().map_err(|err| local("cannot sync", &err))?;
     drop(out);
     // Read it back: the file on disk must be a valid archive.
-    verify_archive(&partial_path, &mut |_| Ok(files.clone()))
-        .map_err(|err| local("verification failed for", &err))?;
+    verify_archive(&partial_path, &mut |encoded| {
+        kvarchive::manifest_body(encoded, kvarchive::MANIFEST_BYTES_MAX)
+            .map_err(|reason| format!("manifest: {reason}"))?;
+        Ok(files.clone())
+    })
+    .map_err(|err| local("verification failed for", &err))?;
     std::fs::rename(&partial_path, file).map_err(|err| local("cannot rename to", &err))?;
     guard.armed = false;
     Ok(saved)
@@ -325,6 +331,26 @@ mod tests {
             .unwrap_err();
         assert_eq!(failure.exit, Exit::Unavailable);
         assert!(failure.message.contains("ended"), "{failure}");
+        assert!(!path.exists());
+        assert!(!dir.path().join("snap.rcs.partial").exists());
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_manifest_is_refused_before_anything_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("snap.rcs");
+        let mut first = manifest(&[("a.data", b"hello world")]);
+        if let Some(Part::Manifest(m)) = &mut first.part {
+            let mut bytes = m.encoded.to_vec();
+            bytes[20] ^= 0x40;
+            m.encoded = Bytes::from(bytes);
+        }
+        let items = vec![Ok(first), Ok(chunk("a.data", 0, b"hello world"))];
+        let failure = save_stream(tokio_stream::iter(items), &path)
+            .await
+            .unwrap_err();
+        assert_eq!(failure.exit, Exit::Unavailable);
+        assert!(failure.message.contains("crc32 mismatch"), "{failure}");
         assert!(!path.exists());
         assert!(!dir.path().join("snap.rcs.partial").exists());
     }

@@ -25,12 +25,9 @@ use crate::raft::types::{NodeInfo, NodeLogId, NodeMembership};
 
 /// File name of the manifest inside a snapshot directory.
 pub const MANIFEST_FILE: &str = "MANIFEST";
-/// Magic at the start of a manifest.
-pub const MANIFEST_MAGIC: [u8; 8] = *b"RCSNAPMF";
-/// Manifest format version this code writes and reads.
-pub const MANIFEST_FORMAT_VERSION: u32 = 1;
-/// Bytes before the manifest body: magic, version, body length.
-pub const MANIFEST_HEADER_BYTES: usize = 16;
+/// The manifest's envelope (magic, version, body length, CRC-32) is
+/// kvarchive's, so `kvctl snapshot save` checks it without the node.
+pub use kvarchive::envelope::{MANIFEST_FORMAT_VERSION, MANIFEST_HEADER_BYTES, MANIFEST_MAGIC};
 /// Largest manifest accepted, in bytes.
 pub const MANIFEST_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// Largest file name accepted in a manifest or pointer.
@@ -167,39 +164,8 @@ impl Manifest {
 
     /// Decodes a manifest; any malformation is an error (never a panic).
     pub fn decode(bytes: &[u8]) -> Result<Manifest, String> {
-        if bytes.len() > MANIFEST_BYTES_MAX {
-            return Err(format!(
-                "{} bytes exceed MANIFEST_BYTES_MAX ({MANIFEST_BYTES_MAX})",
-                bytes.len()
-            ));
-        }
-        if bytes.len() < MANIFEST_HEADER_BYTES + 4 {
-            return Err(format!("{} bytes is shorter than a manifest", bytes.len()));
-        }
-        if bytes[..8] != MANIFEST_MAGIC {
-            return Err("bad magic".to_string());
-        }
-        let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
-        if version != MANIFEST_FORMAT_VERSION {
-            return Err(format!(
-                "format version {version} is not {MANIFEST_FORMAT_VERSION}"
-            ));
-        }
-        let body_len = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes")) as usize;
-        if MANIFEST_HEADER_BYTES + body_len + 4 != bytes.len() {
-            return Err(format!(
-                "body length {body_len} does not match the file length {}",
-                bytes.len()
-            ));
-        }
-        let end = MANIFEST_HEADER_BYTES + body_len;
-        let stored = u32::from_le_bytes(bytes[end..].try_into().expect("4 bytes"));
-        if crc32fast::hash(&bytes[..end]) != stored {
-            return Err("crc32 mismatch".to_string());
-        }
-        let mut r = Reader {
-            bytes: &bytes[MANIFEST_HEADER_BYTES..end],
-        };
+        let body = kvarchive::manifest_body(bytes, MANIFEST_BYTES_MAX)?;
+        let mut r = Reader { bytes: body };
         let snapshot_id = r.string(SNAPSHOT_ID_BYTES_MAX)?;
         let cluster_id = u128::from_le_bytes(r.take(16)?.try_into().expect("16 bytes"));
         let last_log_id = r.log_id()?;
