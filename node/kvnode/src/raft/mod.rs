@@ -1,7 +1,7 @@
 //! Raft around the state machine: openraft's type config and network, the
 //! proposal batcher, linearizable reads, membership changes and the
-//! leader's merge policy. openraft types stay inside this folder, the
-//! state machine, the snapshot folder and the node's start-up.
+//! leader's merge policy (where openraft is used in kvnode: see
+//! [`types`]).
 //!
 //! - [`types`]: the openraft type config (`TypeConfig`), the node type
 //!   (`NodeInfo`: client and peer address) and the commit metadata every

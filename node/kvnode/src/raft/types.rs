@@ -1,9 +1,12 @@
 //! The openraft type configuration of the node and the metadata every
 //! applied entry leaves in the engine.
 //!
-//! Everything openraft-specific that other modules name (the type config,
-//! the node type) lives here or in the log store and state machine, so a
-//! move to openraft 0.10 touches only kvnode.
+//! openraft reaches two crates only — kvnode and raftlog; kvstate, bitcask,
+//! vfs, kvcodec and every client crate never see it (`.ci/boundaries`).
+//! Inside kvnode the type config and node type are defined here; the
+//! state machine and snapshot folder implement openraft's storage traits,
+//! and the services in `server/` and the tasks in `node/` hold the
+//! `openraft::Raft` handle and read its metrics.
 
 use std::fmt;
 
