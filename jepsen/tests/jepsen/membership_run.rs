@@ -26,11 +26,15 @@ async fn membership_changes_keep_three_voters_and_the_register_linearizable() {
     let args = RunArgs {
         workload: WorkloadKind::Register,
         nemesis: FaultList(vec![Fault::Membership]),
-        // Each change (a removal may take the leader) is followed by 8 s
-        // in which an ok read and an ok write must be invoked (the
-        // minimum-work rule): an election after removing the leader takes
-        // up to ~5 s on a loaded machine.
-        time: Duration::from_secs(45),
+        // After each removal (it may take the leader) come the quiet
+        // period and the next member's add (~2 s), in which an ok read and
+        // an ok write must be invoked (the minimum-work rule): an election
+        // after removing the leader, and the clients finding the new one,
+        // take up to ~5 s on a loaded machine, so 3 s of quiet was not
+        // enough (a CI run saw a 5.1 s gap with no ok op). 6 s of quiet
+        // gives ~8 s; 52 s fit three rounds and ~8 s after the last
+        // removal.
+        time: Duration::from_secs(52),
         nodes: Some(3),
         out: out.clone(),
         kvnode_bin: std::env::var_os("KVNODE_BIN").map(PathBuf::from),
@@ -38,7 +42,7 @@ async fn membership_changes_keep_three_voters_and_the_register_linearizable() {
         rate: 60,
         seed: Some(3),
         fault_hold: Duration::from_secs(8),
-        quiet: Duration::from_secs(3),
+        quiet: Duration::from_secs(6),
         min_ok_writes: 50,
         min_ok_reads: 50,
         ttl_min: jepsen::workload::ttl::TTL_MIN,
