@@ -8,6 +8,7 @@ mod cluster_time;
 mod common;
 mod conditions;
 mod corruption;
+mod data_compat;
 mod disk_full;
 mod faults;
 mod fsync_failure;
