@@ -18,8 +18,15 @@
 //!    `idle-pause`) until a restarted member leads, then continued.
 //! 5. Writes resume under the restarted leader for [`WRITE_PHASE`] (TTL
 //!    keys are stamped by its clock).
-//! 6. The leader is killed and restarted (`idle-kill-leader`), again and
-//!    again (at most [`KILL_ROUNDS_MAX`] times), until the survivor leads.
+//! 6. The other restarted members are cut off from everyone
+//!    (`idle-isolate`) until the survivor has applied an entry past the
+//!    end of their logs; then the leader is killed (`idle-kill-leader`),
+//!    the links are restored, and the leader is restarted once another
+//!    member leads. Only the survivor can: the others' logs are behind its
+//!    own. (openraft 0.9 draws a member's election timeout once per
+//!    process; without the cut, a survivor that drew a long one lost every
+//!    election to the freshly restarted members.) Repeated (at most
+//!    [`KILL_ROUNDS_MAX`] times) until the survivor leads.
 //!    With the bug, its first stamp jumps cluster time forward by the idle
 //!    period, and every key written under the restarted leaders with a TTL
 //!    shorter than that period is observed expired at once (early expiry).
@@ -38,7 +45,7 @@ use tokio::time::Instant;
 
 use super::Nemesis;
 use crate::control::cluster::client_addr;
-use crate::workload::Phase;
+use crate::workload::{Phase, own_status};
 
 /// Default idle period (no write, no tick) before the rolling restarts.
 /// Longer than the suite's longest TTL ([`crate::suite::TTL_LEADER_CHANGE_TTL_MAX`]),
@@ -48,6 +55,12 @@ pub const IDLE_DEFAULT: Duration = Duration::from_secs(15);
 pub const WRITE_PHASE: Duration = Duration::from_secs(3);
 /// Leader kills at most, waiting for the survivor to lead.
 pub const KILL_ROUNDS_MAX: u32 = 6;
+/// Time the survivor's log may take to pass the isolated members' (step
+/// 6a; the writes go on meanwhile).
+const ISOLATE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Wait after the cut before the isolated members' logs are read (what
+/// was already on its way to them arrives).
+const ISOLATE_SETTLE: Duration = Duration::from_millis(500);
 /// Pause after each restart and each leader change (writes go on).
 const STEP_PAUSE: Duration = Duration::from_secs(1);
 /// Time a restarted member may take to answer again.
@@ -181,15 +194,28 @@ impl Nemesis {
                 survivor_leads = true;
                 break;
             }
-            if Instant::now() + ELECTION_TIMEOUT > deadline {
+            if Instant::now() + ISOLATE_TIMEOUT + ELECTION_TIMEOUT > deadline {
                 break;
             }
+            let others: Vec<u64> = ids
+                .iter()
+                .copied()
+                .filter(|&id| id != current && id != survivor)
+                .collect();
+            let isolated = self.survivor_log_ahead(survivor, &others).await?;
             self.history.nemesis(
                 "idle-kill-leader",
                 Phase::Start,
-                format!("SIGKILL member {current} (leader, restarted)"),
+                format!("SIGKILL member {current} (leader, restarted); {isolated}"),
             )?;
             self.cluster.kill(current)?;
+            let healed = self.firewall.heal();
+            self.history.nemesis(
+                "idle-isolate",
+                Phase::Stop,
+                format!("members {others:?} reconnected"),
+            )?;
+            healed?;
             let next = self.confirmed_leader(Some(current)).await;
             let restarted = self.cluster.restart(current);
             self.history.nemesis(
@@ -208,6 +234,60 @@ impl Nemesis {
         // 7. Let the reads look.
         tokio::time::sleep_until((Instant::now() + HOLD_AFTER).min(deadline)).await;
         Ok(log.join("; "))
+    }
+
+    /// Step 6a: cuts `others` off from everyone (the writes go on) until
+    /// the survivor has applied an entry past the end of every one of
+    /// their logs. With the leader killed next, they cannot be elected
+    /// (their logs are behind the survivor's, which refuses them) and they
+    /// vote for the survivor once it asks: the survivor leads, whatever
+    /// election timeouts the processes drew. openraft 0.9 draws a member's
+    /// timeout once per process, so without this a survivor that drew a
+    /// long one could lose every election to freshly restarted members.
+    /// Returns what it saw; the links stay cut until the caller heals them.
+    async fn survivor_log_ahead(
+        &mut self,
+        survivor: u64,
+        others: &[u64],
+    ) -> anyhow::Result<String> {
+        self.history.nemesis(
+            "idle-isolate",
+            Phase::Start,
+            format!("members {others:?} cut off from everyone until member {survivor}'s log passes theirs"),
+        )?;
+        let ids = self.cluster.ids();
+        for &other in others {
+            for &id in ids.iter().filter(|&&id| id != other) {
+                self.firewall.cut(other, id)?;
+                self.firewall.cut(id, other)?;
+            }
+        }
+        // Whatever was on its way to them has arrived by now.
+        tokio::time::sleep(ISOLATE_SETTLE).await;
+        let mut their_last = 0;
+        for &other in others {
+            match own_status(&client_addr(other)).await {
+                Some(row) => their_last = their_last.max(row.last_log_index.unwrap_or(0)),
+                None => return Ok(format!("member {other}'s last log index unknown")),
+            }
+        }
+        let until = Instant::now() + ISOLATE_TIMEOUT;
+        let mut applied = 0;
+        while Instant::now() < until {
+            if let Some(row) = own_status(&client_addr(survivor)).await {
+                applied = row.applied_index.unwrap_or(0);
+                if applied > their_last {
+                    return Ok(format!(
+                        "member {survivor} applied {applied}, past {others:?}'s last log index {their_last}"
+                    ));
+                }
+            }
+            tokio::time::sleep(PROBE_PAUSE).await;
+        }
+        Ok(format!(
+            "member {survivor} applied only {applied} of {others:?}'s last log index {their_last} in {} s",
+            ISOLATE_TIMEOUT.as_secs()
+        ))
     }
 
     /// SIGKILLs `member`, starts it again at once, waits until it answers.
