@@ -94,7 +94,9 @@ impl Nemesis {
     pub(super) async fn restart_after_idle(&mut self, deadline: Instant) -> String {
         let result = self.idle_sequence(deadline).await;
         self.gate.set_closed(false);
-        let healed = self.cluster.heal_processes();
+        // A step that failed may have left step 6a's cut in place.
+        let links = self.firewall.heal();
+        let healed = self.cluster.heal_processes().and(links);
         let mut detail = match result {
             Ok(detail) => detail,
             Err(err) => format!("sequence stopped: {err:#}"),
