@@ -139,6 +139,14 @@ fn cluster_and_raft_messages_survive_a_round_trip() {
         from_incarnation: 77,
         to_id: 2,
         to_incarnation: 0,
+        protocol_version: kvproto::PEER_PROTOCOL_VERSION,
+    });
+    round_trip(&raft::TransferLeaderRequest {
+        identity,
+        payload: Bytes::from_static(b"transfer"),
+    });
+    round_trip(&raft::TransferLeaderResponse {
+        payload: Bytes::from_static(b"ok"),
     });
     round_trip(&raft::AppendEntriesRequest {
         identity,
@@ -365,6 +373,18 @@ impl raft::raft_server::Raft for StubRaft {
         _: Request<raft::VoteRequest>,
     ) -> Result<Response<raft::VoteResponse>, Status> {
         Err(Status::unimplemented("vote"))
+    }
+    async fn pre_vote(
+        &self,
+        _: Request<raft::VoteRequest>,
+    ) -> Result<Response<raft::VoteResponse>, Status> {
+        Err(Status::unimplemented("pre_vote"))
+    }
+    async fn transfer_leader(
+        &self,
+        _: Request<raft::TransferLeaderRequest>,
+    ) -> Result<Response<raft::TransferLeaderResponse>, Status> {
+        Err(Status::unimplemented("transfer_leader"))
     }
     async fn read_index(
         &self,

@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use tonic::Status;
 
-use crate::raft::types::TypeConfig;
+use crate::raft::types::NodeRaft;
+use crate::raft::watch::MetricsWatch;
 
 /// Default watermark (`--disk-free-min-bytes`): below this many free bytes
 /// on the data directory's filesystem, writes are refused. Room for the
@@ -128,7 +129,7 @@ impl Watermark {
 /// Waits until openraft stopped this member because of a fatal error
 /// (storage failure, panic) and returns its description; pending forever
 /// while the member runs. Also returns if the Raft handle is gone.
-pub async fn wait_storage_failure(raft: openraft::Raft<TypeConfig>) -> String {
+pub async fn wait_storage_failure(raft: NodeRaft) -> String {
     let mut metrics = raft.metrics();
     loop {
         if let Err(fatal) = &metrics.borrow().running_state {

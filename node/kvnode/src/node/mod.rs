@@ -27,7 +27,7 @@ use crate::node::clock::ClusterClock;
 use crate::node::tasks::check_peers_cluster;
 use crate::raft::merge_policy::{MergePolicy, SnapshotPolicy};
 use crate::raft::network::Network;
-use crate::raft::types::{NodeInfo, TypeConfig};
+use crate::raft::types::{NodeInfo, NodeRaft};
 use crate::server::security::{Security, SecurityError};
 use crate::state_machine::{StateMachine, StateMachineOptions};
 
@@ -171,7 +171,7 @@ pub enum StartError {
 pub struct Node {
     id: u64,
     metrics: crate::server::metrics::Metrics,
-    raft: openraft::Raft<TypeConfig>,
+    raft: NodeRaft,
     state_machine: StateMachine,
     client_addr: SocketAddr,
     peer_addr: SocketAddr,
@@ -310,7 +310,7 @@ impl Node {
     }
 
     /// The openraft handle.
-    pub fn raft(&self) -> &openraft::Raft<TypeConfig> {
+    pub fn raft(&self) -> &NodeRaft {
         &self.raft
     }
 

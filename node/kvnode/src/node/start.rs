@@ -26,7 +26,8 @@ use crate::raft::membership::Membership;
 use crate::raft::network::Network;
 use crate::raft::propose::{propose_fn, propose_merge_fn};
 use crate::raft::read_index::ReadRounds;
-use crate::raft::types::{NodeInfo, TypeConfig};
+use crate::raft::types::{NodeRaft, TypeConfig};
+use crate::raft::watch::{MetricsWatch, NodeMetricsWatch};
 use crate::server::cluster::ClusterService;
 use crate::server::kv::KvService;
 use crate::server::metrics::Metrics;
@@ -91,7 +92,7 @@ pub(super) async fn start_raft(
     network: Network,
     log_store: LogStore<TypeConfig>,
     state_machine: StateMachine,
-) -> Result<openraft::Raft<TypeConfig>, StartError> {
+) -> Result<NodeRaft, StartError> {
     let raft_config = openraft::Config {
         cluster_name: "raftcask".to_string(),
         heartbeat_interval: HEARTBEAT_MS,
@@ -120,7 +121,7 @@ pub(super) async fn start_raft(
 /// directory must not fork it).
 pub(super) async fn bootstrap(
     config: &NodeConfig,
-    raft: &openraft::Raft<TypeConfig>,
+    raft: &NodeRaft,
     identity: &Identity,
     state_machine: &StateMachine,
     existing: Option<(u64, u64)>,
@@ -161,7 +162,7 @@ pub(super) async fn bootstrap(
 /// What the ports and tasks of a starting member share.
 pub(super) struct Member<'a> {
     pub(super) config: &'a NodeConfig,
-    pub(super) raft: openraft::Raft<TypeConfig>,
+    pub(super) raft: NodeRaft,
     pub(super) state_machine: StateMachine,
     pub(super) identity: Identity,
     pub(super) network: Network,
@@ -359,7 +360,7 @@ impl Member<'_> {
 /// shutdown.
 pub(super) async fn log_leader_changes(
     id: u64,
-    mut metrics: watch::Receiver<openraft::RaftMetrics<u64, NodeInfo>>,
+    mut metrics: NodeMetricsWatch,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut seen = None;

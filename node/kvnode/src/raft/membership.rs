@@ -59,12 +59,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
-use openraft::{ChangeMembers, RaftMetrics, ServerState};
+use openraft::{ChangeMembers, ServerState};
 use tonic::Status;
 
 use crate::node::identity::Identity;
 use crate::raft::network::Network;
-use crate::raft::types::{NodeInfo, TypeConfig};
+use crate::raft::types::{NodeInfo, NodeMetrics, NodeRaft, TypeConfig};
+use crate::raft::watch::MetricsWatch;
 use crate::server::convert;
 
 /// How long AddLearner with `wait_caught_up` waits for the learner to hold
@@ -83,8 +84,8 @@ pub const LEARN_MEMBERS_INTERVAL: Duration = Duration::from_secs(1);
 /// that may be promoted.
 pub const PROMOTE_LAG_ENTRIES_MAX: u64 = 1000;
 
-type Metrics = RaftMetrics<u64, NodeInfo>;
-type Raft = openraft::Raft<TypeConfig>;
+type Metrics = NodeMetrics;
+type Raft = NodeRaft;
 
 /// The leader a member may name: the one its vote names, but only while
 /// that member is a voter of the membership this member knows. (A removed
@@ -447,13 +448,23 @@ fn not_committed_in_time(what: &str) -> Status {
     ))
 }
 
-fn change_error(err: RaftError<u64, ClientWriteError<u64, NodeInfo>>) -> Status {
+fn change_error(err: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Status {
     match err {
         RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => convert::not_leader(
             forward.leader_id,
             forward.leader_node.map(|n| n.client_addr),
         ),
         RaftError::APIError(ClientWriteError::ChangeMembershipError(err)) => {
+            Status::failed_precondition(format!("the membership cannot change now: {err}"))
+        }
+        // The leader changed after the change was appended: it may still
+        // commit through the new leader.
+        RaftError::APIError(ClientWriteError::LogEntryDiscarded(forward)) => {
+            convert::outcome_unknown(format!(
+                "the membership change's outcome is unknown ({forward}); check the member list"
+            ))
+        }
+        RaftError::APIError(ClientWriteError::PreconditionFailed(err)) => {
             Status::failed_precondition(format!("the membership cannot change now: {err}"))
         }
         RaftError::Fatal(fatal) => convert::outcome_unknown(format!(

@@ -12,10 +12,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use openraft::ReadPolicy;
 use tokio::sync::oneshot;
 
 use crate::raft::network::Network;
-use crate::raft::types::TypeConfig;
+use crate::raft::types::NodeRaft;
+use crate::raft::watch::MetricsWatch;
 
 /// How long one read-index round may take before the read answers
 /// UNAVAILABLE (it spans the leader's quorum round and, on a follower, the
@@ -60,7 +62,7 @@ struct Queue {
 #[derive(Clone)]
 pub struct ReadRounds {
     id: u64,
-    raft: openraft::Raft<TypeConfig>,
+    raft: NodeRaft,
     network: Network,
     queue: Arc<Mutex<Queue>>,
 }
@@ -75,7 +77,7 @@ impl std::fmt::Debug for ReadRounds {
 
 impl ReadRounds {
     /// Rounds for member `id`.
-    pub fn new(id: u64, raft: openraft::Raft<TypeConfig>, network: Network) -> ReadRounds {
+    pub fn new(id: u64, raft: NodeRaft, network: Network) -> ReadRounds {
         ReadRounds {
             id,
             raft,
@@ -149,16 +151,16 @@ impl ReadRounds {
 
     /// One quorum round on the leader.
     async fn leader_round(&self) -> Result<u64, ReadIndexError> {
-        use openraft::error::{CheckIsLeaderError, RaftError};
-        match self.raft.get_read_log_id().await {
-            Ok((read_log_id, _applied)) => Ok(read_log_id.map(|l| l.index).unwrap_or(0)),
-            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward))) => {
+        use openraft::errors::{LinearizableReadError, RaftError};
+        match self.raft.get_read_log_id(ReadPolicy::ReadIndex).await {
+            Ok((read_log_id, _applied)) => Ok(read_log_id.index()),
+            Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(forward))) => {
                 Err(ReadIndexError::NotLeader {
                     me: self.id,
                     leader: forward.leader_id,
                 })
             }
-            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(err))) => Err(
+            Err(RaftError::APIError(LinearizableReadError::QuorumNotEnough(err))) => Err(
                 ReadIndexError::Unavailable(format!("could not confirm leadership: {err}")),
             ),
             Err(RaftError::Fatal(_)) => Err(ReadIndexError::Stopped),

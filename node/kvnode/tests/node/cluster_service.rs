@@ -10,6 +10,7 @@
 //! - AddLearner of a member nobody runs is refused (FAILED_PRECONDITION:
 //!   start it first); membership changes are proven in `membership.rs`.
 
+use kvnode::raft::watch::MetricsWatch;
 use std::time::{Duration, Instant};
 
 use kvproto::cluster::v1::cluster_client::ClusterClient;

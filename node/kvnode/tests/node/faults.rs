@@ -13,6 +13,7 @@
 
 use std::time::{Duration, Instant};
 
+use kvnode::raft::watch::MetricsWatch;
 use kvnode::{Faults, Node};
 use kvproto::kv::v1::{Consistency, PutRequest, Session, put_response};
 

@@ -12,6 +12,7 @@
 //!   and fsync their directories).
 #![cfg(feature = "lazy-disk")]
 
+use kvnode::raft::types::log_id;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -58,7 +59,7 @@ fn real_file_crc(path: &Path) -> (u64, u32) {
 #[tokio::test]
 async fn identity_current_and_snapshots_are_durable_when_written() {
     use openraft::storage::RaftStateMachine;
-    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+    use openraft::{Entry, EntryPayload};
 
     let dir = tempfile::tempdir().unwrap();
     kvnode::node::identity::Identity::load_or_create(dir.path(), 1).unwrap();
@@ -66,7 +67,7 @@ async fn identity_current_and_snapshots_are_durable_when_written() {
     let mut sm = StateMachine::open(&state, StateMachineOptions::default()).unwrap();
     let blanks: Vec<Entry<kvnode::TypeConfig>> = (1..=20)
         .map(|index| Entry {
-            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            log_id: log_id(1, 1, index),
             payload: EntryPayload::Blank,
         })
         .collect();
