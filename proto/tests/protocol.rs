@@ -316,6 +316,12 @@ impl cluster::cluster_server::Cluster for StubCluster {
     ) -> Result<Response<cluster::RemoveMemberResponse>, Status> {
         Err(Status::unimplemented("remove_member"))
     }
+    async fn move_leader(
+        &self,
+        _: Request<cluster::MoveLeaderRequest>,
+    ) -> Result<Response<cluster::MoveLeaderResponse>, Status> {
+        Err(Status::unimplemented("move_leader"))
+    }
     async fn trigger_snapshot(
         &self,
         _: Request<cluster::TriggerSnapshotRequest>,

@@ -28,6 +28,7 @@ use crate::node::tasks::check_peers_cluster;
 use crate::raft::merge_policy::{MergePolicy, SnapshotPolicy};
 use crate::raft::network::Network;
 use crate::raft::types::{NodeInfo, NodeRaft};
+use crate::raft::watch::MetricsWatch;
 use crate::server::security::{Security, SecurityError};
 use crate::state_machine::{StateMachine, StateMachineOptions};
 
@@ -39,6 +40,13 @@ pub const ELECTION_TIMEOUT_MIN_MS: u64 = 1500;
 pub const ELECTION_TIMEOUT_MAX_MS: u64 = 3000;
 /// Deadline of one snapshot transfer step.
 pub const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 10_000;
+/// How long a stopping leader waits for another voter to take over
+/// ([`Node::hand_over_leadership`]): a caught-up target wins in one round
+/// trip; one that lags first gets the missing entries.
+pub const LEADER_HANDOVER_WAIT: Duration = Duration::from_secs(3);
+/// How long [`Node::shutdown`] waits for openraft to let go of the state
+/// machine after it stopped.
+pub const SHUTDOWN_RELEASE_WAIT: Duration = Duration::from_secs(5);
 
 /// How a member starts.
 #[derive(Clone, Debug)]
@@ -324,8 +332,65 @@ impl Node {
         &self.metrics
     }
 
+    /// If this member leads, hands leadership to the voter whose log is
+    /// furthest along (openraft's leader transfer) and waits, at most
+    /// `wait`, until another member leads: a member stopping on purpose
+    /// (SIGTERM, a rolling restart) costs its cluster a round trip instead
+    /// of an election timeout. Returns the new leader, or `None` if this
+    /// member did not lead, has no other voter, or nobody took over in time
+    /// (the election that follows its stop then picks one).
+    pub async fn hand_over_leadership(&self, wait: Duration) -> Option<u64> {
+        let metrics = self.raft.metrics().borrow().clone();
+        if metrics.current_leader != Some(self.id) {
+            return None;
+        }
+        let voters: Vec<u64> = metrics
+            .membership_config
+            .membership()
+            .voter_ids()
+            .filter(|id| *id != self.id)
+            .collect();
+        // The most caught-up voter by the leader's own replication view;
+        // ties go to the lower id.
+        let matched = |id: &u64| {
+            metrics
+                .replication
+                .as_ref()
+                .and_then(|r| r.get(id).cloned().flatten())
+                .map(|log_id| log_id.index)
+        };
+        let target = voters
+            .iter()
+            .copied()
+            .max_by_key(|id| (matched(id), std::cmp::Reverse(*id)))?;
+        tracing::info!(
+            id = self.id,
+            to = target,
+            "stopping: handing leadership over"
+        );
+        self.raft.trigger().transfer_leader(target).await.ok()?;
+        let me = self.id;
+        let mut watch = self.raft.metrics();
+        match tokio::time::timeout(
+            wait,
+            watch.wait_for(move |m| m.current_leader.is_some_and(|l| l != me)),
+        )
+        .await
+        {
+            Ok(Ok(now)) => now.current_leader,
+            _ => {
+                tracing::warn!(id = self.id, to = target, ?wait, "nobody took over in time");
+                None
+            }
+        }
+    }
+
     /// Stops serving (in-flight requests finish, bounded by `grace`), then
-    /// stops Raft.
+    /// stops Raft, and returns once openraft has let go of the state
+    /// machine (bounded by [`SHUTDOWN_RELEASE_WAIT`]): openraft 0.10 drops
+    /// its copy after `Raft::shutdown` returns, and the engine's directory
+    /// lock goes with the last copy, so a restart in the same process could
+    /// otherwise find the directory still in use.
     pub async fn shutdown(self, grace: Duration) {
         let _ = self.shutdown.send(true);
         for server in self.servers {
@@ -336,6 +401,20 @@ impl Node {
         }
         if let Err(err) = self.raft.shutdown().await {
             tracing::warn!(error = %err, "raft shutdown");
+        }
+        let released = self.state_machine.release_watch();
+        drop(self.state_machine);
+        drop(self.raft);
+        let start = std::time::Instant::now();
+        while !released.released() {
+            if start.elapsed() >= SHUTDOWN_RELEASE_WAIT {
+                tracing::warn!(
+                    id = self.id,
+                    "the state machine is still held {SHUTDOWN_RELEASE_WAIT:?} after shutdown"
+                );
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 }

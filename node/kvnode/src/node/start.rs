@@ -101,6 +101,17 @@ pub(super) async fn start_raft(
         install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
         max_in_snapshot_log_to_keep: config.snapshot_log_keep,
         snapshot_policy: config.snapshot_policy.openraft(),
+        // A candidate first asks "would you vote for me?" without raising
+        // its term: a member cut off for a while cannot depose a healthy
+        // leader when it comes back (openraft leaves this off).
+        enable_pre_vote: Some(true),
+        // Never restart as the leader of the old term without an election:
+        // apply does not fsync and the committed id is not persisted, so a
+        // restarted leader's state machine may be behind what it
+        // acknowledged; it must win a new term, whose first entry commits
+        // everything before it, before it serves a read. (The log store also
+        // reopens every vote uncommitted; see raftlog's `recovery`.)
+        enable_leader_restore: Some(false),
         ..Default::default()
     }
     .validate()

@@ -83,6 +83,10 @@ pub const LEARN_MEMBERS_INTERVAL: Duration = Duration::from_secs(1);
 /// Largest lag, in entries behind the leader's last log index, of a learner
 /// that may be promoted.
 pub const PROMOTE_LAG_ENTRIES_MAX: u64 = 1000;
+/// How long a leadership move may take: the target must catch up with the
+/// leader's log, then win an election (one round trip when it is caught
+/// up; a few heartbeats when it lags).
+pub const MOVE_LEADER_WAIT: Duration = Duration::from_secs(5);
 
 type Metrics = NodeMetrics;
 type Raft = NodeRaft;
@@ -338,6 +342,49 @@ impl Membership {
             "promoting",
         )
         .await
+    }
+
+    /// Hands leadership to voter `id`: openraft's leader transfer (the
+    /// leader stops taking writes, the target starts an election as soon as
+    /// its log matches the leader's). Answers the new leader's id once this
+    /// member sees `id` lead, within [`MOVE_LEADER_WAIT`]. Moving to the
+    /// leader itself changes nothing.
+    pub async fn move_leader(&self, id: u64) -> Result<u64, Status> {
+        let _one = self.lock.lock().await;
+        let metrics = self.require_leader()?;
+        let is_voter = metrics
+            .membership_config
+            .membership()
+            .voter_ids()
+            .any(|voter| voter == id);
+        if !is_voter {
+            return Err(Status::invalid_argument(format!(
+                "id: member {id} is not a voter; leadership can only move to a voter"
+            )));
+        }
+        if id == self.id {
+            return Ok(id);
+        }
+        tracing::info!(leader = self.id, to = id, "moving leadership");
+        self.raft
+            .trigger()
+            .transfer_leader(id)
+            .await
+            .map_err(|err| Status::unavailable(format!("raft stopped: {err}")))?;
+        let mut watch = self.raft.metrics();
+        match tokio::time::timeout(
+            MOVE_LEADER_WAIT,
+            watch.wait_for(move |m| m.current_leader == Some(id)),
+        )
+        .await
+        {
+            Ok(Ok(_)) => Ok(id),
+            Ok(Err(_)) => Err(Status::unavailable("raft stopped")),
+            Err(_) => Err(Status::deadline_exceeded(format!(
+                "member {id} did not take over within MOVE_LEADER_WAIT ({MOVE_LEADER_WAIT:?}); \
+                 check `kvctl status`: it may be catching up or unreachable"
+            ))),
+        }
     }
 
     /// Removes member `id` (voter or learner, the leader included).

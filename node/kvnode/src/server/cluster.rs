@@ -26,9 +26,9 @@ use std::time::Duration;
 use kvproto::cluster::v1::cluster_server::{Cluster, ClusterServer};
 use kvproto::cluster::v1::{
     AddLearnerRequest, AddLearnerResponse, Member, MemberListRequest, MemberListResponse,
-    MemberStatus, PromoteRequest, PromoteResponse, RemoveMemberRequest, RemoveMemberResponse, Role,
-    SaveSnapshotRequest, SaveSnapshotResponse, StatusRequest, StatusResponse,
-    TriggerSnapshotRequest, TriggerSnapshotResponse,
+    MemberStatus, MoveLeaderRequest, MoveLeaderResponse, PromoteRequest, PromoteResponse,
+    RemoveMemberRequest, RemoveMemberResponse, Role, SaveSnapshotRequest, SaveSnapshotResponse,
+    StatusRequest, StatusResponse, TriggerSnapshotRequest, TriggerSnapshotResponse,
 };
 use kvproto::kv::v1::Header;
 use openraft::ServerState;
@@ -291,6 +291,20 @@ impl Cluster for ClusterService {
         Ok(Response::new(RemoveMemberResponse {
             header: Some(self.header(&self.metrics())),
             members: members_of(&members),
+        }))
+    }
+
+    async fn move_leader(
+        &self,
+        request: Request<MoveLeaderRequest>,
+    ) -> Result<Response<MoveLeaderResponse>, Status> {
+        let leader_id = self
+            .membership()?
+            .move_leader(request.into_inner().id)
+            .await?;
+        Ok(Response::new(MoveLeaderResponse {
+            header: Some(self.header(&self.metrics())),
+            leader_id,
         }))
     }
 

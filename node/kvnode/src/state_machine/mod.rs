@@ -113,6 +113,18 @@ pub(crate) struct Shared {
     pub(crate) cluster_id: AtomicU64,
 }
 
+/// Whether every copy of a state machine is gone: see
+/// [`StateMachine::release_watch`].
+#[derive(Debug)]
+pub struct Released(std::sync::Weak<Shared>);
+
+impl Released {
+    /// True once no copy of the state machine is left.
+    pub fn released(&self) -> bool {
+        self.0.strong_count() == 0
+    }
+}
+
 /// The state machine (cheap to clone: clones share one state). It is also
 /// its own snapshot builder.
 #[derive(Clone, Debug)]
@@ -201,6 +213,12 @@ impl StateMachine {
     pub fn applied(&self) -> (Option<NodeLogId>, NodeMembership) {
         let inner = self.lock();
         (inner.last_applied, inner.membership.clone())
+    }
+
+    /// Tells when every copy of this state machine is gone (and with the
+    /// last one, the engine and its directory lock).
+    pub fn release_watch(&self) -> Released {
+        Released(Arc::downgrade(&self.shared))
     }
 
     /// The state machine's directory.

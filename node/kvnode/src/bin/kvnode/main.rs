@@ -398,6 +398,14 @@ async fn run_member(config: NodeConfig) -> anyhow::Result<()> {
         }
     }
     tracing::info!("shutting down");
+    // A leader stopping on purpose hands over first: its clients see a
+    // round trip, not an election timeout.
+    if let Some(leader) = node
+        .hand_over_leadership(kvnode::node::LEADER_HANDOVER_WAIT)
+        .await
+    {
+        tracing::info!(id = node.id(), leader, "leadership handed over");
+    }
     node.shutdown(SHUTDOWN_GRACE).await;
     Ok(())
 }
