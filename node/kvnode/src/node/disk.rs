@@ -142,7 +142,8 @@ pub async fn wait_storage_failure(raft: NodeRaft) -> String {
 }
 
 /// A one-line cause for an operator: what the error text says about the
-/// disk.
+/// disk (or that the Raft core panicked: the process then exits, as on a
+/// storage failure, and a restart recovers).
 pub fn describe_storage_failure(error: &str) -> &'static str {
     if error.contains("os error 28") || error.contains("No space left") {
         "the disk is full (ENOSPC): free space on the data directory's filesystem, then restart \
@@ -150,6 +151,9 @@ pub fn describe_storage_failure(error: &str) -> &'static str {
     } else if error.contains("os error 30") || error.contains("Read-only file system") {
         "the filesystem is read-only (EROFS): make it writable (check the kernel log for I/O \
          errors that caused a read-only remount), then restart this member"
+    } else if error.contains("panicked") {
+        "the Raft core panicked (a bug; its message is in this member's log): restart this \
+         member, it recovers from what is durable on disk"
     } else {
         "storage failed: check the data directory and the kernel log, then restart this member"
     }
@@ -183,5 +187,7 @@ mod tests {
         );
         assert!(describe_storage_failure("Read-only file system (os error 30)").contains("EROFS"));
         assert!(describe_storage_failure("bad").contains("storage failed"));
+        // openraft's Fatal::Panicked displays as "panicked".
+        assert!(describe_storage_failure("panicked").contains("Raft core panicked"));
     }
 }

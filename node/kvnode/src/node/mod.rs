@@ -27,6 +27,7 @@ use crate::node::clock::ClusterClock;
 use crate::node::tasks::check_peers_cluster;
 use crate::raft::merge_policy::{MergePolicy, SnapshotPolicy};
 use crate::raft::network::Network;
+use crate::raft::read_index::LinearizableReads;
 use crate::raft::types::{NodeInfo, NodeRaft};
 use crate::raft::watch::MetricsWatch;
 use crate::server::security::{Security, SecurityError};
@@ -47,6 +48,9 @@ pub const LEADER_HANDOVER_WAIT: Duration = Duration::from_secs(3);
 /// How long [`Node::shutdown`] waits for openraft to let go of the state
 /// machine after it stopped.
 pub const SHUTDOWN_RELEASE_WAIT: Duration = Duration::from_secs(5);
+/// A stopping leader hands over only to a voter whose last acknowledgement
+/// is younger than this (a few heartbeats).
+pub const HANDOVER_TARGET_SILENCE_MAX: Duration = Duration::from_millis(4 * HEARTBEAT_MS);
 
 /// How a member starts.
 #[derive(Clone, Debug)]
@@ -82,6 +86,9 @@ pub struct NodeConfig {
     pub limits: crate::server::limits::Limits,
     /// TLS on the ports and the client port's token (off by default).
     pub security: Security,
+    /// How the leader confirms leadership for a linearizable read
+    /// (`--read-policy`; ReadIndex by default, see [`LinearizableReads`]).
+    pub read_policy: LinearizableReads,
 }
 
 /// Default of [`NodeConfig::snapshot_log_keep`]: entries kept behind a
@@ -113,6 +120,7 @@ impl NodeConfig {
             faults: Faults::default(),
             limits: crate::server::limits::Limits::default(),
             security: Security::default(),
+            read_policy: LinearizableReads::default(),
         }
     }
 }
@@ -344,11 +352,23 @@ impl Node {
         if metrics.current_leader != Some(self.id) {
             return None;
         }
+        // Only a voter that answered lately can take over: a leader in a
+        // transfer stops serving until someone does, so a transfer to an
+        // unreachable member would only add a gap before the election.
+        let answered_lately = |id: &u64| {
+            metrics
+                .heartbeat
+                .as_ref()
+                .and_then(|h| h.get(id).cloned().flatten())
+                .is_some_and(|at| {
+                    openraft::Instant::elapsed(&at.into_inner()) < HANDOVER_TARGET_SILENCE_MAX
+                })
+        };
         let voters: Vec<u64> = metrics
             .membership_config
             .membership()
             .voter_ids()
-            .filter(|id| *id != self.id)
+            .filter(|id| *id != self.id && answered_lately(id))
             .collect();
         // The most caught-up voter by the leader's own replication view;
         // ties go to the lower id.
@@ -368,18 +388,26 @@ impl Node {
             to = target,
             "stopping: handing leadership over"
         );
-        self.raft.trigger().transfer_leader(target).await.ok()?;
         let me = self.id;
-        let mut watch = self.raft.metrics();
-        match tokio::time::timeout(
-            wait,
-            watch.wait_for(move |m| m.current_leader.is_some_and(|l| l != me)),
-        )
-        .await
-        {
-            Ok(Ok(now)) => now.current_leader,
+        let raft = self.raft.clone();
+        let handed_over = async move {
+            raft.trigger().transfer_leader(target).await.ok()?;
+            let mut watch = raft.metrics();
+            let now = watch
+                .wait_for(move |m| m.current_leader.is_some_and(|l| l != me))
+                .await
+                .ok()?;
+            now.current_leader
+        };
+        match tokio::time::timeout(wait, handed_over).await {
+            Ok(Some(leader)) => Some(leader),
             _ => {
-                tracing::warn!(id = self.id, to = target, ?wait, "nobody took over in time");
+                tracing::warn!(
+                    id = self.id,
+                    to = target,
+                    ?wait,
+                    "nobody took over in time; an election follows this member's stop"
+                );
                 None
             }
         }

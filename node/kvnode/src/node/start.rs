@@ -25,6 +25,7 @@ use crate::raft::batcher::Batcher;
 use crate::raft::membership::Membership;
 use crate::raft::network::Network;
 use crate::raft::propose::{propose_fn, propose_merge_fn};
+use crate::raft::read_index::LinearizableReads;
 use crate::raft::read_index::ReadRounds;
 use crate::raft::types::{NodeRaft, TypeConfig};
 use crate::raft::watch::{MetricsWatch, NodeMetricsWatch};
@@ -93,6 +94,17 @@ pub(super) async fn start_raft(
     log_store: LogStore<TypeConfig>,
     state_machine: StateMachine,
 ) -> Result<NodeRaft, StartError> {
+    if config.read_policy == LinearizableReads::Lease {
+        // A leader counts on its followers' leases: a follower that
+        // acknowledged it refuses other candidates for one lease. A restart
+        // forgets that promise, so under the lease policy a member stays out
+        // of elections for one lease after it starts.
+        tracing::info!(
+            id = config.id,
+            "read policy lease: waiting one lease ({ELECTION_TIMEOUT_MAX_MS} ms) before taking part in elections"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(ELECTION_TIMEOUT_MAX_MS)).await;
+    }
     let raft_config = openraft::Config {
         cluster_name: "raftcask".to_string(),
         heartbeat_interval: HEARTBEAT_MS,
@@ -204,7 +216,8 @@ impl Member<'_> {
             propose_fn(raft.clone(), (*clock).clone()),
             Some(member_metrics.proposal_observer()),
         );
-        let reads = ReadRounds::new(config.id, raft.clone(), network.clone());
+        let reads = ReadRounds::new(config.id, raft.clone(), network.clone())
+            .with_policy(config.read_policy);
         let peer_service = PeerService::new(
             raft.clone(),
             state_machine.clone(),

@@ -48,9 +48,11 @@ use crate::snapshot::SnapshotHandle;
 /// Largest gRPC message a peer sends or accepts, in bytes: above one Raft
 /// entry (4 MiB) times the entries openraft packs into one AppendEntries.
 pub const PEER_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
-/// Largest encoded AppendEntries payload sent in one message: larger ones
-/// are split (openraft resends fewer entries on `PayloadTooLarge`). One
-/// entry is at most 4 MiB, so a single entry always fits.
+/// Largest encoded AppendEntries payload sent in one message: a larger
+/// request carries only the entries that fit, and its success is reported
+/// to openraft as a partial success up to the last entry sent (openraft then
+/// sends the rest). One entry is at most 4 MiB, so a single entry always
+/// fits.
 pub const APPEND_PAYLOAD_BYTES_MAX: usize = PEER_MESSAGE_BYTES_MAX - 1024 * 1024;
 
 /// Room kept in an AppendEntries payload for what is not an entry (vote,

@@ -116,12 +116,14 @@ pub(crate) struct Shared {
 /// Whether every copy of a state machine is gone: see
 /// [`StateMachine::release_watch`].
 #[derive(Debug)]
-pub struct Released(std::sync::Weak<Shared>);
+pub struct Released(std::sync::Weak<Shared>, std::sync::Weak<Engine>);
 
 impl Released {
-    /// True once no copy of the state machine is left.
+    /// True once no copy of the state machine and no handle on its engine
+    /// is left. (A merge still running on its thread holds the engine's
+    /// files but not this handle; the engine's own lock outlives it.)
     pub fn released(&self) -> bool {
-        self.0.strong_count() == 0
+        self.0.strong_count() == 0 && self.1.strong_count() == 0
     }
 }
 
@@ -218,7 +220,7 @@ impl StateMachine {
     /// Tells when every copy of this state machine is gone (and with the
     /// last one, the engine and its directory lock).
     pub fn release_watch(&self) -> Released {
-        Released(Arc::downgrade(&self.shared))
+        Released(Arc::downgrade(&self.shared), Arc::downgrade(&self.engine()))
     }
 
     /// The state machine's directory.
@@ -418,20 +420,26 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut responders = Vec::new();
         let mut ended = false;
         while !ended {
+            // A read error ends the stream, but what was read before it is
+            // applied and answered first.
+            let mut failed = None;
             match entries.next().await {
                 None => break,
-                Some(item) => {
-                    let (entry, responder) = item?;
+                Some(Ok((entry, responder))) => {
                     batch.push(entry);
                     responders.push(responder);
                 }
+                Some(Err(err)) => return Err(err),
             }
             while batch.len() < APPLY_BATCH_ENTRIES_MAX {
                 match ready_now(&mut entries).await {
-                    Poll::Ready(Some(item)) => {
-                        let (entry, responder) = item?;
+                    Poll::Ready(Some(Ok((entry, responder)))) => {
                         batch.push(entry);
                         responders.push(responder);
+                    }
+                    Poll::Ready(Some(Err(err))) => {
+                        failed = Some(err);
+                        break;
                     }
                     Poll::Ready(None) => {
                         ended = true;
@@ -445,6 +453,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 if let Some(responder) = responder {
                     responder.send(response);
                 }
+            }
+            if let Some(err) = failed {
+                return Err(err);
             }
         }
         Ok(())
