@@ -10,7 +10,8 @@
 #     catches up (its own replica serves every key, stale read);
 #  5. `down` then `up` with the volumes kept: every key is still there and
 #     the cluster id is unchanged (nobody re-bootstrapped);
-#  6. a rolling restart of the three containers, one at a time, while
+#  6. a rolling restart of the three containers, one at a time (a leader
+#     hands leadership over on SIGTERM), while
 #     `kvctl bench put` runs: no write is reported failed;
 #  7. `down -v`, stops the engine it started, removes what it left.
 # It also checks that the TLS override (deploy/docker-compose.tls.yml) parses.
@@ -252,7 +253,7 @@ log "every key survived down/up; cluster id unchanged"
 
 log "rolling restart under kvctl bench put"
 bench_out="$work/bench.json"
-ctl bench put --clients 4 --duration 60s --key-space 1000 -o json >"$bench_out" 2>"$work/bench.err" &
+ctl bench put --clients 16 --duration 60s --key-space 1000 -o json >"$bench_out" 2>"$work/bench.err" &
 bench_pid=$!
 for n in 1 2 3; do
     sleep 3

@@ -74,6 +74,14 @@ pub const KEY_SIZE_BYTES_MAX: usize = 4 * 1024;
 /// Cluster limit on a value, in bytes (DESIGN §4).
 pub const VALUE_SIZE_BYTES_MAX: usize = 1024 * 1024;
 
+/// The peer protocol this build speaks (`Identity.protocol_version` in
+/// raft.proto): 2 since openraft 0.10 (its Vote request gained a field and
+/// its errors changed shape, so a 0.9 member cannot decode them). A request
+/// that says 0 comes from a build before the field existed: version 1.
+/// Members refuse a request of another version with FAILED_PRECONDITION
+/// naming both versions.
+pub const PEER_PROTOCOL_VERSION: u32 = 2;
+
 /// Cluster time (ms) a session may stay idle before the state machine
 /// evicts it and forgets its answers (DESIGN §3). A client must not retry a
 /// write for longer than half of it (kvclient refuses a longer operation

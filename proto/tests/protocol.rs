@@ -139,6 +139,14 @@ fn cluster_and_raft_messages_survive_a_round_trip() {
         from_incarnation: 77,
         to_id: 2,
         to_incarnation: 0,
+        protocol_version: kvproto::PEER_PROTOCOL_VERSION,
+    });
+    round_trip(&raft::TransferLeaderRequest {
+        identity,
+        payload: Bytes::from_static(b"transfer"),
+    });
+    round_trip(&raft::TransferLeaderResponse {
+        payload: Bytes::from_static(b"ok"),
     });
     round_trip(&raft::AppendEntriesRequest {
         identity,
@@ -308,6 +316,12 @@ impl cluster::cluster_server::Cluster for StubCluster {
     ) -> Result<Response<cluster::RemoveMemberResponse>, Status> {
         Err(Status::unimplemented("remove_member"))
     }
+    async fn move_leader(
+        &self,
+        _: Request<cluster::MoveLeaderRequest>,
+    ) -> Result<Response<cluster::MoveLeaderResponse>, Status> {
+        Err(Status::unimplemented("move_leader"))
+    }
     async fn trigger_snapshot(
         &self,
         _: Request<cluster::TriggerSnapshotRequest>,
@@ -365,6 +379,18 @@ impl raft::raft_server::Raft for StubRaft {
         _: Request<raft::VoteRequest>,
     ) -> Result<Response<raft::VoteResponse>, Status> {
         Err(Status::unimplemented("vote"))
+    }
+    async fn pre_vote(
+        &self,
+        _: Request<raft::VoteRequest>,
+    ) -> Result<Response<raft::VoteResponse>, Status> {
+        Err(Status::unimplemented("pre_vote"))
+    }
+    async fn transfer_leader(
+        &self,
+        _: Request<raft::TransferLeaderRequest>,
+    ) -> Result<Response<raft::TransferLeaderResponse>, Status> {
+        Err(Status::unimplemented("transfer_leader"))
     }
     async fn read_index(
         &self,

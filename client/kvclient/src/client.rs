@@ -568,6 +568,20 @@ impl Client {
         Ok(response.members)
     }
 
+    /// Hands leadership to voter `id` (the leader's leader transfer): answers
+    /// once `id` leads. Retried on another member after a leader change, a
+    /// move that already happened answers at once (the new leader is `id`).
+    pub async fn move_leader(&self, id: u64) -> Result<cpb::MoveLeaderResponse> {
+        self.inner
+            .router
+            .run(Target::Leader, true, |channel| async move {
+                cluster(channel)
+                    .move_leader(cpb::MoveLeaderRequest { id })
+                    .await
+            })
+            .await
+    }
+
     /// Makes a member build a snapshot (and purge its log up to it with
     /// `purge_log`): the cached leader, or else the first member that
     /// answers.

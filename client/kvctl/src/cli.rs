@@ -254,6 +254,11 @@ pub enum MemberCommand {
         /// The member's id.
         id: u64,
     },
+    /// Hand leadership to another voter (as `etcdctl move-leader`).
+    MoveLeader {
+        /// The voter to lead.
+        id: u64,
+    },
 }
 
 /// `snapshot` subcommands.

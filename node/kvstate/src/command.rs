@@ -133,6 +133,19 @@ pub struct Proposal {
     pub command: Command,
 }
 
+/// What a log line says of a proposal: its kind, how many requests or
+/// inputs, and its time; never keys or values.
+impl std::fmt::Display for Proposal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.command {
+            Command::Requests(requests) => write!(f, "requests({})", requests.len())?,
+            Command::Tick => write!(f, "tick")?,
+            Command::Merge { inputs } => write!(f, "merge({} inputs)", inputs.len())?,
+        }
+        write!(f, " at {} ms", self.time_ms)
+    }
+}
+
 /// The outcome of one request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {

@@ -1,13 +1,11 @@
-//! [`LogError`], and its conversion to openraft's [`StorageError`] at the
-//! trait boundary.
+//! [`LogError`], and its conversion to `io::Error` (openraft's storage error)
+//! at the trait boundary.
 
 use std::io;
 use std::path::{Path, PathBuf};
 
-use openraft::{RaftTypeConfig, StorageError, StorageIOError};
-
-/// What went wrong in the log store. Converted to openraft's
-/// [`StorageError`] at the trait boundary (openraft then stops the node).
+/// What went wrong in the log store. Converted to an
+/// [`io::Error`] at the trait boundary (openraft then stops the node).
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
     /// A file operation failed.
@@ -75,14 +73,22 @@ impl LogError {
     }
 }
 
-pub(crate) fn write_logs_err<C: RaftTypeConfig>(err: LogError) -> StorageError<C::NodeId> {
-    StorageIOError::write_logs(&err).into()
-}
-
-pub(crate) fn read_logs_err<C: RaftTypeConfig>(err: LogError) -> StorageError<C::NodeId> {
-    StorageIOError::read_logs(&err).into()
-}
-
-pub(crate) fn write_vote_err<C: RaftTypeConfig>(err: LogError) -> StorageError<C::NodeId> {
-    StorageIOError::write_vote(&err).into()
+/// At openraft's trait boundary a [`LogError`] becomes an [`io::Error`]
+/// (openraft 0.10's storage error type): the kind says what class of
+/// failure it was, and the whole `LogError` travels as its source, so the
+/// message openraft logs when it stops the node names the file, offset or
+/// limit.
+impl From<LogError> for io::Error {
+    fn from(err: LogError) -> io::Error {
+        let kind = match &err {
+            LogError::Io { source, .. } => source.kind(),
+            LogError::Corrupt { .. } => io::ErrorKind::InvalidData,
+            LogError::Poisoned { .. } => io::ErrorKind::Other,
+            LogError::EntryTooLarge { .. } | LogError::NotContiguous { .. } => {
+                io::ErrorKind::InvalidInput
+            }
+            LogError::WriterGone => io::ErrorKind::BrokenPipe,
+        };
+        io::Error::new(kind, err)
+    }
 }

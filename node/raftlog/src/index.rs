@@ -10,10 +10,11 @@ use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use openraft::{LogId, RaftTypeConfig, StorageError, Vote};
+use openraft::RaftTypeConfig;
+use openraft::alias::{LogIdOf, VoteOf};
 use vfs::VfsFile;
 
-use crate::error::{LogError, read_logs_err};
+use crate::error::LogError;
 use crate::format::{parse_record, segment_name};
 use crate::lock;
 use crate::options::LogStoreOptions;
@@ -30,7 +31,7 @@ pub(crate) struct Segment {
 /// Where one live entry is, and its payload while cached.
 #[derive(Debug)]
 pub(crate) struct Slot<C: RaftTypeConfig> {
-    pub(crate) log_id: LogId<C::NodeId>,
+    pub(crate) log_id: LogIdOf<C>,
     /// Key (first index) of the segment holding the record.
     pub(crate) segment: u64,
     pub(crate) offset: u64,
@@ -49,9 +50,9 @@ pub(crate) struct State<C: RaftTypeConfig> {
     pub(crate) first: u64,
     /// One per live entry, in index order.
     pub(crate) slots: VecDeque<Slot<C>>,
-    pub(crate) last_purged: Option<LogId<C::NodeId>>,
-    pub(crate) vote: Option<Vote<C::NodeId>>,
-    pub(crate) committed: Option<LogId<C::NodeId>>,
+    pub(crate) last_purged: Option<LogIdOf<C>>,
+    pub(crate) vote: Option<VoteOf<C>>,
+    pub(crate) committed: Option<LogIdOf<C>>,
     pub(crate) cache_bytes: usize,
     /// Slots below this index hold no cached payload.
     pub(crate) evict_from: u64,
@@ -72,7 +73,7 @@ impl<C: RaftTypeConfig> State<C> {
         self.slots.get_mut(usize::try_from(at).ok()?)
     }
 
-    pub(crate) fn last_log_id(&self) -> Option<LogId<C::NodeId>> {
+    pub(crate) fn last_log_id(&self) -> Option<LogIdOf<C>> {
         match self.slots.back() {
             Some(slot) => Some(slot.log_id.clone()),
             None => self.last_purged.clone(),
@@ -162,6 +163,11 @@ fn read_record(
 }
 
 impl<C: RaftTypeConfig> Shared<C> {
+    /// The vote last saved (durable: `save_vote` returns after its fsync).
+    pub(crate) fn vote(&self) -> Option<VoteOf<C>> {
+        lock(&self.state).vote.clone()
+    }
+
     pub(crate) fn mark_durable(&self, first: u64, count: u64) {
         let mut state = lock(&self.state);
         for index in first..first + count {
@@ -175,8 +181,8 @@ impl<C: RaftTypeConfig> Shared<C> {
     pub(crate) async fn read_entries<RB: RangeBounds<u64>>(
         &self,
         range: RB,
-    ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
-        let sources = self.sources(range).map_err(read_logs_err::<C>)?;
+    ) -> Result<Vec<C::Entry>, io::Error> {
+        let sources = self.sources(range).map_err(io::Error::from)?;
         let all_cached = sources.iter().all(|s| matches!(s, Source::Cached(..)));
         let payloads = if all_cached {
             load(sources)
@@ -185,10 +191,10 @@ impl<C: RaftTypeConfig> Shared<C> {
             tokio::task::spawn_blocking(move || load(sources))
                 .await
                 .map_err(|join| {
-                    read_logs_err::<C>(LogError::io("read", &self.dir, io::Error::other(join)))
+                    io::Error::from(LogError::io("read", &self.dir, io::Error::other(join)))
                 })?
         }
-        .map_err(read_logs_err::<C>)?;
+        .map_err(io::Error::from)?;
         payloads
             .into_iter()
             .map(|(bytes, path, offset)| {
@@ -199,7 +205,7 @@ impl<C: RaftTypeConfig> Shared<C> {
                 })
             })
             .collect::<Result<Vec<_>, LogError>>()
-            .map_err(read_logs_err::<C>)
+            .map_err(io::Error::from)
     }
 
     /// Where each entry of `range` is (memory or file), under the lock.

@@ -7,7 +7,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
 
-use openraft::{LogId, RaftTypeConfig, Vote};
+use openraft::RaftTypeConfig;
+use openraft::alias::{LogIdOf, VoteOf};
+use openraft::vote::RaftVote;
 use vfs::{Vfs, VfsFile};
 
 use crate::error::LogError;
@@ -69,9 +71,8 @@ pub(crate) fn recover<C: RaftTypeConfig>(vfs: &dyn Vfs, dir: &Path) -> Result<St
 /// entry, whose commit covers every earlier entry, before it serves a read.
 /// A follower whose vote named another leader commits it again on that
 /// leader's next message.
-fn uncommitted<NID: openraft::NodeId>(mut vote: Vote<NID>) -> Vote<NID> {
-    vote.committed = false;
-    vote
+fn uncommitted<V: RaftVote>(vote: V) -> V {
+    V::from_leader_id(vote.leader_id().clone(), false)
 }
 
 /// The log directory being recovered; every removal is made durable at once.
@@ -149,9 +150,9 @@ fn corrupt(path: &Path, offset: u64, reason: String) -> LogError {
 
 /// The three metadata files, decoded.
 struct Meta<C: RaftTypeConfig> {
-    vote: Option<Vote<C::NodeId>>,
-    committed: Option<LogId<C::NodeId>>,
-    last_purged: Option<LogId<C::NodeId>>,
+    vote: Option<VoteOf<C>>,
+    committed: Option<LogIdOf<C>>,
+    last_purged: Option<LogIdOf<C>>,
 }
 
 impl<C: RaftTypeConfig> Meta<C> {
@@ -196,7 +197,7 @@ struct Scan<C: RaftTypeConfig> {
 }
 
 impl<C: RaftTypeConfig> Scan<C> {
-    fn new(last_purged: Option<&LogId<C::NodeId>>) -> Self {
+    fn new(last_purged: Option<&LogIdOf<C>>) -> Self {
         Scan {
             purged: last_purged.is_some(),
             live_from: last_purged.map_or(0, |p| p.index + 1),
@@ -320,7 +321,7 @@ impl<C: RaftTypeConfig> Scan<C> {
                 }
             };
             let at = &bytes[offset..];
-            let log_id: LogId<C::NodeId> =
+            let log_id: LogIdOf<C> =
                 kvcodec::decode(&at[record.log_id.clone()]).map_err(|err| {
                     corrupt(
                         path,

@@ -8,14 +8,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 
-use openraft::storage::{LogFlushed, RaftLogStorage};
-use openraft::{
-    LogId, LogState, OptionalSend, RaftLogId, RaftLogReader, RaftTypeConfig, StorageError, Vote,
-};
+use openraft::alias::{LogIdOf, VoteOf};
+use openraft::entry::RaftEntry;
+use openraft::storage::{IOFlushed, RaftLogStorage};
+use openraft::{LogState, OptionalSend, RaftLogReader, RaftTypeConfig};
 use tokio::sync::oneshot;
 use vfs::Vfs;
 
-use crate::error::{LogError, write_logs_err, write_vote_err};
+use crate::error::LogError;
 use crate::format::{
     COMMITTED_FILE, META_KIND_COMMITTED, META_KIND_PURGED, META_KIND_VOTE, RECORD_HEADER_BYTES,
     RECORD_LOG_ID_LEN_BYTES, SEGMENT_HEADER_BYTES, VOTE_FILE, encode_meta, encode_record,
@@ -73,13 +73,13 @@ impl<C: RaftTypeConfig> Drop for LogStore<C> {
 }
 
 /// One entry encoded for its record.
-struct Encoded<NID: openraft::NodeId> {
-    log_id: LogId<NID>,
+struct Encoded<C: RaftTypeConfig> {
+    log_id: LogIdOf<C>,
     log_id_bytes: Vec<u8>,
     entry: Arc<[u8]>,
 }
 
-impl<NID: openraft::NodeId> Encoded<NID> {
+impl<C: RaftTypeConfig> Encoded<C> {
     /// Bytes of its record (header and body).
     fn record_len(&self) -> u64 {
         RECORD_HEADER_BYTES
@@ -91,10 +91,10 @@ impl<NID: openraft::NodeId> Encoded<NID> {
 /// exceed [`LOG_ENTRY_SIZE_BYTES_MAX`] fails the whole batch.
 fn encode_batch<C: RaftTypeConfig>(
     entries: impl IntoIterator<Item = C::Entry>,
-) -> Result<Vec<Encoded<C::NodeId>>, LogError> {
+) -> Result<Vec<Encoded<C>>, LogError> {
     let mut encoded = Vec::new();
     for entry in entries {
-        let log_id = entry.get_log_id().clone();
+        let log_id = entry.log_id();
         let log_id_bytes = kvcodec::encode(&log_id);
         let entry_bytes = kvcodec::encode(&entry);
         let body = RECORD_LOG_ID_LEN_BYTES + log_id_bytes.len() + entry_bytes.len();
@@ -204,7 +204,7 @@ impl<C: RaftTypeConfig> LogStore<C> {
             .await
     }
 
-    async fn append_batch<I>(&mut self, entries: I, callback: LogFlushed<C>) -> Result<(), LogError>
+    async fn append_batch<I>(&mut self, entries: I, callback: IOFlushed<C>) -> Result<(), LogError>
     where
         I: IntoIterator<Item = C::Entry>,
     {
@@ -216,7 +216,7 @@ impl<C: RaftTypeConfig> LogStore<C> {
             // earlier write: it goes through the writer queue.
             return self.send(Command::Barrier {
                 done: Box::new(move |result| {
-                    callback.log_io_completed(result.map_err(io::Error::other));
+                    callback.io_completed(result.map_err(io::Error::other));
                 }),
             });
         };
@@ -232,7 +232,7 @@ impl<C: RaftTypeConfig> LogStore<C> {
     /// Drops appended entries at or below the purge point. They are already
     /// covered by the state machine; openraft never sends them in practice
     /// (its storage test suite does, after its startup purge).
-    fn drop_purged(&self, encoded: &mut Vec<Encoded<C::NodeId>>) {
+    fn drop_purged(&self, encoded: &mut Vec<Encoded<C>>) {
         let purged_upto = lock(&self.shared.state)
             .last_purged
             .as_ref()
@@ -257,7 +257,7 @@ impl<C: RaftTypeConfig> LogStore<C> {
     fn needs_new_segment(
         &self,
         first_index: u64,
-        encoded: &[Encoded<C::NodeId>],
+        encoded: &[Encoded<C>],
         total: u64,
     ) -> Result<bool, LogError> {
         let state = lock(&self.shared.state);
@@ -327,10 +327,10 @@ impl<C: RaftTypeConfig> LogStore<C> {
     /// writer, whose completion marks the entries durable and calls back.
     fn lay_out(
         &self,
-        encoded: Vec<Encoded<C::NodeId>>,
+        encoded: Vec<Encoded<C>>,
         first_index: u64,
         total: u64,
-        callback: LogFlushed<C>,
+        callback: IOFlushed<C>,
     ) -> AppendJob {
         let count = encoded.len() as u64;
         let mut guard = lock(&self.shared.state);
@@ -377,9 +377,9 @@ impl<C: RaftTypeConfig> LogStore<C> {
             done: Box::new(move |result| match result {
                 Ok(()) => {
                     shared.mark_durable(first_index, count);
-                    callback.log_io_completed(Ok(()));
+                    callback.io_completed(Ok(()));
                 }
-                Err(err) => callback.log_io_completed(Err(io::Error::other(err))),
+                Err(err) => callback.io_completed(Err(io::Error::other(err))),
             }),
         }
     }
@@ -428,7 +428,7 @@ impl<C: RaftTypeConfig> LogStore<C> {
             .await
     }
 
-    async fn purge_upto(&mut self, log_id: LogId<C::NodeId>) -> Result<(), LogError> {
+    async fn purge_upto(&mut self, log_id: LogIdOf<C>) -> Result<(), LogError> {
         self.poison.check()?;
         let (meta, remove) = {
             let mut guard = lock(&self.shared.state);
@@ -487,8 +487,11 @@ impl<C: RaftTypeConfig> RaftLogReader<C> for LogStore<C> {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
-    ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
+    ) -> Result<Vec<C::Entry>, io::Error> {
         self.shared.read_entries(range).await
+    }
+    async fn read_vote(&mut self) -> Result<Option<VoteOf<C>>, io::Error> {
+        Ok(self.shared.vote())
     }
 }
 
@@ -496,15 +499,18 @@ impl<C: RaftTypeConfig> RaftLogReader<C> for LogReader<C> {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
-    ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
+    ) -> Result<Vec<C::Entry>, io::Error> {
         self.shared.read_entries(range).await
+    }
+    async fn read_vote(&mut self) -> Result<Option<VoteOf<C>>, io::Error> {
+        Ok(self.shared.vote())
     }
 }
 
 impl<C: RaftTypeConfig> RaftLogStorage<C> for LogStore<C> {
     type LogReader = LogReader<C>;
 
-    async fn get_log_state(&mut self) -> Result<LogState<C>, StorageError<C::NodeId>> {
+    async fn get_log_state(&mut self) -> Result<LogState<C>, io::Error> {
         let state = lock(&self.shared.state);
         Ok(LogState {
             last_purged_log_id: state.last_purged.clone(),
@@ -518,22 +524,15 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for LogStore<C> {
         }
     }
 
-    async fn save_vote(&mut self, vote: &Vote<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
+    async fn save_vote(&mut self, vote: &VoteOf<C>) -> Result<(), io::Error> {
         self.save_meta(VOTE_FILE, META_KIND_VOTE, &kvcodec::encode(vote))
             .await
-            .map_err(write_vote_err::<C>)?;
+            .map_err(io::Error::from)?;
         lock(&self.shared.state).vote = Some(vote.clone());
         Ok(())
     }
 
-    async fn read_vote(&mut self) -> Result<Option<Vote<C::NodeId>>, StorageError<C::NodeId>> {
-        Ok(lock(&self.shared.state).vote.clone())
-    }
-
-    async fn save_committed(
-        &mut self,
-        committed: Option<LogId<C::NodeId>>,
-    ) -> Result<(), StorageError<C::NodeId>> {
+    async fn save_committed(&mut self, committed: Option<LogIdOf<C>>) -> Result<(), io::Error> {
         // NEGATIVE CONTROL (feature nc-skip-log-fsync): the committed log id
         // is not persisted either (it would point past the lost entries).
         if self.shared.options.persist_committed && !cfg!(feature = "nc-skip-log-fsync") {
@@ -543,43 +542,37 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for LogStore<C> {
                 &kvcodec::encode(&committed),
             )
             .await
-            .map_err(write_logs_err::<C>)?;
+            .map_err(io::Error::from)?;
         } else {
-            self.poison.check().map_err(write_logs_err::<C>)?;
+            self.poison.check().map_err(io::Error::from)?;
         }
         lock(&self.shared.state).committed = committed;
         Ok(())
     }
 
-    async fn read_committed(
-        &mut self,
-    ) -> Result<Option<LogId<C::NodeId>>, StorageError<C::NodeId>> {
+    async fn read_committed(&mut self) -> Result<Option<LogIdOf<C>>, io::Error> {
         Ok(lock(&self.shared.state).committed.clone())
     }
 
-    async fn append<I>(
-        &mut self,
-        entries: I,
-        callback: LogFlushed<C>,
-    ) -> Result<(), StorageError<C::NodeId>>
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<C>) -> Result<(), io::Error>
     where
         I: IntoIterator<Item = C::Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
         self.append_batch(entries, callback)
             .await
-            .map_err(write_logs_err::<C>)
+            .map_err(io::Error::from)
     }
 
-    async fn truncate(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
-        tracing::debug!(%log_id, "raft log: truncate");
-        self.truncate_from(log_id.index)
-            .await
-            .map_err(write_logs_err::<C>)
+    async fn truncate_after(&mut self, last_log_id: Option<LogIdOf<C>>) -> Result<(), io::Error> {
+        // Keeps entries up to `last_log_id` (none: the whole log goes).
+        let from = last_log_id.as_ref().map_or(0, |id| id.index + 1);
+        tracing::debug!(from, "raft log: truncate");
+        self.truncate_from(from).await.map_err(io::Error::from)
     }
 
-    async fn purge(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
+    async fn purge(&mut self, log_id: LogIdOf<C>) -> Result<(), io::Error> {
         tracing::debug!(%log_id, "raft log: purge");
-        self.purge_upto(log_id).await.map_err(write_logs_err::<C>)
+        self.purge_upto(log_id).await.map_err(io::Error::from)
     }
 }

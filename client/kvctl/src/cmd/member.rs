@@ -1,5 +1,6 @@
 //! `kvctl member list | add-learner | promote | remove`: the membership
-//! after the change, as a table or JSON.
+//! after the change, as a table or JSON; `kvctl member move-leader`: who
+//! led and who leads now.
 
 use kvclient::kvproto::cluster::v1 as cpb;
 use serde_json::{Value, json};
@@ -39,6 +40,28 @@ fn members_output(printer: &Printer, members: &[cpb::Member]) {
     printer.print_table(&["id", "client address", "peer address", "kind"], &rows);
 }
 
+/// `kvctl member move-leader ID`: etcdctl's message shape, with member ids.
+async fn move_leader(context: &Context, client: &kvclient::Client, id: u64) -> Result<(), Failure> {
+    let moved = client
+        .move_leader(id)
+        .await
+        .map_err(|err| context.fail(err))?;
+    let from = moved.header.map(|h| h.member_id).unwrap_or(0);
+    if context.printer.json() {
+        context
+            .printer
+            .print_json(&json!({ "from": from, "to": moved.leader_id }));
+    } else if from == moved.leader_id {
+        println!("member {from} already leads");
+    } else {
+        println!(
+            "leadership moved from member {from} to member {}",
+            moved.leader_id
+        );
+    }
+    Ok(())
+}
+
 /// `kvctl member ...`.
 pub async fn run(context: &Context, command: MemberCommand) -> Result<(), Failure> {
     let client = context.client()?;
@@ -47,6 +70,7 @@ pub async fn run(context: &Context, command: MemberCommand) -> Result<(), Failur
         _ => None,
     };
     let members = match command {
+        MemberCommand::MoveLeader { id } => return move_leader(context, &client, id).await,
         MemberCommand::List => client.members().await,
         MemberCommand::AddLearner {
             id,

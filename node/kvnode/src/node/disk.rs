@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use tonic::Status;
 
-use crate::raft::types::TypeConfig;
+use crate::raft::types::NodeRaft;
+use crate::raft::watch::MetricsWatch;
 
 /// Default watermark (`--disk-free-min-bytes`): below this many free bytes
 /// on the data directory's filesystem, writes are refused. Room for the
@@ -128,7 +129,7 @@ impl Watermark {
 /// Waits until openraft stopped this member because of a fatal error
 /// (storage failure, panic) and returns its description; pending forever
 /// while the member runs. Also returns if the Raft handle is gone.
-pub async fn wait_storage_failure(raft: openraft::Raft<TypeConfig>) -> String {
+pub async fn wait_storage_failure(raft: NodeRaft) -> String {
     let mut metrics = raft.metrics();
     loop {
         if let Err(fatal) = &metrics.borrow().running_state {
@@ -141,7 +142,8 @@ pub async fn wait_storage_failure(raft: openraft::Raft<TypeConfig>) -> String {
 }
 
 /// A one-line cause for an operator: what the error text says about the
-/// disk.
+/// disk (or that the Raft core panicked: the process then exits, as on a
+/// storage failure, and a restart recovers).
 pub fn describe_storage_failure(error: &str) -> &'static str {
     if error.contains("os error 28") || error.contains("No space left") {
         "the disk is full (ENOSPC): free space on the data directory's filesystem, then restart \
@@ -149,6 +151,9 @@ pub fn describe_storage_failure(error: &str) -> &'static str {
     } else if error.contains("os error 30") || error.contains("Read-only file system") {
         "the filesystem is read-only (EROFS): make it writable (check the kernel log for I/O \
          errors that caused a read-only remount), then restart this member"
+    } else if error.contains("panicked") {
+        "the Raft core panicked (a bug; its message is in this member's log): restart this \
+         member, it recovers from what is durable on disk"
     } else {
         "storage failed: check the data directory and the kernel log, then restart this member"
     }
@@ -182,5 +187,7 @@ mod tests {
         );
         assert!(describe_storage_failure("Read-only file system (os error 30)").contains("EROFS"));
         assert!(describe_storage_failure("bad").contains("storage failed"));
+        // openraft's Fatal::Panicked displays as "panicked".
+        assert!(describe_storage_failure("panicked").contains("Raft core panicked"));
     }
 }

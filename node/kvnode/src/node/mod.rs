@@ -27,7 +27,9 @@ use crate::node::clock::ClusterClock;
 use crate::node::tasks::check_peers_cluster;
 use crate::raft::merge_policy::{MergePolicy, SnapshotPolicy};
 use crate::raft::network::Network;
-use crate::raft::types::{NodeInfo, TypeConfig};
+use crate::raft::read_index::LinearizableReads;
+use crate::raft::types::{NodeInfo, NodeRaft};
+use crate::raft::watch::MetricsWatch;
 use crate::server::security::{Security, SecurityError};
 use crate::state_machine::{StateMachine, StateMachineOptions};
 
@@ -39,6 +41,16 @@ pub const ELECTION_TIMEOUT_MIN_MS: u64 = 1500;
 pub const ELECTION_TIMEOUT_MAX_MS: u64 = 3000;
 /// Deadline of one snapshot transfer step.
 pub const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 10_000;
+/// How long a stopping leader waits for another voter to take over
+/// ([`Node::hand_over_leadership`]): a caught-up target wins in one round
+/// trip; one that lags first gets the missing entries.
+pub const LEADER_HANDOVER_WAIT: Duration = Duration::from_secs(3);
+/// How long [`Node::shutdown`] waits for openraft to let go of the state
+/// machine after it stopped.
+pub const SHUTDOWN_RELEASE_WAIT: Duration = Duration::from_secs(5);
+/// A stopping leader hands over only to a voter whose last acknowledgement
+/// is younger than this (a few heartbeats).
+pub const HANDOVER_TARGET_SILENCE_MAX: Duration = Duration::from_millis(4 * HEARTBEAT_MS);
 
 /// How a member starts.
 #[derive(Clone, Debug)]
@@ -74,6 +86,9 @@ pub struct NodeConfig {
     pub limits: crate::server::limits::Limits,
     /// TLS on the ports and the client port's token (off by default).
     pub security: Security,
+    /// How the leader confirms leadership for a linearizable read
+    /// (`--read-policy`; ReadIndex by default, see [`LinearizableReads`]).
+    pub read_policy: LinearizableReads,
 }
 
 /// Default of [`NodeConfig::snapshot_log_keep`]: entries kept behind a
@@ -105,6 +120,7 @@ impl NodeConfig {
             faults: Faults::default(),
             limits: crate::server::limits::Limits::default(),
             security: Security::default(),
+            read_policy: LinearizableReads::default(),
         }
     }
 }
@@ -171,7 +187,7 @@ pub enum StartError {
 pub struct Node {
     id: u64,
     metrics: crate::server::metrics::Metrics,
-    raft: openraft::Raft<TypeConfig>,
+    raft: NodeRaft,
     state_machine: StateMachine,
     client_addr: SocketAddr,
     peer_addr: SocketAddr,
@@ -310,7 +326,7 @@ impl Node {
     }
 
     /// The openraft handle.
-    pub fn raft(&self) -> &openraft::Raft<TypeConfig> {
+    pub fn raft(&self) -> &NodeRaft {
         &self.raft
     }
 
@@ -324,8 +340,85 @@ impl Node {
         &self.metrics
     }
 
+    /// If this member leads, hands leadership to the voter whose log is
+    /// furthest along (openraft's leader transfer) and waits, at most
+    /// `wait`, until another member leads: a member stopping on purpose
+    /// (SIGTERM, a rolling restart) costs its cluster a round trip instead
+    /// of an election timeout. Returns the new leader, or `None` if this
+    /// member did not lead, has no other voter, or nobody took over in time
+    /// (the election that follows its stop then picks one).
+    pub async fn hand_over_leadership(&self, wait: Duration) -> Option<u64> {
+        let metrics = self.raft.metrics().borrow().clone();
+        if metrics.current_leader != Some(self.id) {
+            return None;
+        }
+        // Only a voter that answered lately can take over: a leader in a
+        // transfer stops serving until someone does, so a transfer to an
+        // unreachable member would only add a gap before the election.
+        let answered_lately = |id: &u64| {
+            metrics
+                .heartbeat
+                .as_ref()
+                .and_then(|h| h.get(id).cloned().flatten())
+                .is_some_and(|at| {
+                    openraft::Instant::elapsed(&at.into_inner()) < HANDOVER_TARGET_SILENCE_MAX
+                })
+        };
+        let voters: Vec<u64> = metrics
+            .membership_config
+            .membership()
+            .voter_ids()
+            .filter(|id| *id != self.id && answered_lately(id))
+            .collect();
+        // The most caught-up voter by the leader's own replication view;
+        // ties go to the lower id.
+        let matched = |id: &u64| {
+            metrics
+                .replication
+                .as_ref()
+                .and_then(|r| r.get(id).cloned().flatten())
+                .map(|log_id| log_id.index)
+        };
+        let target = voters
+            .iter()
+            .copied()
+            .max_by_key(|id| (matched(id), std::cmp::Reverse(*id)))?;
+        tracing::info!(
+            id = self.id,
+            to = target,
+            "stopping: handing leadership over"
+        );
+        let me = self.id;
+        let raft = self.raft.clone();
+        let handed_over = async move {
+            raft.trigger().transfer_leader(target).await.ok()?;
+            let mut watch = raft.metrics();
+            let now = watch
+                .wait_for(move |m| m.current_leader.is_some_and(|l| l != me))
+                .await
+                .ok()?;
+            now.current_leader
+        };
+        match tokio::time::timeout(wait, handed_over).await {
+            Ok(Some(leader)) => Some(leader),
+            _ => {
+                tracing::warn!(
+                    id = self.id,
+                    to = target,
+                    ?wait,
+                    "nobody took over in time; an election follows this member's stop"
+                );
+                None
+            }
+        }
+    }
+
     /// Stops serving (in-flight requests finish, bounded by `grace`), then
-    /// stops Raft.
+    /// stops Raft, and returns once openraft has let go of the state
+    /// machine (bounded by [`SHUTDOWN_RELEASE_WAIT`]): openraft 0.10 drops
+    /// its copy after `Raft::shutdown` returns, and the engine's directory
+    /// lock goes with the last copy, so a restart in the same process could
+    /// otherwise find the directory still in use.
     pub async fn shutdown(self, grace: Duration) {
         let _ = self.shutdown.send(true);
         for server in self.servers {
@@ -336,6 +429,20 @@ impl Node {
         }
         if let Err(err) = self.raft.shutdown().await {
             tracing::warn!(error = %err, "raft shutdown");
+        }
+        let released = self.state_machine.release_watch();
+        drop(self.state_machine);
+        drop(self.raft);
+        let start = std::time::Instant::now();
+        while !released.released() {
+            if start.elapsed() >= SHUTDOWN_RELEASE_WAIT {
+                tracing::warn!(
+                    id = self.id,
+                    "the state machine is still held {SHUTDOWN_RELEASE_WAIT:?} after shutdown"
+                );
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 }

@@ -25,8 +25,10 @@ use crate::raft::batcher::Batcher;
 use crate::raft::membership::Membership;
 use crate::raft::network::Network;
 use crate::raft::propose::{propose_fn, propose_merge_fn};
+use crate::raft::read_index::LinearizableReads;
 use crate::raft::read_index::ReadRounds;
-use crate::raft::types::{NodeInfo, TypeConfig};
+use crate::raft::types::{NodeRaft, TypeConfig};
+use crate::raft::watch::{MetricsWatch, NodeMetricsWatch};
 use crate::server::cluster::ClusterService;
 use crate::server::kv::KvService;
 use crate::server::metrics::Metrics;
@@ -91,7 +93,18 @@ pub(super) async fn start_raft(
     network: Network,
     log_store: LogStore<TypeConfig>,
     state_machine: StateMachine,
-) -> Result<openraft::Raft<TypeConfig>, StartError> {
+) -> Result<NodeRaft, StartError> {
+    if config.read_policy == LinearizableReads::Lease {
+        // A leader counts on its followers' leases: a follower that
+        // acknowledged it refuses other candidates for one lease. A restart
+        // forgets that promise, so under the lease policy a member stays out
+        // of elections for one lease after it starts.
+        tracing::info!(
+            id = config.id,
+            "read policy lease: waiting one lease ({ELECTION_TIMEOUT_MAX_MS} ms) before taking part in elections"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(ELECTION_TIMEOUT_MAX_MS)).await;
+    }
     let raft_config = openraft::Config {
         cluster_name: "raftcask".to_string(),
         heartbeat_interval: HEARTBEAT_MS,
@@ -100,6 +113,17 @@ pub(super) async fn start_raft(
         install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
         max_in_snapshot_log_to_keep: config.snapshot_log_keep,
         snapshot_policy: config.snapshot_policy.openraft(),
+        // A candidate first asks "would you vote for me?" without raising
+        // its term: a member cut off for a while cannot depose a healthy
+        // leader when it comes back (openraft leaves this off).
+        enable_pre_vote: Some(true),
+        // Never restart as the leader of the old term without an election:
+        // apply does not fsync and the committed id is not persisted, so a
+        // restarted leader's state machine may be behind what it
+        // acknowledged; it must win a new term, whose first entry commits
+        // everything before it, before it serves a read. (The log store also
+        // reopens every vote uncommitted; see raftlog's `recovery`.)
+        enable_leader_restore: Some(false),
         ..Default::default()
     }
     .validate()
@@ -120,7 +144,7 @@ pub(super) async fn start_raft(
 /// directory must not fork it).
 pub(super) async fn bootstrap(
     config: &NodeConfig,
-    raft: &openraft::Raft<TypeConfig>,
+    raft: &NodeRaft,
     identity: &Identity,
     state_machine: &StateMachine,
     existing: Option<(u64, u64)>,
@@ -161,7 +185,7 @@ pub(super) async fn bootstrap(
 /// What the ports and tasks of a starting member share.
 pub(super) struct Member<'a> {
     pub(super) config: &'a NodeConfig,
-    pub(super) raft: openraft::Raft<TypeConfig>,
+    pub(super) raft: NodeRaft,
     pub(super) state_machine: StateMachine,
     pub(super) identity: Identity,
     pub(super) network: Network,
@@ -192,7 +216,8 @@ impl Member<'_> {
             propose_fn(raft.clone(), (*clock).clone()),
             Some(member_metrics.proposal_observer()),
         );
-        let reads = ReadRounds::new(config.id, raft.clone(), network.clone());
+        let reads = ReadRounds::new(config.id, raft.clone(), network.clone())
+            .with_policy(config.read_policy);
         let peer_service = PeerService::new(
             raft.clone(),
             state_machine.clone(),
@@ -359,7 +384,7 @@ impl Member<'_> {
 /// shutdown.
 pub(super) async fn log_leader_changes(
     id: u64,
-    mut metrics: watch::Receiver<openraft::RaftMetrics<u64, NodeInfo>>,
+    mut metrics: NodeMetricsWatch,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut seen = None;

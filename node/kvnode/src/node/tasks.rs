@@ -13,7 +13,8 @@ use crate::node::clock::ClusterClock;
 use crate::node::identity::Identity;
 use crate::raft::network::Network;
 use crate::raft::propose::leader_caught_up;
-use crate::raft::types::{NodeInfo, TypeConfig};
+use crate::raft::types::{NodeInfo, NodeRaft};
+use crate::raft::watch::MetricsWatch;
 use crate::state_machine::StateMachine;
 use kvstate::command::{Command, Proposal};
 
@@ -27,7 +28,7 @@ pub const TICK_INTERVAL: Duration = Duration::from_millis(250);
 /// expire on time when no client writes arrive.
 pub(crate) async fn tick_loop(
     id: u64,
-    raft: openraft::Raft<TypeConfig>,
+    raft: NodeRaft,
     state_machine: StateMachine,
     clock: Arc<ClusterClock>,
     mut stop: watch::Receiver<bool>,

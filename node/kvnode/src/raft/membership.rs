@@ -59,12 +59,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
-use openraft::{ChangeMembers, RaftMetrics, ServerState};
+use openraft::{ChangeMembers, ServerState};
 use tonic::Status;
 
 use crate::node::identity::Identity;
 use crate::raft::network::Network;
-use crate::raft::types::{NodeInfo, TypeConfig};
+use crate::raft::types::{NodeInfo, NodeMetrics, NodeRaft, TypeConfig};
+use crate::raft::watch::MetricsWatch;
 use crate::server::convert;
 
 /// How long AddLearner with `wait_caught_up` waits for the learner to hold
@@ -82,9 +83,13 @@ pub const LEARN_MEMBERS_INTERVAL: Duration = Duration::from_secs(1);
 /// Largest lag, in entries behind the leader's last log index, of a learner
 /// that may be promoted.
 pub const PROMOTE_LAG_ENTRIES_MAX: u64 = 1000;
+/// How long a leadership move may take: the target must catch up with the
+/// leader's log, then win an election (one round trip when it is caught
+/// up; a few heartbeats when it lags).
+pub const MOVE_LEADER_WAIT: Duration = Duration::from_secs(5);
 
-type Metrics = RaftMetrics<u64, NodeInfo>;
-type Raft = openraft::Raft<TypeConfig>;
+type Metrics = NodeMetrics;
+type Raft = NodeRaft;
 
 /// The leader a member may name: the one its vote names, but only while
 /// that member is a voter of the membership this member knows. (A removed
@@ -339,6 +344,49 @@ impl Membership {
         .await
     }
 
+    /// Hands leadership to voter `id`: openraft's leader transfer (the
+    /// leader stops taking writes, the target starts an election as soon as
+    /// its log matches the leader's). Answers the new leader's id once this
+    /// member sees `id` lead, within [`MOVE_LEADER_WAIT`]. Moving to the
+    /// leader itself changes nothing.
+    pub async fn move_leader(&self, id: u64) -> Result<u64, Status> {
+        let _one = self.lock.lock().await;
+        let metrics = self.require_leader()?;
+        let is_voter = metrics
+            .membership_config
+            .membership()
+            .voter_ids()
+            .any(|voter| voter == id);
+        if !is_voter {
+            return Err(Status::invalid_argument(format!(
+                "id: member {id} is not a voter; leadership can only move to a voter"
+            )));
+        }
+        if id == self.id {
+            return Ok(id);
+        }
+        tracing::info!(leader = self.id, to = id, "moving leadership");
+        self.raft
+            .trigger()
+            .transfer_leader(id)
+            .await
+            .map_err(|err| Status::unavailable(format!("raft stopped: {err}")))?;
+        let mut watch = self.raft.metrics();
+        match tokio::time::timeout(
+            MOVE_LEADER_WAIT,
+            watch.wait_for(move |m| m.current_leader == Some(id)),
+        )
+        .await
+        {
+            Ok(Ok(_)) => Ok(id),
+            Ok(Err(_)) => Err(Status::unavailable("raft stopped")),
+            Err(_) => Err(Status::deadline_exceeded(format!(
+                "member {id} did not take over within MOVE_LEADER_WAIT ({MOVE_LEADER_WAIT:?}); \
+                 check `kvctl status`: it may be catching up or unreachable"
+            ))),
+        }
+    }
+
     /// Removes member `id` (voter or learner, the leader included).
     pub async fn remove(&self, id: u64) -> Result<Members, Status> {
         let _one = self.lock.lock().await;
@@ -447,13 +495,23 @@ fn not_committed_in_time(what: &str) -> Status {
     ))
 }
 
-fn change_error(err: RaftError<u64, ClientWriteError<u64, NodeInfo>>) -> Status {
+fn change_error(err: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Status {
     match err {
         RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => convert::not_leader(
             forward.leader_id,
             forward.leader_node.map(|n| n.client_addr),
         ),
         RaftError::APIError(ClientWriteError::ChangeMembershipError(err)) => {
+            Status::failed_precondition(format!("the membership cannot change now: {err}"))
+        }
+        // The leader changed after the change was appended: it may still
+        // commit through the new leader.
+        RaftError::APIError(ClientWriteError::LogEntryDiscarded(forward)) => {
+            convert::outcome_unknown(format!(
+                "the membership change's outcome is unknown ({forward}); check the member list"
+            ))
+        }
+        RaftError::APIError(ClientWriteError::PreconditionFailed(err)) => {
             Status::failed_precondition(format!("the membership cannot change now: {err}"))
         }
         RaftError::Fatal(fatal) => convert::outcome_unknown(format!(

@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 use bitcask::Stats;
 use tokio::sync::watch;
 
-use crate::raft::types::TypeConfig;
+use crate::raft::types::NodeRaft;
+use crate::raft::watch::MetricsWatch;
 use crate::state_machine::StateMachine;
 
 /// How often the leader looks at its engine's dead bytes.
@@ -134,7 +135,7 @@ pub type ProposeMerge = Arc<
 pub async fn merge_loop(
     id: u64,
     policy: MergePolicy,
-    raft: openraft::Raft<TypeConfig>,
+    raft: NodeRaft,
     state_machine: StateMachine,
     propose: ProposeMerge,
     mut stop: watch::Receiver<bool>,
@@ -209,7 +210,7 @@ pub fn bytes_since_snapshot(stats: &Stats, snapshot_files: &BTreeMap<String, u64
 pub async fn snapshot_bytes_loop(
     id: u64,
     every_bytes: u64,
-    raft: openraft::Raft<TypeConfig>,
+    raft: NodeRaft,
     state_machine: StateMachine,
     mut stop: watch::Receiver<bool>,
 ) {

@@ -19,6 +19,8 @@
 //!   remove).
 //! - [`merge_policy`]: the leader's merge policy (merge entries when dead
 //!   bytes pile up, one at a time) and the snapshot-by-bytes trigger.
+//! - [`watch`]: openraft's metrics receiver with tokio's method names
+//!   (`MetricsWatch`: borrow, changed, wait_for).
 
 pub mod batcher;
 pub mod membership;
@@ -27,3 +29,4 @@ pub mod network;
 pub(crate) mod propose;
 pub mod read_index;
 pub mod types;
+pub mod watch;

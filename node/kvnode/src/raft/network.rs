@@ -23,33 +23,36 @@ use std::time::Duration;
 use kvproto::raft::v1::raft_client::RaftClient;
 use kvproto::raft::v1::{
     AppendEntriesRequest as PbAppendEntries, IdentifyRequest, Identity as PbIdentity,
-    ReadIndexRequest, VoteRequest as PbVote,
+    ReadIndexRequest, TransferLeaderRequest as PbTransferLeader, VoteRequest as PbVote,
 };
-use openraft::error::{
-    Fatal, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, ReplicationClosed,
-    StreamingError, Timeout, Unreachable,
+use openraft::OptionalSend;
+use openraft::errors::{
+    NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Timeout, Unreachable,
 };
-use openraft::network::{RPCOption, RPCTypes, RaftNetwork, RaftNetworkFactory};
+use openraft::network::{RPCOption, RPCTypes, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
 };
-use openraft::{OptionalSend, Snapshot, Vote};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::codec;
 use crate::hooks::Faults;
 use crate::node::identity::Identity;
 use crate::raft::read_index::ReadIndexError;
-use crate::raft::types::{NodeInfo, TypeConfig};
+use crate::raft::types::{NodeEntry, NodeInfo, NodeSnapshot, NodeVote, TypeConfig};
 use crate::server::metrics::Metrics;
 use crate::server::security::{SecurityError, TlsMaterial};
+use crate::snapshot::SnapshotHandle;
 
 /// Largest gRPC message a peer sends or accepts, in bytes: above one Raft
 /// entry (4 MiB) times the entries openraft packs into one AppendEntries.
 pub const PEER_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
-/// Largest encoded AppendEntries payload sent in one message: larger ones
-/// are split (openraft resends fewer entries on `PayloadTooLarge`). One
-/// entry is at most 4 MiB, so a single entry always fits.
+/// Largest encoded AppendEntries payload sent in one message: a larger
+/// request carries only the entries that fit, and its success is reported
+/// to openraft as a partial success up to the last entry sent (openraft then
+/// sends the rest). One entry is at most 4 MiB, so a single entry always
+/// fits.
 pub const APPEND_PAYLOAD_BYTES_MAX: usize = PEER_MESSAGE_BYTES_MAX - 1024 * 1024;
 
 /// Room kept in an AppendEntries payload for what is not an entry (vote,
@@ -59,7 +62,7 @@ const APPEND_NON_ENTRY_BYTES: usize = 64 * 1024;
 
 /// How many leading entries fit in [`APPEND_PAYLOAD_BYTES_MAX`] with room
 /// for the rest of the message (at least 1).
-fn entries_that_fit(entries: &[openraft::Entry<TypeConfig>]) -> u64 {
+fn entries_that_fit(entries: &[NodeEntry]) -> u64 {
     let mut total = APPEND_NON_ENTRY_BYTES;
     let mut fit = 0u64;
     for entry in entries {
@@ -75,7 +78,7 @@ fn entries_that_fit(entries: &[openraft::Entry<TypeConfig>]) -> u64 {
 /// How long a peer connection attempt may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-pub(crate) type RpcErr<E = openraft::error::Infallible> = RPCError<u64, NodeInfo, E>;
+pub(crate) type RpcErr = RPCError<TypeConfig>;
 
 /// openraft's network factory: hands out clients sharing cached channels.
 #[derive(Clone, Debug)]
@@ -176,7 +179,7 @@ impl Network {
     ) -> Result<u64, ReadIndexError> {
         let peer = self.client(leader, node);
         let mut client = peer
-            .client::<Msg>()
+            .client()
             .map_err(|err| ReadIndexError::Unavailable(err.to_string()))?;
         let mut request = tonic::Request::new(ReadIndexRequest {
             identity: Some(peer.identity()),
@@ -211,7 +214,7 @@ impl Network {
         timeout: Duration,
     ) -> Result<(u64, u64, u64), String> {
         let peer = self.client(target, node);
-        let mut client = peer.client::<Msg>().map_err(|err| err.to_string())?;
+        let mut client = peer.client().map_err(|err| err.to_string())?;
         let mut request = tonic::Request::new(IdentifyRequest {
             identity: Some(peer.identity()),
         });
@@ -250,7 +253,7 @@ pub struct PeerClient {
 #[error("{0}")]
 pub(crate) struct Msg(pub(crate) String);
 
-pub(crate) fn status_error<E: std::error::Error>(status: &tonic::Status) -> RpcErr<E> {
+pub(crate) fn status_error(status: &tonic::Status) -> RpcErr {
     match status.code() {
         tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled => {
             RPCError::Unreachable(Unreachable::new(status))
@@ -270,10 +273,11 @@ impl PeerClient {
             from_incarnation: self.identity.incarnation(),
             to_id: self.target,
             to_incarnation: self.identity.peer_incarnation(self.target),
+            protocol_version: kvproto::PEER_PROTOCOL_VERSION,
         }
     }
 
-    pub(crate) fn client<E: std::error::Error>(&self) -> Result<RaftClient<Channel>, RpcErr<E>> {
+    pub(crate) fn client(&self) -> Result<RaftClient<Channel>, RpcErr> {
         if self.faults.is_cut(self.target) {
             return Err(RPCError::Unreachable(Unreachable::new(&Msg(format!(
                 "the link to member {} is cut (test fault)",
@@ -285,11 +289,7 @@ impl PeerClient {
             .map_err(|err| RPCError::Unreachable(Unreachable::new(&Msg(err))))
     }
 
-    pub(crate) fn timeout<E: std::error::Error>(
-        &self,
-        action: RPCTypes,
-        ttl: Duration,
-    ) -> RpcErr<E> {
+    pub(crate) fn timeout(&self, action: RPCTypes, ttl: Duration) -> RpcErr {
         RPCError::Timeout(Timeout {
             action,
             id: self.from,
@@ -298,78 +298,173 @@ impl PeerClient {
         })
     }
 
-    fn decode_result<T: serde::de::DeserializeOwned>(
-        &self,
-        payload: &[u8],
-    ) -> Result<T, RpcErr<RaftError<u64>>> {
-        let result: Result<T, RaftError<u64>> =
+    fn decode_result<T: serde::de::DeserializeOwned>(&self, payload: &[u8]) -> Result<T, RpcErr> {
+        let result: Result<T, RaftError<TypeConfig>> =
             codec::decode(payload).map_err(|err| RPCError::Network(NetworkError::new(&err)))?;
-        result.map_err(|err| RPCError::RemoteError(RemoteError::new(self.target, err)))
+        // The only error a peer's Raft answers with is fatal (it is stopping
+        // or its storage failed): for this member, the peer is unreachable.
+        result.map_err(|err| {
+            RPCError::Unreachable(Unreachable::new(&Msg(format!(
+                "member {}: {err}",
+                self.target
+            ))))
+        })
     }
 }
 
-impl RaftNetwork<TypeConfig> for PeerClient {
+impl PeerClient {
+    /// One unary peer RPC within `ttl`: the deadline travels with the
+    /// request and bounds the wait here too; UNAVAILABLE and transport
+    /// failures are `Unreachable`, a deadline `Timeout` (see the module docs).
+    async fn unary<T, F, Fut>(&self, action: RPCTypes, ttl: Duration, call: F) -> Result<T, RpcErr>
+    where
+        F: FnOnce(RaftClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let client = self.client()?;
+        match tokio::time::timeout(ttl, call(client)).await {
+            Err(_) => Err(self.timeout(action, ttl)),
+            Ok(Err(status)) if status.code() == tonic::Code::DeadlineExceeded => {
+                Err(self.timeout(action, ttl))
+            }
+            Ok(Err(status)) => Err(status_error(&status)),
+            Ok(Ok(response)) => Ok(response.into_inner()),
+        }
+    }
+
+    /// A request message: this member's identity and openraft's request,
+    /// encoded, with the deadline set.
+    fn request<M>(&self, make: impl FnOnce(PbIdentity) -> M, ttl: Duration) -> tonic::Request<M> {
+        let mut request = tonic::Request::new(make(self.identity()));
+        request.set_timeout(ttl);
+        request
+    }
+}
+
+impl RaftNetworkV2<TypeConfig> for PeerClient {
+    type SnapshotData = SnapshotHandle;
+
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<u64>, RpcErr<RaftError<u64>>> {
-        let mut client = self.client()?;
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RpcErr> {
         let ttl = option.hard_ttl();
-        let payload = codec::encode(&rpc);
+        let mut payload = codec::encode(&rpc);
+        // Too large for one message: send the entries that fit; a success
+        // then covers only them (openraft sends the rest next).
+        let mut cut_after = None;
         if payload.len() > APPEND_PAYLOAD_BYTES_MAX && rpc.entries.len() > 1 {
-            // openraft retries with at most this many entries.
-            return Err(RPCError::PayloadTooLarge(
-                PayloadTooLarge::new_entries_hint(entries_that_fit(&rpc.entries)),
-            ));
+            rpc.entries
+                .truncate(entries_that_fit(&rpc.entries) as usize);
+            cut_after = rpc.entries.last().map(|entry| entry.log_id);
+            payload = codec::encode(&rpc);
         }
-        let mut request = tonic::Request::new(PbAppendEntries {
-            identity: Some(self.identity()),
-            payload: payload.into(),
-        });
-        request.set_timeout(ttl);
-        let response = match tokio::time::timeout(ttl, client.append_entries(request)).await {
-            Err(_) => return Err(self.timeout(RPCTypes::AppendEntries, ttl)),
-            Ok(Err(status)) if status.code() == tonic::Code::DeadlineExceeded => {
-                return Err(self.timeout(RPCTypes::AppendEntries, ttl));
+        let request = self.request(
+            |identity| PbAppendEntries {
+                identity: Some(identity),
+                payload: payload.into(),
+            },
+            ttl,
+        );
+        let response = self
+            .unary(RPCTypes::AppendEntries, ttl, |mut client| async move {
+                client.append_entries(request).await
+            })
+            .await?;
+        let answer: AppendEntriesResponse<TypeConfig> = self.decode_result(&response.payload)?;
+        Ok(match (answer, cut_after) {
+            (AppendEntriesResponse::Success, Some(last)) => {
+                AppendEntriesResponse::PartialSuccess(Some(last))
             }
-            Ok(Err(status)) => return Err(status_error(&status)),
-            Ok(Ok(response)) => response.into_inner(),
-        };
-        self.decode_result(&response.payload)
+            (answer, _) => answer,
+        })
     }
 
     async fn vote(
         &mut self,
-        rpc: VoteRequest<u64>,
+        rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<VoteResponse<u64>, RpcErr<RaftError<u64>>> {
-        let mut client = self.client()?;
+    ) -> Result<VoteResponse<TypeConfig>, RpcErr> {
         let ttl = option.hard_ttl();
-        let mut request = tonic::Request::new(PbVote {
-            identity: Some(self.identity()),
-            payload: codec::encode(&rpc).into(),
-        });
-        request.set_timeout(ttl);
-        let response = match tokio::time::timeout(ttl, client.vote(request)).await {
-            Err(_) => return Err(self.timeout(RPCTypes::Vote, ttl)),
-            Ok(Err(status)) if status.code() == tonic::Code::DeadlineExceeded => {
-                return Err(self.timeout(RPCTypes::Vote, ttl));
-            }
-            Ok(Err(status)) => return Err(status_error(&status)),
-            Ok(Ok(response)) => response.into_inner(),
-        };
+        let request = self.request(
+            |identity| PbVote {
+                identity: Some(identity),
+                payload: codec::encode(&rpc).into(),
+            },
+            ttl,
+        );
+        let response = self
+            .unary(RPCTypes::Vote, ttl, |mut client| async move {
+                client.vote(request).await
+            })
+            .await?;
         self.decode_result(&response.payload)
+    }
+
+    /// Asks the peer itself (openraft's default would answer "granted"
+    /// without asking, which makes pre-vote a plain election).
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RpcErr> {
+        let ttl = option.hard_ttl();
+        let request = self.request(
+            |identity| PbVote {
+                identity: Some(identity),
+                payload: codec::encode(&rpc).into(),
+            },
+            ttl,
+        );
+        let response = self
+            .unary(RPCTypes::Vote, ttl, |mut client| async move {
+                client.pre_vote(request).await
+            })
+            .await?;
+        self.decode_result(&response.payload)
+    }
+
+    /// Tells the target to take over (openraft's default would report it
+    /// unreachable without asking, and the target would wait out an
+    /// election timeout).
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RpcErr> {
+        let ttl = option.hard_ttl();
+        let request = self.request(
+            |identity| PbTransferLeader {
+                identity: Some(identity),
+                payload: codec::encode(&req).into(),
+            },
+            ttl,
+        );
+        let response = self
+            .unary(RPCTypes::TransferLeader, ttl, |mut client| async move {
+                client.transfer_leader(request).await
+            })
+            .await?;
+        let answer: Result<TransferLeaderResponse<TypeConfig>, String> =
+            codec::decode(&response.payload)
+                .map_err(|err| RPCError::Network(NetworkError::new(&err)))?;
+        answer.map_err(|err| {
+            RPCError::Unreachable(Unreachable::new(&Msg(format!(
+                "member {} could not take the leadership transfer: {err}",
+                self.target
+            ))))
+        })
     }
 
     async fn full_snapshot(
         &mut self,
-        vote: Vote<u64>,
-        snapshot: Snapshot<TypeConfig>,
+        vote: NodeVote,
+        snapshot: NodeSnapshot,
         cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
         option: RPCOption,
-    ) -> Result<SnapshotResponse<u64>, StreamingError<TypeConfig, Fatal<u64>>> {
-        let transfer = self.send_snapshot(vote, *snapshot.snapshot, option.hard_ttl());
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let transfer = self.send_snapshot(vote, snapshot.snapshot, option.hard_ttl());
         tokio::select! {
             closed = cancel => Err(StreamingError::Closed(closed)),
             result = transfer => result,
@@ -379,15 +474,16 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 
 #[cfg(test)]
 mod tests {
-    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+    use openraft::{Entry, EntryPayload};
 
     use super::*;
+    use crate::raft::types::log_id;
     use kvstate::command::{Command, Op, Proposal, Request};
 
     /// An entry carrying one put of a `value_bytes` value.
-    fn entry(index: u64, value_bytes: usize) -> Entry<TypeConfig> {
+    fn entry(index: u64, value_bytes: usize) -> NodeEntry {
         Entry {
-            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            log_id: log_id(1, 1, index),
             payload: EntryPayload::Normal(Proposal {
                 time_ms: index,
                 command: Command::Requests(vec![Request {

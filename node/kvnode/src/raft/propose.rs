@@ -10,7 +10,8 @@ use openraft::error::{ClientWriteError, RaftError};
 use crate::node::clock::ClusterClock;
 use crate::raft::batcher::{ProposeError, ProposeFn};
 use crate::raft::merge_policy::ProposeMerge;
-use crate::raft::types::{NodeInfo, TypeConfig};
+use crate::raft::types::{NodeMetrics, NodeRaft};
+use crate::raft::watch::MetricsWatch;
 use kvstate::command::{Command, Outcome, Proposal, Request};
 
 /// How long a new leader waits to apply its predecessors' entries before
@@ -21,10 +22,8 @@ pub const LEADER_CATCH_UP_WAIT: Duration = Duration::from_secs(5);
 /// entry): then every earlier entry is applied, so the cluster time it
 /// stamps is never below an entry earlier in the log. Returns that term,
 /// which the cluster clock re-bases on when it changes.
-pub(crate) async fn leader_caught_up(
-    raft: &openraft::Raft<TypeConfig>,
-) -> Result<u64, ProposeError> {
-    let caught_up = |m: &openraft::RaftMetrics<u64, NodeInfo>| {
+pub(crate) async fn leader_caught_up(raft: &NodeRaft) -> Result<u64, ProposeError> {
+    let caught_up = |m: &NodeMetrics| {
         m.last_applied
             .is_some_and(|applied| applied.leader_id.term >= m.current_term)
     };
@@ -44,7 +43,7 @@ pub(crate) async fn leader_caught_up(
     }
 }
 
-pub(crate) fn propose_fn(raft: openraft::Raft<TypeConfig>, clock: Arc<ClusterClock>) -> ProposeFn {
+pub(crate) fn propose_fn(raft: NodeRaft, clock: Arc<ClusterClock>) -> ProposeFn {
     Arc::new(move |requests: Vec<Request>| {
         let raft = raft.clone();
         let clock = clock.clone();
@@ -62,6 +61,14 @@ pub(crate) fn propose_fn(raft: openraft::Raft<TypeConfig>, clock: Arc<ClusterClo
                 Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(err))) => {
                     Err(ProposeError::NotApplied(err.to_string()))
                 }
+                Err(RaftError::APIError(ClientWriteError::PreconditionFailed(err))) => {
+                    Err(ProposeError::NotApplied(err.to_string()))
+                }
+                // Appended, then the leader changed: the entry may still
+                // commit through the new leader.
+                Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(forward))) => {
+                    Err(ProposeError::Unknown(forward.to_string()))
+                }
                 Err(RaftError::Fatal(fatal)) => Err(ProposeError::Unknown(fatal.to_string())),
             }
         })
@@ -70,10 +77,7 @@ pub(crate) fn propose_fn(raft: openraft::Raft<TypeConfig>, clock: Arc<ClusterClo
 
 /// Proposes a merge entry the way writes and ticks are proposed: once the
 /// leader has caught up, stamped with its cluster clock, `client_write`.
-pub(crate) fn propose_merge_fn(
-    raft: openraft::Raft<TypeConfig>,
-    clock: Arc<ClusterClock>,
-) -> ProposeMerge {
+pub(crate) fn propose_merge_fn(raft: NodeRaft, clock: Arc<ClusterClock>) -> ProposeMerge {
     Arc::new(move |inputs: Vec<String>| {
         let raft = raft.clone();
         let clock = clock.clone();

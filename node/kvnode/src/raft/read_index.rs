@@ -8,14 +8,21 @@
 //! reads that arrive while a round is in flight wait for the next one. So
 //! the index a read gets was confirmed after the read began, which is what
 //! makes it linearizable.
+//!
+//! `--read-policy lease` ([`LinearizableReads::Lease`], off by default) lets
+//! the leader skip the round while its leader lease holds; see that variant
+//! for the clock assumption it adds.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use openraft::ReadPolicy;
+use openraft::errors::{LinearizableReadError, RaftError};
 use tokio::sync::oneshot;
 
 use crate::raft::network::Network;
-use crate::raft::types::TypeConfig;
+use crate::raft::types::NodeRaft;
+use crate::raft::watch::MetricsWatch;
 
 /// How long one read-index round may take before the read answers
 /// UNAVAILABLE (it spans the leader's quorum round and, on a follower, the
@@ -48,6 +55,31 @@ pub enum ReadIndexError {
     Stopped,
 }
 
+/// How the leader confirms it still leads before it hands out a read index
+/// (`kvnode run --read-policy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LinearizableReads {
+    /// A heartbeat round sent after the read arrived and acknowledged by a
+    /// quorum (Raft's ReadIndex). Safe under any clock behaviour.
+    #[default]
+    ReadIndex,
+    /// The leader's lease: no round while a quorum acknowledged a heartbeat
+    /// *sent* less than one lease (the largest election timeout, 3 s) ago;
+    /// a round, as with `ReadIndex`, once the lease has run out. Followers
+    /// refuse to vote for another candidate for one lease after they last
+    /// heard from the leader, so no other leader can exist meanwhile —
+    /// ASSUMING every member's monotonic clock runs at the same rate as the
+    /// leader's, within a small drift against 3 s. Clocks need not agree on
+    /// the time, but a member whose clock runs fast (a paused VM catching
+    /// up, a skewed clock source) can let a new leader be elected while the
+    /// old one still serves reads from its lease: stale reads. A member
+    /// forgets the lease it granted when it restarts, so with this policy
+    /// every member stays out of elections for one lease after it starts
+    /// (`node::start`); set it on every member. Off by default; ReadIndex
+    /// costs one heartbeat round trip per read batch.
+    Lease,
+}
+
 type Waiter = oneshot::Sender<Result<u64, ReadIndexError>>;
 
 #[derive(Default)]
@@ -60,8 +92,9 @@ struct Queue {
 #[derive(Clone)]
 pub struct ReadRounds {
     id: u64,
-    raft: openraft::Raft<TypeConfig>,
+    raft: NodeRaft,
     network: Network,
+    policy: LinearizableReads,
     queue: Arc<Mutex<Queue>>,
 }
 
@@ -75,13 +108,20 @@ impl std::fmt::Debug for ReadRounds {
 
 impl ReadRounds {
     /// Rounds for member `id`.
-    pub fn new(id: u64, raft: openraft::Raft<TypeConfig>, network: Network) -> ReadRounds {
+    pub fn new(id: u64, raft: NodeRaft, network: Network) -> ReadRounds {
         ReadRounds {
             id,
             raft,
             network,
+            policy: LinearizableReads::ReadIndex,
             queue: Arc::default(),
         }
+    }
+
+    /// Confirms leadership with `policy` (ReadIndex unless set).
+    pub fn with_policy(mut self, policy: LinearizableReads) -> ReadRounds {
+        self.policy = policy;
+        self
     }
 
     /// A read index confirmed by a round that started after this call.
@@ -147,18 +187,30 @@ impl ReadRounds {
         }
     }
 
-    /// One quorum round on the leader.
+    /// One quorum round on the leader (or, with the lease policy, none
+    /// while the lease holds).
     async fn leader_round(&self) -> Result<u64, ReadIndexError> {
-        use openraft::error::{CheckIsLeaderError, RaftError};
-        match self.raft.get_read_log_id().await {
-            Ok((read_log_id, _applied)) => Ok(read_log_id.map(|l| l.index).unwrap_or(0)),
-            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward))) => {
+        let result = match self.policy {
+            LinearizableReads::ReadIndex => self.raft.get_read_log_id(ReadPolicy::ReadIndex).await,
+            LinearizableReads::Lease => {
+                match self.raft.get_read_log_id(ReadPolicy::LeaseRead).await {
+                    // The lease ran out: a ReadIndex round.
+                    Err(RaftError::APIError(LinearizableReadError::QuorumNotEnough(_))) => {
+                        self.raft.get_read_log_id(ReadPolicy::ReadIndex).await
+                    }
+                    other => other,
+                }
+            }
+        };
+        match result {
+            Ok((read_log_id, _applied)) => Ok(read_log_id.index()),
+            Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(forward))) => {
                 Err(ReadIndexError::NotLeader {
                     me: self.id,
                     leader: forward.leader_id,
                 })
             }
-            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(err))) => Err(
+            Err(RaftError::APIError(LinearizableReadError::QuorumNotEnough(err))) => Err(
                 ReadIndexError::Unavailable(format!("could not confirm leadership: {err}")),
             ),
             Err(RaftError::Fatal(_)) => Err(ReadIndexError::Stopped),

@@ -10,11 +10,15 @@
 
 use std::fmt;
 
-use openraft::{LogId, StoredMembership};
+use openraft::alias::{
+    EntryOf, LeaderIdOf, LogIdOf, SnapshotMetaOf, SnapshotOf, StoredMembershipOf, VoteOf,
+};
+use openraft::vote::RaftLeaderId;
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{self, CodecError};
 use crate::snapshot::SnapshotHandle;
+use crate::state_machine::StateMachine;
 use kvstate::command::{EntryResponse, Proposal};
 
 /// A cluster member as openraft stores it in the membership: where clients
@@ -70,21 +74,38 @@ openraft::declare_raft_types!(
         R = EntryResponse,
         NodeId = u64,
         Node = NodeInfo,
-        Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = SnapshotHandle,
-        AsyncRuntime = openraft::TokioRuntime,
 );
 
-/// A log id of this node's type config.
-pub type NodeLogId = LogId<u64>;
+/// The node's Raft handle: openraft over this node's state machine.
+pub type NodeRaft = openraft::Raft<TypeConfig, StateMachine>;
+/// A log id: the leader (term, member) that proposed the entry, and its index.
+pub type NodeLogId = LogIdOf<TypeConfig>;
+/// A leader id: (term, member), openraft's "advanced" mode, where several
+/// members may be candidates in one term (the same shape as 0.9's).
+pub type NodeLeaderId = LeaderIdOf<TypeConfig>;
+/// A vote: a leader id and whether a quorum granted it.
+pub type NodeVote = VoteOf<TypeConfig>;
+/// A log entry.
+pub type NodeEntry = EntryOf<TypeConfig>;
 /// A stored membership of this node's type config.
-pub type NodeMembership = StoredMembership<u64, NodeInfo>;
+pub type NodeMembership = StoredMembershipOf<TypeConfig>;
+/// A snapshot: openraft's meta over this node's snapshot handle.
+pub type NodeSnapshot = SnapshotOf<TypeConfig, SnapshotHandle>;
+/// A snapshot's meta as openraft sees it (last log id, membership, id).
+pub type NodeSnapshotMeta = SnapshotMetaOf<TypeConfig>;
+/// Raft metrics of this node's type config.
+pub type NodeMetrics = openraft::RaftMetrics<TypeConfig>;
+
+/// The log id of the entry at `index` proposed by `member` in `term`.
+pub fn log_id(term: u64, member: u64, index: u64) -> NodeLogId {
+    NodeLogId::new(NodeLeaderId::new(term, member), index)
+}
 
 /// What the commit record of every engine batch the state machine writes
 /// carries: the entry's log id, the cluster time after applying it, and the
 /// membership in force after it. Restart recovers `last_applied`, the
 /// membership and the cluster clock from the engine's last batch alone.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommitMeta {
     /// The applied entry's log id.
     pub log_id: NodeLogId,
@@ -111,7 +132,7 @@ impl CommitMeta {
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
-    use openraft::{CommittedLeaderId, Membership};
+    use openraft::{Membership, StoredMembership};
 
     use super::*;
 
@@ -124,13 +145,13 @@ mod tests {
                 peer_addr: "127.0.0.1:7101".into(),
             },
         )]);
-        let log_id = LogId::new(CommittedLeaderId::new(3, 1), 42);
+        let log_id = log_id(3, 1, 42);
         let meta = CommitMeta {
             log_id,
             time_ms: 1234,
             membership: StoredMembership::new(
                 Some(log_id),
-                Membership::new(vec![BTreeSet::from([1])], nodes),
+                Membership::new(vec![BTreeSet::from([1])], nodes).unwrap(),
             ),
         };
         assert_eq!(CommitMeta::decode(&meta.encode()).unwrap(), meta);

@@ -36,7 +36,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
-use crate::raft::types::TypeConfig;
+use crate::raft::types::NodeRaft;
+use crate::raft::watch::MetricsWatch;
 use crate::server::metrics::{EngineView, METRICS_CONTENT_TYPE, Metrics, ScrapeView};
 use crate::server::security::TLS_HANDSHAKE_TIMEOUT;
 use crate::state_machine::StateMachine;
@@ -59,7 +60,7 @@ pub const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 #[derive(Clone)]
 pub struct AdminState {
     id: u64,
-    raft: openraft::Raft<TypeConfig>,
+    raft: NodeRaft,
     state_machine: StateMachine,
     metrics: Metrics,
 }
@@ -76,7 +77,7 @@ impl AdminState {
     /// The admin state of member `id`.
     pub fn new(
         id: u64,
-        raft: openraft::Raft<TypeConfig>,
+        raft: NodeRaft,
         state_machine: StateMachine,
         metrics: Metrics,
     ) -> AdminState {
@@ -92,7 +93,7 @@ impl AdminState {
     async fn commit_index(&self) -> Result<u64, String> {
         let query = self
             .raft
-            .with_raft_state(|state| state.committed.map_or(0, |log_id| log_id.index));
+            .with_raft_state(|state| state.local_committed().map_or(0, |log_id| log_id.index));
         match tokio::time::timeout(RAFT_QUERY_TIMEOUT, query).await {
             Err(_) => Err(format!(
                 "the raft core did not report its commit index within RAFT_QUERY_TIMEOUT ({} ms)",

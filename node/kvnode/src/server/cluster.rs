@@ -26,18 +26,19 @@ use std::time::Duration;
 use kvproto::cluster::v1::cluster_server::{Cluster, ClusterServer};
 use kvproto::cluster::v1::{
     AddLearnerRequest, AddLearnerResponse, Member, MemberListRequest, MemberListResponse,
-    MemberStatus, PromoteRequest, PromoteResponse, RemoveMemberRequest, RemoveMemberResponse, Role,
-    SaveSnapshotRequest, SaveSnapshotResponse, StatusRequest, StatusResponse,
-    TriggerSnapshotRequest, TriggerSnapshotResponse,
+    MemberStatus, MoveLeaderRequest, MoveLeaderResponse, PromoteRequest, PromoteResponse,
+    RemoveMemberRequest, RemoveMemberResponse, Role, SaveSnapshotRequest, SaveSnapshotResponse,
+    StatusRequest, StatusResponse, TriggerSnapshotRequest, TriggerSnapshotResponse,
 };
 use kvproto::kv::v1::Header;
-use openraft::{RaftMetrics, ServerState};
+use openraft::ServerState;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::node::identity::Identity;
 use crate::raft::membership::{Members, Membership, known_leader};
-use crate::raft::types::{NodeInfo, TypeConfig};
+use crate::raft::types::{NodeInfo, NodeMetrics, NodeRaft};
+use crate::raft::watch::MetricsWatch;
 use crate::snapshot::save;
 #[cfg(doc)]
 use crate::snapshot::save::{SAVE_CHUNK_BYTES, SAVE_STREAM_BUFFER};
@@ -50,7 +51,7 @@ pub const SNAPSHOT_BUILD_WAIT: Duration = Duration::from_secs(60);
 #[derive(Clone)]
 pub struct ClusterService {
     id: u64,
-    raft: openraft::Raft<TypeConfig>,
+    raft: NodeRaft,
     state_machine: StateMachine,
     identity: Identity,
     membership: Option<Membership>,
@@ -66,11 +67,7 @@ impl std::fmt::Debug for ClusterService {
 
 /// The header every client-port reply carries: who answered, at which
 /// applied index, whom it takes for the leader.
-pub fn header(
-    identity: &Identity,
-    state_machine: &StateMachine,
-    metrics: &RaftMetrics<u64, NodeInfo>,
-) -> Header {
+pub fn header(identity: &Identity, state_machine: &StateMachine, metrics: &NodeMetrics) -> Header {
     Header {
         cluster_id: identity.cluster_id(),
         member_id: identity.member_id(),
@@ -80,7 +77,7 @@ pub fn header(
     }
 }
 
-fn members(metrics: &RaftMetrics<u64, NodeInfo>) -> Vec<Member> {
+fn members(metrics: &NodeMetrics) -> Vec<Member> {
     members_of(metrics.membership_config.membership())
 }
 
@@ -109,7 +106,7 @@ fn role_of(state: ServerState) -> Role {
 }
 
 /// The index a quorum of voters holds, from the leader's replication view.
-fn quorum_matched(metrics: &RaftMetrics<u64, NodeInfo>) -> Option<u64> {
+fn quorum_matched(metrics: &NodeMetrics) -> Option<u64> {
     let replication = metrics.replication.as_ref()?;
     let mut matched: Vec<u64> = metrics
         .membership_config
@@ -135,11 +132,7 @@ fn quorum_matched(metrics: &RaftMetrics<u64, NodeInfo>) -> Option<u64> {
 
 impl ClusterService {
     /// The service for the member with `identity`.
-    pub fn new(
-        raft: openraft::Raft<TypeConfig>,
-        state_machine: StateMachine,
-        identity: Identity,
-    ) -> ClusterService {
+    pub fn new(raft: NodeRaft, state_machine: StateMachine, identity: Identity) -> ClusterService {
         ClusterService {
             id: identity.member_id(),
             raft,
@@ -168,11 +161,11 @@ impl ClusterService {
         ClusterServer::new(self)
     }
 
-    fn metrics(&self) -> RaftMetrics<u64, NodeInfo> {
+    fn metrics(&self) -> NodeMetrics {
         self.raft.metrics().borrow().clone()
     }
 
-    fn header(&self, metrics: &RaftMetrics<u64, NodeInfo>) -> Header {
+    fn header(&self, metrics: &NodeMetrics) -> Header {
         header(&self.identity, &self.state_machine, metrics)
     }
 
@@ -301,6 +294,20 @@ impl Cluster for ClusterService {
         }))
     }
 
+    async fn move_leader(
+        &self,
+        request: Request<MoveLeaderRequest>,
+    ) -> Result<Response<MoveLeaderResponse>, Status> {
+        let leader_id = self
+            .membership()?
+            .move_leader(request.into_inner().id)
+            .await?;
+        Ok(Response::new(MoveLeaderResponse {
+            header: Some(self.header(&self.metrics())),
+            leader_id,
+        }))
+    }
+
     async fn trigger_snapshot(
         &self,
         request: Request<TriggerSnapshotRequest>,
@@ -340,11 +347,7 @@ impl Cluster for ClusterService {
                 .await
                 .map_err(|err| Status::unavailable(format!("the node is stopping: {err}")))?;
         }
-        let snapshot_id = self
-            .state_machine
-            .current_snapshot()
-            .map(|s| s.meta.snapshot_id)
-            .unwrap_or_default();
+        let snapshot_id = self.state_machine.current_snapshot_id().unwrap_or_default();
         tracing::info!(
             id = self.id,
             index = snapshot.index,
@@ -394,7 +397,7 @@ impl Cluster for ClusterService {
 }
 
 /// Builds a snapshot through openraft (so it knows of it) and waits for it.
-async fn build_snapshot_now(raft: &openraft::Raft<TypeConfig>) -> Result<(), Status> {
+async fn build_snapshot_now(raft: &NodeRaft) -> Result<(), Status> {
     let target = raft.metrics().borrow().last_applied.map(|l| l.index);
     let Some(target) = target else {
         return Err(Status::failed_precondition(

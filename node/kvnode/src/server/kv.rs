@@ -26,7 +26,8 @@ use crate::hooks::Faults;
 use crate::node::identity::Identity;
 use crate::raft::batcher::{Batcher, ProposeError};
 use crate::raft::read_index::{ReadIndexError, ReadRounds};
-use crate::raft::types::TypeConfig;
+use crate::raft::types::NodeRaft;
+use crate::raft::watch::MetricsWatch;
 use crate::server::cluster;
 use crate::server::convert::{self, check_key, check_value};
 use crate::server::metrics::{Metrics, RequestOp, RequestTimer};
@@ -53,7 +54,7 @@ pub const SCAN_PAGE_BYTES_MAX: usize = 4 * 1024 * 1024;
 #[derive(Clone)]
 pub struct KvService {
     id: u64,
-    raft: openraft::Raft<TypeConfig>,
+    raft: NodeRaft,
     state_machine: StateMachine,
     batcher: Batcher,
     reads: ReadRounds,
@@ -74,7 +75,7 @@ impl std::fmt::Debug for KvService {
 impl KvService {
     /// The service for member `id`.
     pub fn new(
-        raft: openraft::Raft<TypeConfig>,
+        raft: NodeRaft,
         state_machine: StateMachine,
         batcher: Batcher,
         reads: ReadRounds,

@@ -22,15 +22,17 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kvproto::PEER_PROTOCOL_VERSION;
 use kvproto::raft::v1::raft_server::{Raft as RaftRpc, RaftServer};
 use kvproto::raft::v1::{
     AppendEntriesRequest, AppendEntriesResponse, IdentifyRequest, IdentifyResponse,
     Identity as PbIdentity, ReadIndexRequest, ReadIndexResponse, SnapshotInstalled,
-    TransferSnapshotRequest, TransferSnapshotResponse, VoteRequest, VoteResponse,
-    transfer_snapshot_request, transfer_snapshot_response,
+    TransferLeaderRequest, TransferLeaderResponse, TransferSnapshotRequest,
+    TransferSnapshotResponse, VoteRequest, VoteResponse, transfer_snapshot_request,
+    transfer_snapshot_response,
 };
+use openraft::Snapshot;
 use openraft::raft::SnapshotResponse;
-use openraft::{Snapshot, Vote};
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
@@ -41,7 +43,7 @@ use crate::hooks::Faults;
 use crate::node::identity::{Adopt, CheckError, Identity};
 use crate::raft::network::PEER_MESSAGE_BYTES_MAX;
 use crate::raft::read_index::{ReadIndexError, ReadRounds};
-use crate::raft::types::TypeConfig;
+use crate::raft::types::{NodeRaft, NodeVote, TypeConfig};
 use crate::server::metrics::Metrics;
 use crate::snapshot::layout::meta_of;
 use crate::snapshot::{convert, receive};
@@ -54,7 +56,7 @@ pub const MISMATCH_LOG_INTERVAL: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub struct PeerService {
     id: u64,
-    raft: openraft::Raft<TypeConfig>,
+    raft: NodeRaft,
     state_machine: StateMachine,
     identity: Identity,
     reads: ReadRounds,
@@ -74,7 +76,7 @@ impl std::fmt::Debug for PeerService {
 impl PeerService {
     /// The service for member `id`.
     pub fn new(
-        raft: openraft::Raft<TypeConfig>,
+        raft: NodeRaft,
         state_machine: StateMachine,
         identity: Identity,
         reads: ReadRounds,
@@ -110,6 +112,18 @@ impl PeerService {
         let Some(identity) = identity else {
             return Err(Status::invalid_argument("the request carries no identity"));
         };
+        // 0: a build before the field existed (protocol 1).
+        let theirs = identity.protocol_version.max(1);
+        if theirs != PEER_PROTOCOL_VERSION {
+            return Err(Status::failed_precondition(format!(
+                "peer protocol mismatch: member {} speaks peer protocol {theirs}, this member \
+                 speaks {PEER_PROTOCOL_VERSION}; every member of a cluster must run the same \
+                 protocol: upgrade by restoring a backup (kvctl snapshot save, kvnode restore) \
+                 into a cluster of the new build, or restart every member on the new build \
+                 with its data directory",
+                identity.from_id
+            )));
+        }
         if self.faults.is_cut(identity.from_id) {
             return Err(Status::unavailable(format!(
                 "the link from member {} is cut (test fault)",
@@ -174,9 +188,40 @@ impl RaftRpc for PeerService {
     async fn vote(&self, request: Request<VoteRequest>) -> Result<Response<VoteResponse>, Status> {
         let request = request.into_inner();
         self.check_identity(request.identity.as_ref(), Adopt::Never)?;
-        let rpc: openraft::raft::VoteRequest<u64> = decode(&request.payload, "Vote")?;
+        let rpc: openraft::raft::VoteRequest<TypeConfig> = decode(&request.payload, "Vote")?;
         let result = self.raft.vote(rpc).await;
         Ok(Response::new(VoteResponse {
+            payload: codec::encode(&result).into(),
+        }))
+    }
+
+    async fn pre_vote(
+        &self,
+        request: Request<VoteRequest>,
+    ) -> Result<Response<VoteResponse>, Status> {
+        let request = request.into_inner();
+        self.check_identity(request.identity.as_ref(), Adopt::Never)?;
+        let rpc: openraft::raft::VoteRequest<TypeConfig> = decode(&request.payload, "PreVote")?;
+        let result = self.raft.pre_vote(rpc).await;
+        Ok(Response::new(VoteResponse {
+            payload: codec::encode(&result).into(),
+        }))
+    }
+
+    async fn transfer_leader(
+        &self,
+        request: Request<TransferLeaderRequest>,
+    ) -> Result<Response<TransferLeaderResponse>, Status> {
+        let request = request.into_inner();
+        self.check_identity(request.identity.as_ref(), Adopt::Never)?;
+        let rpc: openraft::raft::TransferLeaderRequest<TypeConfig> =
+            decode(&request.payload, "TransferLeader")?;
+        let result: Result<openraft::raft::TransferLeaderResponse<TypeConfig>, String> = self
+            .raft
+            .handle_transfer_leader(rpc)
+            .await
+            .map_err(|fatal| format!("raft stopped: {fatal}"));
+        Ok(Response::new(TransferLeaderResponse {
             payload: codec::encode(&result).into(),
         }))
     }
@@ -230,7 +275,7 @@ impl RaftRpc for PeerService {
                 "this member crashed at a test crash point",
             ));
         }
-        let vote: Vote<u64> = decode(&offer.vote, "snapshot vote")?;
+        let vote: NodeVote = decode(&offer.vote, "snapshot vote")?;
         let manifest_pb = offer
             .manifest
             .ok_or_else(|| Status::invalid_argument("the offer carries no manifest"))?;
@@ -268,7 +313,7 @@ impl RaftRpc for PeerService {
             };
             let snapshot = Snapshot {
                 meta: meta_of(&manifest),
-                snapshot: Box::new(snap.clone()),
+                snapshot: snap.clone(),
             };
             let installed = raft.install_full_snapshot(vote, snapshot).await;
             if installed.is_ok() {
@@ -277,7 +322,7 @@ impl RaftRpc for PeerService {
                 let sm = sm.clone();
                 let _ = tokio::task::spawn_blocking(move || sm.discard_received(&snap)).await;
             }
-            let answer: Result<SnapshotResponse<u64>, String> =
+            let answer: Result<SnapshotResponse<TypeConfig>, String> =
                 installed.map_err(|err| err.to_string());
             let _ = tx
                 .send(Ok(TransferSnapshotResponse {

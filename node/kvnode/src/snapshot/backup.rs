@@ -60,13 +60,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kvarchive::{ARCHIVE_COPY_BYTES, ArchiveError, ArchiveFile};
-use openraft::storage::{RaftLogStorage, RaftStateMachine};
-use openraft::{EntryPayload, LogId, Membership, SnapshotMeta, Vote};
+use openraft::storage::RaftLogStorage;
+use openraft::{EntryPayload, Membership, SnapshotMeta, Vote};
 use vfs::RealFs;
 
 use crate::log_store::LogStore;
 use crate::node::identity::{Identity, IdentityError};
-use crate::raft::types::{NodeInfo, NodeLogId, TypeConfig};
+use crate::raft::types::{NodeEntry, NodeInfo, NodeLogId, TypeConfig};
 use crate::snapshot::{
     self, FILE_NAME_BYTES_MAX, MANIFEST_BYTES_MAX, Manifest, SnapshotError, SnapshotHandle,
 };
@@ -485,7 +485,7 @@ pub async fn restore(options: RestoreOptions) -> Result<Restored, BackupError> {
         ));
     };
     let cluster_id = derive_cluster_id(&summary.manifest_bytes, &initial_cluster, &cluster_token);
-    let restore_log_id = LogId::new(snapshot_last.leader_id, snapshot_last.index + 1);
+    let restore_log_id = NodeLogId::new(snapshot_last.leader_id, snapshot_last.index + 1);
     tracing::info!(
         archive = %archive.display(),
         snapshot = %manifest.snapshot_id,
@@ -574,7 +574,6 @@ async fn build(
             let meta = SnapshotMeta {
                 last_log_id: ours.last_log_id,
                 last_membership: ours.membership.clone(),
-                snapshot_id: ours.snapshot_id.clone(),
             };
             sm.install(&meta, &staging)?;
             sm.set_cluster_id(cluster_id);
@@ -592,15 +591,13 @@ async fn build(
 
     // The new membership, as an entry at L + 1, then a snapshot there.
     let voters: BTreeSet<u64> = members.keys().copied().collect();
-    let membership = Membership::new(vec![voters], members.clone());
-    let entry = openraft::Entry::<TypeConfig> {
+    let membership = Membership::new(vec![voters], members.clone())
+        .map_err(|err| BackupError::Config(format!("the new membership: {err}")))?;
+    let entry = NodeEntry {
         log_id: restore_log_id,
         payload: EntryPayload::Membership(membership),
     };
-    let mut applying = sm.clone();
-    applying
-        .apply(vec![entry])
-        .await
+    sm.apply_entries(vec![entry])
         .map_err(|err| BackupError::Config(format!("applying the new membership: {err}")))?;
     let sm = blocking(move || {
         sm.build()?;
@@ -657,11 +654,12 @@ async fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::raft::types::log_id;
     use crate::snapshot::ManifestFile;
-    use openraft::{CommittedLeaderId, StoredMembership};
+    use openraft::StoredMembership;
 
     fn sample(files: &[(&str, &[u8])]) -> (Manifest, Vec<u8>) {
-        let log_id = LogId::new(CommittedLeaderId::new(3, 1), 42);
+        let log_id = log_id(3, 1, 42);
         let nodes = BTreeMap::from([(1u64, NodeInfo::default())]);
         let manifest = Manifest {
             snapshot_id: "s".into(),
@@ -669,7 +667,7 @@ mod tests {
             last_log_id: Some(log_id),
             membership: StoredMembership::new(
                 Some(log_id),
-                Membership::new(vec![BTreeSet::from([1])], nodes),
+                Membership::new(vec![BTreeSet::from([1])], nodes).unwrap(),
             ),
             files: files
                 .iter()

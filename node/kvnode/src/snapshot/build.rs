@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use openraft::Snapshot;
 
-use crate::raft::types::TypeConfig;
+use crate::raft::types::NodeSnapshot;
 use crate::snapshot::layout::{
     CurrentSnapshot, SNAPSHOT_DIR_PREFIX, counter_name, hard_link, meta_of,
 };
@@ -18,7 +18,7 @@ use crate::state_machine::{SmError, StateMachine};
 
 impl StateMachine {
     /// Builds a snapshot of the files as of the last applied entry.
-    pub fn build(&self) -> Result<Snapshot<TypeConfig>, SmError> {
+    pub fn build(&self) -> Result<NodeSnapshot, SmError> {
         let _work = self.snapshot_work();
         // Capture under the lock (no apply meanwhile): fsync, file lists, pins.
         let (engine, pin, sealed, active, last_applied, membership, counter) = {
@@ -111,7 +111,7 @@ impl StateMachine {
         tracing::info!(snapshot = %manifest.snapshot_id, files = manifest.files.len(), "snapshot built");
         let snapshot = Snapshot {
             meta: meta_of(&manifest),
-            snapshot: Box::new(SnapshotHandle::new(&snap_dir)),
+            snapshot: SnapshotHandle::new(&snap_dir),
         };
         {
             let mut inner = self.lock();

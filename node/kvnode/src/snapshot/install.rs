@@ -11,10 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use openraft::SnapshotMeta;
-
 use crate::hooks::InstallStep;
-use crate::raft::types::NodeInfo;
+use crate::raft::types::NodeSnapshotMeta;
 use crate::snapshot::layout::{
     CurrentSnapshot, Rank, SNAPSHOT_DIR_PREFIX, SNAPSHOTS_DIR, SNAPSHOTS_KEPT, STAGING_DIR_PREFIX,
     counter_name, hard_link, list_dir, parse_counter, rank, remove_dir_logged, remove_file,
@@ -106,11 +104,7 @@ impl StateMachine {
     /// directories, or another state machine's snapshot directory (linked
     /// in); the latter two are checked against the manifest and sealed
     /// first. Then the engine switches to its files atomically.
-    pub fn install(
-        &self,
-        meta: &SnapshotMeta<u64, NodeInfo>,
-        handle: &SnapshotHandle,
-    ) -> Result<(), SmError> {
+    pub fn install(&self, meta: &NodeSnapshotMeta, handle: &SnapshotHandle) -> Result<(), SmError> {
         let _work = self.snapshot_work();
         let failpoints = self.failpoints().clone();
         if failpoints.dead() {

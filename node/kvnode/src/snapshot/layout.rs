@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use openraft::{Snapshot, SnapshotMeta};
 
-use crate::raft::types::{NodeInfo, NodeLogId, TypeConfig};
+use crate::raft::types::{NodeLogId, NodeSnapshot, NodeSnapshotMeta};
 use crate::snapshot::{self, Manifest, SnapshotError, SnapshotHandle, io_err, node_vfs};
 use crate::state_machine::StateMachine;
 
@@ -106,11 +106,10 @@ pub(crate) fn remove_dir_logged(path: &Path) {
 }
 
 /// openraft's snapshot meta of `manifest`.
-pub(crate) fn meta_of(manifest: &Manifest) -> SnapshotMeta<u64, NodeInfo> {
+pub(crate) fn meta_of(manifest: &Manifest) -> NodeSnapshotMeta {
     SnapshotMeta {
         last_log_id: manifest.last_log_id,
         last_membership: manifest.membership.clone(),
-        snapshot_id: manifest.snapshot_id.clone(),
     }
 }
 
@@ -142,14 +141,24 @@ impl StateMachine {
     }
 
     /// The latest snapshot built or installed.
-    pub fn current_snapshot(&self) -> Option<Snapshot<TypeConfig>> {
+    pub fn current_snapshot(&self) -> Option<NodeSnapshot> {
         let inner = self.lock();
         inner.current.as_ref().map(|current| Snapshot {
             meta: meta_of(&current.manifest),
-            snapshot: Box::new(SnapshotHandle::new(
+            snapshot: SnapshotHandle::new(
                 self.snapshots_dir()
                     .join(counter_name(SNAPSHOT_DIR_PREFIX, current.counter)),
-            )),
+            ),
         })
+    }
+
+    /// The id of the latest snapshot built or installed, from its manifest
+    /// (openraft's snapshot meta carries no id since 0.10).
+    pub fn current_snapshot_id(&self) -> Option<String> {
+        let inner = self.lock();
+        inner
+            .current
+            .as_ref()
+            .map(|current| current.manifest.snapshot_id.clone())
     }
 }

@@ -19,9 +19,9 @@ use std::sync::Arc;
 use vfs::RealFs;
 use vfs::{Vfs, VfsFile};
 
-use openraft::{CommittedLeaderId, LogId, Membership, StoredMembership};
+use openraft::{Membership, StoredMembership};
 
-use crate::raft::types::{NodeInfo, NodeLogId, NodeMembership};
+use crate::raft::types::{NodeInfo, NodeLogId, NodeMembership, log_id};
 
 /// File name of the manifest inside a snapshot directory.
 pub const MANIFEST_FILE: &str = "MANIFEST";
@@ -232,11 +232,13 @@ impl Manifest {
         if !r.bytes.is_empty() {
             return Err(format!("{} trailing bytes in the body", r.bytes.len()));
         }
+        let membership = Membership::new(configs, nodes)
+            .map_err(|err| format!("membership does not hold together: {err}"))?;
         Ok(Manifest {
             snapshot_id,
             cluster_id,
             last_log_id,
-            membership: StoredMembership::new(membership_log_id, Membership::new(configs, nodes)),
+            membership: StoredMembership::new(membership_log_id, membership),
             files,
         })
     }
@@ -456,10 +458,7 @@ impl<'a> Reader<'a> {
                 let term = self.u64()?;
                 let node_id = self.u64()?;
                 let index = self.u64()?;
-                Ok(Some(LogId::new(
-                    CommittedLeaderId::new(term, node_id),
-                    index,
-                )))
+                Ok(Some(log_id(term, node_id, index)))
             }
             other => Err(format!("bad log id flag {other}")),
         }
@@ -651,7 +650,7 @@ mod tests {
     use super::*;
 
     fn sample() -> Manifest {
-        let log_id = LogId::new(CommittedLeaderId::new(2, 7), 99);
+        let log_id = log_id(2, 7, 99);
         let nodes = BTreeMap::from([
             (
                 1u64,
@@ -675,7 +674,7 @@ mod tests {
             last_log_id: Some(log_id),
             membership: StoredMembership::new(
                 Some(log_id),
-                Membership::new(vec![BTreeSet::from([1, 7])], nodes),
+                Membership::new(vec![BTreeSet::from([1, 7])], nodes).unwrap(),
             ),
             files: vec![
                 ManifestFile {

@@ -15,8 +15,7 @@ use kvproto::raft::v1::{
     FileRange, SnapshotChunk, SnapshotDone, SnapshotOffer, TransferSnapshotRequest,
     TransferSnapshotResponse, transfer_snapshot_request, transfer_snapshot_response,
 };
-use openraft::Vote;
-use openraft::error::{Fatal, NetworkError, RPCError, StreamingError};
+use openraft::errors::{NetworkError, StreamingError};
 use openraft::network::RPCTypes;
 use openraft::raft::SnapshotResponse;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
@@ -27,7 +26,7 @@ use crate::codec;
 #[cfg(doc)]
 use crate::raft::network::PEER_MESSAGE_BYTES_MAX;
 use crate::raft::network::{Msg, PeerClient, RpcErr, status_error};
-use crate::raft::types::TypeConfig;
+use crate::raft::types::{NodeVote, TypeConfig};
 use crate::snapshot::{self, ManifestFile, SnapshotHandle, convert};
 
 /// Bytes of one snapshot chunk: well below [`PEER_MESSAGE_BYTES_MAX`].
@@ -44,19 +43,11 @@ pub const SNAPSHOT_ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 /// `SNAPSHOT_REFETCH_ROUNDS_MAX` = 3).
 pub const SNAPSHOT_NEED_ROUNDS_MAX: usize = 4;
 
-fn streaming<E: std::error::Error + 'static>(
-    err: RpcErr<E>,
-) -> StreamingError<TypeConfig, Fatal<u64>> {
-    match err {
-        RPCError::Timeout(t) => StreamingError::Timeout(t),
-        RPCError::Unreachable(u) => StreamingError::Unreachable(u),
-        RPCError::PayloadTooLarge(p) => StreamingError::Network(NetworkError::new(&p)),
-        RPCError::Network(n) => StreamingError::Network(n),
-        RPCError::RemoteError(r) => StreamingError::Network(NetworkError::new(&r)),
-    }
+fn streaming(err: RpcErr) -> StreamingError<TypeConfig> {
+    StreamingError::from(err)
 }
 
-fn net_err(message: String) -> StreamingError<TypeConfig, Fatal<u64>> {
+fn net_err(message: String) -> StreamingError<TypeConfig> {
     StreamingError::Network(NetworkError::new(&Msg(message)))
 }
 
@@ -65,12 +56,12 @@ impl PeerClient {
     async fn next_answer(
         &self,
         responses: &mut tonic::Streaming<TransferSnapshotResponse>,
-    ) -> Result<transfer_snapshot_response::Step, StreamingError<TypeConfig, Fatal<u64>>> {
+    ) -> Result<transfer_snapshot_response::Step, StreamingError<TypeConfig>> {
         match tokio::time::timeout(SNAPSHOT_ANSWER_TIMEOUT, responses.message()).await {
             Err(_) => Err(streaming(
-                self.timeout::<Msg>(RPCTypes::InstallSnapshot, SNAPSHOT_ANSWER_TIMEOUT),
+                self.timeout(RPCTypes::InstallSnapshot, SNAPSHOT_ANSWER_TIMEOUT),
             )),
-            Ok(Err(status)) => Err(streaming(status_error::<Msg>(&status))),
+            Ok(Err(status)) => Err(streaming(status_error(&status))),
             Ok(Ok(None)) => Err(net_err("snapshot stream ended early".into())),
             Ok(Ok(Some(message))) => message
                 .step
@@ -85,12 +76,10 @@ impl PeerClient {
         tx: &mpsc::Sender<TransferSnapshotRequest>,
         step: transfer_snapshot_request::Step,
         ttl: Duration,
-    ) -> Result<(), StreamingError<TypeConfig, Fatal<u64>>> {
+    ) -> Result<(), StreamingError<TypeConfig>> {
         let message = TransferSnapshotRequest { step: Some(step) };
         match tokio::time::timeout(ttl, tx.send(message)).await {
-            Err(_) => Err(streaming(
-                self.timeout::<Msg>(RPCTypes::InstallSnapshot, ttl),
-            )),
+            Err(_) => Err(streaming(self.timeout(RPCTypes::InstallSnapshot, ttl))),
             Ok(Err(_)) => Err(net_err("snapshot stream closed by the follower".into())),
             Ok(Ok(())) => Ok(()),
         }
@@ -102,13 +91,11 @@ impl PeerClient {
     /// answer must come within [`SNAPSHOT_ANSWER_TIMEOUT`].
     pub(crate) async fn send_snapshot(
         &self,
-        vote: Vote<u64>,
+        vote: NodeVote,
         handle: SnapshotHandle,
         ttl: Duration,
-    ) -> Result<SnapshotResponse<u64>, StreamingError<TypeConfig, Fatal<u64>>> {
-        let mut client = self
-            .client::<openraft::error::Infallible>()
-            .map_err(streaming)?;
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let mut client = self.client().map_err(streaming)?;
         let manifest_bytes = tokio::fs::read(handle.manifest_path())
             .await
             .map_err(|err| net_err(format!("read snapshot manifest: {err}")))?;
@@ -130,11 +117,9 @@ impl PeerClient {
         .await
         {
             Err(_) => {
-                return Err(streaming(
-                    self.timeout::<Msg>(RPCTypes::InstallSnapshot, ttl),
-                ));
+                return Err(streaming(self.timeout(RPCTypes::InstallSnapshot, ttl)));
             }
-            Ok(Err(status)) => return Err(streaming(status_error::<Msg>(&status))),
+            Ok(Err(status)) => return Err(streaming(status_error(&status))),
             Ok(Ok(response)) => response.into_inner(),
         };
         // The first need, then one per refetch round the follower asks for.
@@ -172,7 +157,7 @@ impl PeerClient {
         file: &ManifestFile,
         range: &FileRange,
         ttl: Duration,
-    ) -> Result<(), StreamingError<TypeConfig, Fatal<u64>>> {
+    ) -> Result<(), StreamingError<TypeConfig>> {
         let path = handle
             .file_path(&file.name)
             .map_err(|err| net_err(err.to_string()))?;
@@ -237,8 +222,8 @@ impl PeerClient {
 
 fn decode_installed(
     payload: &[u8],
-) -> Result<SnapshotResponse<u64>, StreamingError<TypeConfig, Fatal<u64>>> {
-    let result: Result<SnapshotResponse<u64>, String> =
+) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+    let result: Result<SnapshotResponse<TypeConfig>, String> =
         codec::decode(payload).map_err(|err| net_err(format!("installed payload: {err}")))?;
     result.map_err(|err| {
         net_err(format!(

@@ -20,20 +20,23 @@
 //! never fsyncs on apply (the Raft log is the write-ahead log) and never
 //! merges on its own; merges come as `Command::Merge` entries.
 
+use std::io;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::task::Poll;
 
 use bitcask::{Batch, Engine, Options, PublishedPrefix, SyncPolicy};
-use openraft::storage::RaftStateMachine;
-use openraft::{
-    EntryPayload, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError,
-    StorageIOError, StoredMembership,
-};
+use openraft::storage::{EntryResponder, RaftStateMachine};
+use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StoredMembership};
+use tokio_stream::{Stream, StreamExt};
 
 use crate::codec::CodecError;
 use crate::hooks::InstallFailpoints;
-use crate::raft::types::{CommitMeta, NodeInfo, NodeLogId, NodeMembership, TypeConfig};
+use crate::raft::types::{
+    CommitMeta, NodeEntry, NodeLogId, NodeMembership, NodeSnapshot, NodeSnapshotMeta, TypeConfig,
+};
 use crate::snapshot::install::Recovered;
 use crate::snapshot::layout::CurrentSnapshot;
 use crate::snapshot::{self, Pointer, SnapshotError, SnapshotHandle, node_vfs};
@@ -110,6 +113,20 @@ pub(crate) struct Shared {
     pub(crate) cluster_id: AtomicU64,
 }
 
+/// Whether every copy of a state machine is gone: see
+/// [`StateMachine::release_watch`].
+#[derive(Debug)]
+pub struct Released(std::sync::Weak<Shared>, std::sync::Weak<Engine>);
+
+impl Released {
+    /// True once no copy of the state machine and no handle on its engine
+    /// is left. (A merge still running on its thread holds the engine's
+    /// files but not this handle; the engine's own lock outlives it.)
+    pub fn released(&self) -> bool {
+        self.0.strong_count() == 0 && self.1.strong_count() == 0
+    }
+}
+
 /// The state machine (cheap to clone: clones share one state). It is also
 /// its own snapshot builder.
 #[derive(Clone, Debug)]
@@ -117,13 +134,16 @@ pub struct StateMachine {
     pub(crate) shared: Arc<Shared>,
 }
 
-fn sm_err(err: SmError) -> StorageError<u64> {
-    StorageIOError::write_state_machine(&err).into()
+/// A state-machine failure as openraft's storage error (it stops the node);
+/// the message names what failed.
+fn sm_err(err: SmError) -> io::Error {
+    io::Error::other(err)
 }
 
-fn snapshot_err(err: SmError) -> StorageError<u64> {
-    StorageIOError::write_snapshot(None, &err).into()
-}
+/// Most entries applied under one lock of the engine: a follower catching
+/// up gets its entries in large runs, and a client waits for its whole
+/// batch (a few ms at most at this size).
+pub const APPLY_BATCH_ENTRIES_MAX: usize = 1024;
 
 fn decode_meta(engine: &Engine) -> Result<Option<CommitMeta>, SmError> {
     match engine.last_commit_meta() {
@@ -197,6 +217,12 @@ impl StateMachine {
         (inner.last_applied, inner.membership.clone())
     }
 
+    /// Tells when every copy of this state machine is gone (and with the
+    /// last one, the engine and its directory lock).
+    pub fn release_watch(&self) -> Released {
+        Released(Arc::downgrade(&self.shared), Arc::downgrade(&self.engine()))
+    }
+
     /// The state machine's directory.
     pub fn dir(&self) -> &Path {
         &self.shared.dir
@@ -206,9 +232,12 @@ impl StateMachine {
         self.shared.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn apply_entries(
+    /// Applies entries in order under one lock; entries at or below the
+    /// last applied one are skipped (replay after a restart). Public for the
+    /// restore's membership entry and for tests.
+    pub fn apply_entries(
         &self,
-        entries: impl IntoIterator<Item = openraft::Entry<TypeConfig>>,
+        entries: impl IntoIterator<Item = NodeEntry>,
     ) -> Result<Vec<EntryResponse>, SmError> {
         let mut inner = self.lock();
         let mut responses = Vec::new();
@@ -349,47 +378,98 @@ fn start_merge(engine: &Arc<Engine>, inputs: &[String], time_ms: u64) {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
+    type SnapshotData = SnapshotHandle;
+
+    async fn build_snapshot(&mut self) -> Result<NodeSnapshot, io::Error> {
         // File work (fsync, links, a copy of the active prefix): off the
         // async threads.
         let sm = self.clone();
         tokio::task::spawn_blocking(move || sm.build())
             .await
-            .map_err(|err| snapshot_err(SmError::Inconsistent(format!("build task: {err}"))))?
-            .map_err(snapshot_err)
+            .map_err(|err| sm_err(SmError::Inconsistent(format!("build task: {err}"))))?
+            .map_err(sm_err)
     }
 }
 
+/// The next entry of openraft's apply stream if it is ready now, without
+/// waiting: `Ready(None)` when the stream has ended, `Pending` when the next
+/// entry is not there yet.
+async fn ready_now<S>(entries: &mut S) -> Poll<Option<S::Item>>
+where
+    S: Stream + Unpin,
+{
+    std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *entries).poll_next(cx))).await
+}
+
 impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotData = SnapshotHandle;
     type SnapshotBuilder = Self;
 
-    async fn applied_state(
-        &mut self,
-    ) -> Result<(Option<NodeLogId>, NodeMembership), StorageError<u64>> {
+    async fn applied_state(&mut self) -> Result<(Option<NodeLogId>, NodeMembership), io::Error> {
         Ok(self.applied())
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<EntryResponse>, StorageError<u64>>
+    /// Drains openraft's stream in batches of what is ready (at most
+    /// [`APPLY_BATCH_ENTRIES_MAX`] entries under one lock of the engine), and
+    /// answers each waiting client once its batch is applied.
+    async fn apply<S>(&mut self, mut entries: S) -> Result<(), io::Error>
     where
-        I: IntoIterator<Item = openraft::Entry<TypeConfig>> + OptionalSend,
-        I::IntoIter: OptionalSend,
+        S: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
     {
-        self.apply_entries(entries).map_err(sm_err)
+        let mut batch = Vec::new();
+        let mut responders = Vec::new();
+        let mut ended = false;
+        while !ended {
+            // A read error ends the stream, but what was read before it is
+            // applied and answered first.
+            let mut failed = None;
+            match entries.next().await {
+                None => break,
+                Some(Ok((entry, responder))) => {
+                    batch.push(entry);
+                    responders.push(responder);
+                }
+                Some(Err(err)) => return Err(err),
+            }
+            while batch.len() < APPLY_BATCH_ENTRIES_MAX {
+                match ready_now(&mut entries).await {
+                    Poll::Ready(Some(Ok((entry, responder)))) => {
+                        batch.push(entry);
+                        responders.push(responder);
+                    }
+                    Poll::Ready(Some(Err(err))) => {
+                        failed = Some(err);
+                        break;
+                    }
+                    Poll::Ready(None) => {
+                        ended = true;
+                        break;
+                    }
+                    Poll::Pending => break,
+                }
+            }
+            let responses = self.apply_entries(batch.drain(..)).map_err(sm_err)?;
+            for (responder, response) in responders.drain(..).zip(responses) {
+                if let Some(responder) = responder {
+                    responder.send(response);
+                }
+            }
+            if let Some(err) = failed {
+                return Err(err);
+            }
+        }
+        Ok(())
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotHandle>, StorageError<u64>> {
-        self.begin_receiving().map(Box::new).map_err(snapshot_err)
-    }
-
     async fn install_snapshot(
         &mut self,
-        meta: &SnapshotMeta<u64, NodeInfo>,
-        snapshot: Box<SnapshotHandle>,
-    ) -> Result<(), StorageError<u64>> {
+        meta: &NodeSnapshotMeta,
+        snapshot: SnapshotHandle,
+    ) -> Result<(), io::Error> {
         #[cfg(feature = "testing")]
         crate::testing::stale_build::before_install(self, meta).await;
         let sm = self.clone();
@@ -398,12 +478,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .await
             .map_err(|err| SmError::Inconsistent(format!("install task: {err}")))
             .and_then(|installed| installed)
-            .map_err(|err| StorageIOError::write_snapshot(Some(meta.signature()), &err).into())
+            .map_err(sm_err)
     }
 
-    async fn get_current_snapshot(
-        &mut self,
-    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
+    async fn get_current_snapshot(&mut self) -> Result<Option<NodeSnapshot>, io::Error> {
         Ok(self.current_snapshot())
     }
 }

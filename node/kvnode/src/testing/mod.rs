@@ -25,6 +25,7 @@ use tokio::net::TcpListener;
 
 use crate::node::{Listeners, Node, NodeConfig, StartError};
 use crate::raft::types::NodeInfo;
+use crate::raft::watch::MetricsWatch;
 
 /// How often [`LocalCluster::wait_for_leader`] looks.
 pub const LEADER_POLL: Duration = Duration::from_millis(20);

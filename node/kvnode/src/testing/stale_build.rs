@@ -15,9 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use openraft::SnapshotMeta;
-
-use crate::raft::types::NodeInfo;
+use crate::raft::types::NodeSnapshotMeta;
 use crate::snapshot::node_vfs;
 use crate::state_machine::StateMachine;
 
@@ -48,7 +46,7 @@ impl StaleBuildFault {
 
 /// Runs the fault before `sm` installs the snapshot `meta`, when armed and
 /// not fired yet in this process or this data directory.
-pub async fn before_install(sm: &StateMachine, meta: &SnapshotMeta<u64, NodeInfo>) {
+pub async fn before_install(sm: &StateMachine, meta: &NodeSnapshotMeta) {
     let fault = &sm.options().stale_build;
     if !fault.armed || fault.fired.swap(true, Ordering::SeqCst) || !claim(sm) {
         return;

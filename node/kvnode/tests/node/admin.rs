@@ -18,6 +18,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use kvnode::raft::types::NodeMetrics;
+use kvnode::raft::watch::MetricsWatch;
 use kvnode::{Listeners, Node, NodeConfig, NodeInfo};
 use kvproto::kv::v1::kv_client::KvClient;
 use kvproto::kv::v1::{Consistency, GetRequest, PutRequest, put_response};
@@ -367,11 +369,7 @@ async fn a_member_without_a_leader_is_healthy_but_not_ready() {
 }
 
 /// Polls `check` on a node's Raft metrics until it holds.
-async fn wait_raft(
-    node: &Node,
-    what: &str,
-    check: impl Fn(&openraft::RaftMetrics<u64, NodeInfo>) -> bool,
-) {
+async fn wait_raft(node: &Node, what: &str, check: impl Fn(&NodeMetrics) -> bool) {
     let start = Instant::now();
     while !check(&node.raft().metrics().borrow()) {
         assert!(

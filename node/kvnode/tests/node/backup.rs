@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bitcask::Options;
+use kvnode::raft::watch::MetricsWatch;
 use kvnode::snapshot::backup::{ArchiveWriter, BackupError, RestoreOptions, restore};
 use kvnode::{Listeners, Node, NodeConfig, NodeInfo, StateMachineOptions};
 use kvproto::cluster::v1::cluster_client::ClusterClient;

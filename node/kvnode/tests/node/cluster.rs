@@ -13,6 +13,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use kvnode::raft::types::NodeMetrics;
+use kvnode::raft::watch::MetricsWatch;
 use kvnode::server::convert::detail_of;
 use kvnode::{Listeners, Node, NodeConfig, NodeInfo};
 use kvproto::kv::v1::kv_client::KvClient;
@@ -406,11 +408,7 @@ async fn three_nodes_replicate_and_followers_redirect_writes() {
 }
 
 /// Polls `check` on a node's metrics until it holds.
-pub(crate) async fn wait_metrics(
-    node: &Node,
-    what: &str,
-    check: impl Fn(&openraft::RaftMetrics<u64, NodeInfo>) -> bool,
-) {
+pub(crate) async fn wait_metrics(node: &Node, what: &str, check: impl Fn(&NodeMetrics) -> bool) {
     let start = Instant::now();
     loop {
         if check(&node.raft().metrics().borrow()) {

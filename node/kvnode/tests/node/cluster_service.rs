@@ -8,13 +8,17 @@
 //!   (TriggerSnapshot with purge_log) and purged its log comes back, catches
 //!   up through the snapshot (its log cannot serve it) and serves the data;
 //! - AddLearner of a member nobody runs is refused (FAILED_PRECONDITION:
-//!   start it first); membership changes are proven in `membership.rs`.
+//!   start it first); membership changes are proven in `membership.rs`;
+//! - MoveLeader hands leadership to the named voter and loses no
+//!   acknowledged write; a follower and a non-voter are refused.
 
+use kvnode::raft::watch::MetricsWatch;
 use std::time::{Duration, Instant};
 
 use kvproto::cluster::v1::cluster_client::ClusterClient;
 use kvproto::cluster::v1::{
-    AddLearnerRequest, MemberListRequest, Role, StatusRequest, TriggerSnapshotRequest,
+    AddLearnerRequest, MemberListRequest, MoveLeaderRequest, Role, StatusRequest,
+    TriggerSnapshotRequest,
 };
 use kvproto::kv::v1::{Consistency, put_response};
 use tonic::transport::Channel;
@@ -182,6 +186,85 @@ async fn status_members_and_a_triggered_snapshot() {
     );
     drop((kv, admin, reader));
     back.shutdown(Duration::from_secs(5)).await;
+    for node in nodes {
+        node.shutdown(Duration::from_secs(5)).await;
+    }
+}
+
+/// MoveLeader hands leadership to the named voter: every member names it as
+/// leader soon after, no acknowledged write is lost (all read back
+/// linearizably on the new leader), a follower refuses (not the leader),
+/// and a name that is not a voter is refused naming `id`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn move_leader_hands_leadership_to_the_named_voter_and_loses_no_write() {
+    let (_dirs, nodes, _addrs, _cluster) = start_three().await;
+    let leader_id = wait_for_leader(&nodes.iter().collect::<Vec<_>>()).await;
+    let leader = nodes.iter().find(|n| n.id() == leader_id).unwrap();
+    let target = nodes.iter().find(|n| n.id() != leader_id).unwrap().id();
+    let mut kv = connect(leader).await;
+    let mut acknowledged = Vec::new();
+    for i in 0..50 {
+        let key = format!("move{i:02}");
+        kv.put(put(&key, &format!("v{i}"))).await.unwrap();
+        acknowledged.push((key, format!("v{i}")));
+    }
+
+    let mut admin = cluster_client(leader).await;
+    let refused = admin
+        .move_leader(MoveLeaderRequest { id: 9 })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().starts_with("id: "), "{refused:?}");
+    let follower = nodes.iter().find(|n| n.id() == target).unwrap();
+    let not_leader = cluster_client(follower)
+        .await
+        .move_leader(MoveLeaderRequest { id: target })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        not_leader.code(),
+        tonic::Code::FailedPrecondition,
+        "{not_leader:?}"
+    );
+
+    let started = Instant::now();
+    let moved = admin
+        .move_leader(MoveLeaderRequest { id: target })
+        .await
+        .unwrap()
+        .into_inner();
+    let took = started.elapsed();
+    assert_eq!(moved.leader_id, target);
+    assert_eq!(moved.header.unwrap().member_id, leader_id);
+    println!("leadership moved from {leader_id} to {target} in {took:?}");
+
+    // Every member names the target.
+    let start_wait = Instant::now();
+    while !nodes
+        .iter()
+        .all(|n| n.raft().metrics().borrow().current_leader == Some(target))
+    {
+        assert!(
+            start_wait.elapsed() < DEADLINE,
+            "not every member names {target}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    // Nothing acknowledged is lost: linearizable reads on the new leader.
+    let new_leader = nodes.iter().find(|n| n.id() == target).unwrap();
+    let mut reader = connect(new_leader).await;
+    for (key, value) in &acknowledged {
+        let got = reader
+            .get(get(key, Consistency::Linearizable, 0))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(&got.value[..], value.as_bytes(), "{key}");
+    }
+    // The new leader takes writes.
+    reader.put(put("after-move", "yes")).await.unwrap();
+    drop((kv, admin, reader));
     for node in nodes {
         node.shutdown(Duration::from_secs(5)).await;
     }

@@ -10,6 +10,7 @@
 use std::time::{Duration, Instant};
 
 use kvnode::StateMachineOptions;
+use kvnode::raft::watch::MetricsWatch;
 use kvproto::kv::v1::PutRequest;
 
 use crate::harness::{Cluster, DEADLINE, POLL};
@@ -67,7 +68,7 @@ async fn make_leader(cluster: &mut Cluster, target: u64) {
                     at.elapsed() >= Duration::from_millis(kvnode::node::ELECTION_TIMEOUT_MAX_MS)
                 })
             {
-                let _ = cluster.node(target).raft().trigger().elect().await;
+                let _ = cluster.node(target).raft().trigger().elect(false).await;
                 campaigned = Some(Instant::now());
             }
             assert!(

@@ -3,9 +3,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use kvnode::raft::types::NodeLogId;
 use kvnode::{LogStore, LogStoreOptions};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
-use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader};
+use openraft::{EntryPayload, RaftLogReader};
 use vfs::Vfs;
 use vfs::sim::SimFs;
 
@@ -14,10 +15,11 @@ openraft::declare_raft_types!(
     pub TestConfig:
         D = String,
         R = String,
-        SnapshotData = std::io::Cursor<Vec<u8>>,
 );
 
 pub type Store = LogStore<TestConfig>;
+/// A log entry of the test type config.
+pub type TestEntry = openraft::alias::EntryOf<TestConfig>;
 
 /// The log directory used with `SimFs`.
 pub fn sim_dir() -> PathBuf {
@@ -36,13 +38,13 @@ pub fn open_sim(fs: &SimFs, options: LogStoreOptions) -> Store {
     LogStore::open_with(Arc::new(fs.clone()), sim_dir(), options).expect("open log store")
 }
 
-pub fn log_id(term: u64, index: u64) -> LogId<u64> {
-    LogId::new(CommittedLeaderId::new(term, 1), index)
+pub fn log_id(term: u64, index: u64) -> NodeLogId {
+    kvnode::raft::types::log_id(term, 1, index)
 }
 
 /// A normal entry whose payload names its term and index (and pads a bit).
-pub fn entry(term: u64, index: u64) -> Entry<TestConfig> {
-    Entry {
+pub fn entry(term: u64, index: u64) -> TestEntry {
+    TestEntry {
         log_id: log_id(term, index),
         payload: EntryPayload::Normal(payload(term, index)),
     }
@@ -55,16 +57,16 @@ pub fn payload(term: u64, index: u64) -> String {
     )
 }
 
-pub fn entries(term: u64, indexes: std::ops::Range<u64>) -> Vec<Entry<TestConfig>> {
+pub fn entries(term: u64, indexes: std::ops::Range<u64>) -> Vec<TestEntry> {
     indexes.map(|index| entry(term, index)).collect()
 }
 
 /// Appends and waits for the flush callback (i.e. for the fsync).
-pub async fn append(store: &mut Store, batch: Vec<Entry<TestConfig>>) {
+pub async fn append(store: &mut Store, batch: Vec<TestEntry>) {
     store.blocking_append(batch).await.expect("append");
 }
 
-pub async fn all(store: &mut Store) -> Vec<Entry<TestConfig>> {
+pub async fn all(store: &mut Store) -> Vec<TestEntry> {
     store.try_get_log_entries(..).await.expect("read entries")
 }
 
@@ -72,7 +74,7 @@ pub async fn indexes(store: &mut Store) -> Vec<u64> {
     all(store).await.iter().map(|e| e.log_id.index).collect()
 }
 
-pub async fn last_log_id(store: &mut Store) -> Option<LogId<u64>> {
+pub async fn last_log_id(store: &mut Store) -> Option<NodeLogId> {
     store.get_log_state().await.unwrap().last_log_id
 }
 
@@ -86,7 +88,7 @@ pub fn segments(vfs: &dyn Vfs, dir: &Path) -> Vec<String> {
 }
 
 /// Checks that every entry carries the payload `entry()` gives it.
-pub fn assert_payloads(found: &[Entry<TestConfig>], term_of: impl Fn(u64) -> u64) {
+pub fn assert_payloads(found: &[TestEntry], term_of: impl Fn(u64) -> u64) {
     for e in found {
         let index = e.log_id.index;
         match &e.payload {

@@ -22,16 +22,13 @@ use std::sync::Arc;
 
 use kvnode::codec;
 use kvnode::node::identity::Identity;
-use kvnode::raft::types::{CommitMeta, NodeInfo, TypeConfig};
+use kvnode::raft::types::{CommitMeta, NodeEntry, NodeInfo, NodeLogId, NodeVote, TypeConfig};
 use kvnode::snapshot::{KIND_ACTIVE_PREFIX, KIND_SEALED, Manifest, ManifestFile, Pointer};
 use kvnode::{LogStore, LogStoreOptions};
 use kvstate::command::{Command, Condition, Op, Proposal, Request, SessionRef};
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
-use openraft::{
-    CommittedLeaderId, Entry, EntryPayload, LogId, Membership, RaftLogReader, StoredMembership,
-    Vote,
-};
+use openraft::{Entry, EntryPayload, Membership, RaftLogReader, StoredMembership, Vote};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use vfs::sim::SimFs;
@@ -67,8 +64,8 @@ fn runner(factor: u32, seed: &[u8; 32]) -> TestRunner {
     TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, seed))
 }
 
-fn log_id(term: u64, index: u64) -> LogId<u64> {
-    LogId::new(CommittedLeaderId::new(term, 1), index)
+fn log_id(term: u64, index: u64) -> NodeLogId {
+    kvnode::raft::types::log_id(term, 1, index)
 }
 
 fn members() -> BTreeMap<u64, NodeInfo> {
@@ -86,7 +83,7 @@ fn members() -> BTreeMap<u64, NodeInfo> {
 }
 
 fn membership() -> Membership<u64, NodeInfo> {
-    Membership::new(vec![BTreeSet::from([1, 2, 3])], members())
+    Membership::new(vec![BTreeSet::from([1, 2, 3])], members()).expect("membership")
 }
 
 fn proposal(i: u64) -> Proposal {
@@ -136,7 +133,7 @@ fn proposal(i: u64) -> Proposal {
     }
 }
 
-fn entry(term: u64, index: u64) -> Entry<TypeConfig> {
+fn entry(term: u64, index: u64) -> NodeEntry {
     Entry {
         log_id: log_id(term, index),
         payload: match index % 5 {
@@ -186,16 +183,21 @@ fn valid_encoding(decoder: Decoder) -> Vec<u8> {
             leader_commit: Some(log_id(3, 9)),
         }),
         Decoder::AppendEntriesResponse => codec::encode(&Ok::<
-            AppendEntriesResponse<u64>,
-            openraft::error::RaftError<u64>,
+            AppendEntriesResponse<TypeConfig>,
+            openraft::error::RaftError<TypeConfig>,
         >(AppendEntriesResponse::Success)),
         Decoder::Vote => codec::encode(&vote),
-        Decoder::VoteRequest => codec::encode(&VoteRequest::new(vote, Some(log_id(3, 15)))),
-        Decoder::VoteResponse => {
-            codec::encode(&Ok::<VoteResponse<u64>, openraft::error::RaftError<u64>>(
-                VoteResponse::new(vote, Some(log_id(3, 15)), true),
-            ))
+        Decoder::VoteRequest => {
+            codec::encode(&VoteRequest::<TypeConfig>::new(vote, Some(log_id(3, 15))))
         }
+        Decoder::VoteResponse => codec::encode(&Ok::<
+            VoteResponse<TypeConfig>,
+            openraft::error::RaftError<TypeConfig>,
+        >(VoteResponse::new(
+            vote,
+            Some(log_id(3, 15)),
+            true,
+        ))),
         Decoder::Proposal => codec::encode(&proposal(2)),
         Decoder::LogEntry => codec::encode(&entry(2, 7)),
         Decoder::CommitMeta => CommitMeta {
@@ -238,17 +240,17 @@ fn decode(decoder: Decoder, bytes: &[u8]) -> bool {
     match decoder {
         Decoder::AppendEntries => codec::decode::<AppendEntriesRequest<TypeConfig>>(bytes).is_ok(),
         Decoder::AppendEntriesResponse => codec::decode::<
-            Result<AppendEntriesResponse<u64>, openraft::error::RaftError<u64>>,
+            Result<AppendEntriesResponse<TypeConfig>, openraft::error::RaftError<TypeConfig>>,
         >(bytes)
         .is_ok(),
-        Decoder::Vote => codec::decode::<Vote<u64>>(bytes).is_ok(),
-        Decoder::VoteRequest => codec::decode::<VoteRequest<u64>>(bytes).is_ok(),
-        Decoder::VoteResponse => {
-            codec::decode::<Result<VoteResponse<u64>, openraft::error::RaftError<u64>>>(bytes)
-                .is_ok()
-        }
+        Decoder::Vote => codec::decode::<NodeVote>(bytes).is_ok(),
+        Decoder::VoteRequest => codec::decode::<VoteRequest<TypeConfig>>(bytes).is_ok(),
+        Decoder::VoteResponse => codec::decode::<
+            Result<VoteResponse<TypeConfig>, openraft::error::RaftError<TypeConfig>>,
+        >(bytes)
+        .is_ok(),
         Decoder::Proposal => codec::decode::<Proposal>(bytes).is_ok(),
-        Decoder::LogEntry => codec::decode::<Entry<TypeConfig>>(bytes).is_ok(),
+        Decoder::LogEntry => codec::decode::<NodeEntry>(bytes).is_ok(),
         Decoder::CommitMeta => CommitMeta::decode(bytes).is_ok(),
         Decoder::Manifest => Manifest::decode(bytes).is_ok(),
         Decoder::Pointer => Pointer::decode(bytes).is_ok(),

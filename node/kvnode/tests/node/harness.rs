@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use kvnode::raft::watch::MetricsWatch;
 use kvnode::server::convert::detail_of;
 use kvnode::{Faults, Listeners, Node, NodeConfig, NodeInfo, StateMachineOptions};
 use kvproto::kv::v1::kv_client::KvClient;

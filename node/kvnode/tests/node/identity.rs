@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use kvnode::node::StartError;
+use kvnode::raft::watch::MetricsWatch;
 use kvproto::kv::v1::Consistency;
 use kvproto::raft::v1::raft_client::RaftClient;
 use kvproto::raft::v1::{AppendEntriesRequest, IdentifyRequest, Identity};
@@ -76,6 +77,7 @@ async fn forged_peer_requests_are_refused_with_the_mismatch_named() {
         from_incarnation: 0x77,
         to_id: 1,
         to_incarnation: who.incarnation,
+        protocol_version: kvproto::PEER_PROTOCOL_VERSION,
     };
     // Identity accepted: the refusal is about the payload.
     let passed = send(good).await;
@@ -102,6 +104,22 @@ async fn forged_peer_requests_are_refused_with_the_mismatch_named() {
                 ..good
             },
             "presented incarnation",
+        ),
+        // A build before the field (0 = protocol 1, openraft 0.9) and a
+        // newer one: both refused, the message naming both versions.
+        (
+            Identity {
+                protocol_version: 0,
+                ..good
+            },
+            "speaks peer protocol 1, this member speaks 2",
+        ),
+        (
+            Identity {
+                protocol_version: kvproto::PEER_PROTOCOL_VERSION + 1,
+                ..good
+            },
+            "speaks peer protocol 3, this member speaks 2",
         ),
     ];
     for (identity, named) in cases {

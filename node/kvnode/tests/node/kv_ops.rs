@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use kvnode::raft::watch::MetricsWatch;
 use kvnode::{Listeners, Node, NodeConfig, NodeInfo, node};
 use kvproto::kv::v1::kv_client::KvClient;
 use kvproto::kv::v1::{

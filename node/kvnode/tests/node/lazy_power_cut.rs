@@ -12,13 +12,14 @@
 //!   and fsync their directories).
 #![cfg(feature = "lazy-disk")]
 
+use kvnode::raft::types::log_id;
 use std::path::Path;
 use std::sync::Arc;
 
 use kvnode::lazy_disk::LazyFs;
 use kvnode::{LogStore, LogStoreOptions, StateMachine, StateMachineOptions};
-use openraft::Vote;
 use openraft::storage::RaftLogStorage;
+use openraft::{RaftLogReader, Vote};
 use vfs::Vfs;
 
 use crate::common::*;
@@ -57,20 +58,19 @@ fn real_file_crc(path: &Path) -> (u64, u32) {
 
 #[tokio::test]
 async fn identity_current_and_snapshots_are_durable_when_written() {
-    use openraft::storage::RaftStateMachine;
-    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+    use openraft::EntryPayload;
 
     let dir = tempfile::tempdir().unwrap();
     kvnode::node::identity::Identity::load_or_create(dir.path(), 1).unwrap();
     let state = dir.path().join("state");
-    let mut sm = StateMachine::open(&state, StateMachineOptions::default()).unwrap();
-    let blanks: Vec<Entry<kvnode::TypeConfig>> = (1..=20)
-        .map(|index| Entry {
-            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+    let sm = StateMachine::open(&state, StateMachineOptions::default()).unwrap();
+    let blanks: Vec<kvnode::raft::types::NodeEntry> = (1..=20)
+        .map(|index| kvnode::raft::types::NodeEntry {
+            log_id: log_id(1, 1, index),
             payload: EntryPayload::Blank,
         })
         .collect();
-    sm.apply(blanks).await.unwrap();
+    sm.apply_entries(blanks).unwrap();
     let built = sm.build().unwrap();
 
     // What a power cut leaves: the real files, read by a fresh lazy disk

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use kvnode::log_store::{LOG_ENTRY_SIZE_BYTES_MAX, segment_name};
 use kvnode::{LogStore, LogStoreOptions};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
-use openraft::{CommittedLeaderId, Entry, EntryPayload, RaftLogReader, Vote};
+use openraft::{EntryPayload, RaftLogReader, Vote};
 use vfs::sim::SimFs;
 use vfs::{RealFs, Vfs};
 
@@ -45,7 +45,7 @@ async fn lifecycle(vfs: Arc<dyn Vfs>, dir: std::path::PathBuf) {
     assert_eq!(last_log_id(&mut store).await, Some(log_id(1, 99)));
 
     // Truncate inside a segment, then append a new term over the cut.
-    store.truncate(log_id(1, 80)).await.unwrap();
+    store.truncate_after(Some(log_id(1, 80 - 1))).await.unwrap();
     assert_eq!(last_log_id(&mut store).await, Some(log_id(1, 79)));
     drop(store);
     let mut store = open();
@@ -59,7 +59,10 @@ async fn lifecycle(vfs: Arc<dyn Vfs>, dir: std::path::PathBuf) {
     // Truncate exactly at a segment's first index: the segment goes.
     let names = segments(&*vfs, &dir);
     let boundary: u64 = names[names.len() - 1][4..24].parse().unwrap();
-    store.truncate(log_id(2, boundary)).await.unwrap();
+    store
+        .truncate_after(Some(log_id(2, boundary - 1)))
+        .await
+        .unwrap();
     assert!(!segments(&*vfs, &dir).contains(&segment_name(boundary)));
     drop(store);
     let mut store = open();
@@ -98,7 +101,10 @@ async fn lifecycle(vfs: Arc<dyn Vfs>, dir: std::path::PathBuf) {
     assert_eq!(last_log_id(&mut store).await, Some(log_id(5, 129)));
 
     // Truncate everything that is left (down to the purge point).
-    store.truncate(log_id(5, 121)).await.unwrap();
+    store
+        .truncate_after(Some(log_id(5, 121 - 1)))
+        .await
+        .unwrap();
     drop(store);
     let mut store = open();
     assert_eq!(last_log_id(&mut store).await, Some(log_id(4, 120)));
@@ -133,7 +139,7 @@ async fn lifecycle_survives_power_cuts_between_steps() {
     let mut store = open_sim(&fs, options);
     append(&mut store, entries(1, 0..50)).await;
     store.save_vote(&Vote::new(7, 1)).await.unwrap();
-    store.truncate(log_id(1, 30)).await.unwrap();
+    store.truncate_after(Some(log_id(1, 30 - 1))).await.unwrap();
     store.purge(log_id(1, 10)).await.unwrap();
     store.save_committed(Some(log_id(1, 20))).await.unwrap();
     let fs = fs.power_cut(vfs::sim::Torn::Nothing);
@@ -199,8 +205,8 @@ async fn appends_must_continue_the_log() {
 async fn an_oversized_entry_is_refused_naming_the_limit() {
     let fs = SimFs::new();
     let mut store = open_sim(&fs, LogStoreOptions::default());
-    let huge = Entry::<TestConfig> {
-        log_id: openraft::LogId::new(CommittedLeaderId::new(1, 1), 0),
+    let huge = TestEntry {
+        log_id: kvnode::raft::types::log_id(1, 1, 0),
         payload: EntryPayload::Normal("x".repeat(LOG_ENTRY_SIZE_BYTES_MAX)),
     };
     let err = store.blocking_append(vec![huge]).await.unwrap_err();

@@ -24,6 +24,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kvnode::raft::watch::MetricsWatch;
 use kvnode::server::convert::detail_of;
 use kvnode::{Node, NodeInfo};
 use kvproto::cluster::v1::cluster_client::ClusterClient;

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use kvnode::raft::merge_policy::{MergePolicy, SnapshotPolicy};
+use kvnode::raft::watch::MetricsWatch;
 
 use crate::backup::{Members, bind_members, small_segments};
 use crate::harness::{DEADLINE, POLL, stale_scan_all};

@@ -19,11 +19,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bitcask::{Engine, Options, Scan};
+use kvnode::raft::types::{NodeEntry, NodeLogId};
 use kvnode::snapshot::SnapshotHandle;
 use kvnode::{LogStore, LogStoreOptions, NodeInfo, StateMachine, StateMachineOptions, TypeConfig};
 use kvstate::command::{Command, Op, Proposal, Request};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
-use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Membership, RaftLogReader};
+use openraft::{Entry, EntryPayload, Membership, RaftLogReader};
 use vfs::RealFs;
 
 fn options() -> StateMachineOptions {
@@ -40,15 +41,17 @@ fn open(dir: &Path) -> StateMachine {
     StateMachine::open(dir, options()).expect("open state machine")
 }
 
-fn log_id(index: u64) -> LogId<u64> {
-    LogId::new(CommittedLeaderId::new(1, 1), index)
+fn log_id(index: u64) -> NodeLogId {
+    kvnode::raft::types::log_id(1, 1, index)
 }
 
-fn history(last: u64) -> Vec<Entry<TypeConfig>> {
+fn history(last: u64) -> Vec<NodeEntry> {
     let nodes: BTreeMap<u64, NodeInfo> = [(1u64, NodeInfo::default())].into();
     let mut entries = vec![Entry {
         log_id: log_id(0),
-        payload: EntryPayload::Membership(Membership::new(vec![BTreeSet::from([1])], nodes)),
+        payload: EntryPayload::Membership(
+            Membership::new(vec![BTreeSet::from([1])], nodes).expect("membership"),
+        ),
     }];
     for index in 1..=last {
         entries.push(Entry {
@@ -104,8 +107,8 @@ fn open_log(dir: &Path) -> LogStore<TypeConfig> {
 async fn a_stale_build_on_the_old_engine_never_wins_over_a_sealed_received_snapshot() {
     // The leader's snapshot at 40.
     let leader_dir = tempfile::tempdir().unwrap();
-    let mut leader = open(leader_dir.path());
-    leader.apply(history(40)).await.unwrap();
+    let leader = open(leader_dir.path());
+    leader.apply_entries(history(40)).unwrap();
     let received = leader.build().expect("leader snapshot");
     let manifest = received.snapshot.read_manifest().unwrap();
     assert_eq!(manifest.last_log_id, Some(log_id(40)));
@@ -114,10 +117,10 @@ async fn a_stale_build_on_the_old_engine_never_wins_over_a_sealed_received_snaps
     let follower_dir = tempfile::tempdir().unwrap();
     let state = follower_dir.path().join("state");
     let log_dir = follower_dir.path().join("raft-log");
-    let mut follower = open(&state);
+    let follower = open(&state);
     let mut log = open_log(&log_dir);
     log.blocking_append(history(5)).await.unwrap();
-    follower.apply(history(5)).await.unwrap();
+    follower.apply_entries(history(5)).unwrap();
 
     // 1. The received snapshot is staged and sealed (snap-<m>).
     let staging = follower.begin_receiving().unwrap();

@@ -15,14 +15,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bitcask::{Engine, Options, Scan};
+use kvnode::raft::types::{NodeEntry, NodeLogId, NodeSnapshot};
 use kvnode::snapshot::SnapshotHandle;
-use kvnode::{NodeInfo, StateMachine, StateMachineOptions, TypeConfig};
+use kvnode::{NodeInfo, StateMachine, StateMachineOptions};
 use kvstate::command::{Command, EntryResponse, Op, Outcome, Proposal, Request, SessionRef};
 use openraft::storage::RaftStateMachine;
-use openraft::{
-    CommittedLeaderId, Entry, EntryPayload, LogId, Membership, RaftSnapshotBuilder,
-    StoredMembership,
-};
+use openraft::{Entry, EntryPayload, Membership, RaftSnapshotBuilder, StoredMembership};
 
 fn options() -> StateMachineOptions {
     StateMachineOptions {
@@ -38,8 +36,8 @@ fn open(dir: &Path) -> StateMachine {
     StateMachine::open(dir, options()).expect("open state machine")
 }
 
-fn log_id(term: u64, index: u64) -> LogId<u64> {
-    LogId::new(CommittedLeaderId::new(term, 1), index)
+fn log_id(term: u64, index: u64) -> NodeLogId {
+    kvnode::raft::types::log_id(term, 1, index)
 }
 
 fn membership(voters: &[u64]) -> Membership<u64, NodeInfo> {
@@ -56,23 +54,24 @@ fn membership(voters: &[u64]) -> Membership<u64, NodeInfo> {
         })
         .collect();
     Membership::new(vec![voters.iter().copied().collect::<BTreeSet<_>>()], nodes)
+        .expect("membership")
 }
 
-fn membership_entry(term: u64, index: u64, voters: &[u64]) -> Entry<TypeConfig> {
+fn membership_entry(term: u64, index: u64, voters: &[u64]) -> NodeEntry {
     Entry {
         log_id: log_id(term, index),
         payload: EntryPayload::Membership(membership(voters)),
     }
 }
 
-fn blank(term: u64, index: u64) -> Entry<TypeConfig> {
+fn blank(term: u64, index: u64) -> NodeEntry {
     Entry {
         log_id: log_id(term, index),
         payload: EntryPayload::Blank,
     }
 }
 
-fn normal(term: u64, index: u64, command: Command) -> Entry<TypeConfig> {
+fn normal(term: u64, index: u64, command: Command) -> NodeEntry {
     Entry {
         log_id: log_id(term, index),
         payload: EntryPayload::Normal(Proposal {
@@ -85,7 +84,7 @@ fn normal(term: u64, index: u64, command: Command) -> Entry<TypeConfig> {
 /// A write entry: overwrites, deletes and a TTL put over a few keys, from
 /// one of three exactly-once sessions (so session records travel too),
 /// sized so that a few dozen entries seal several 4 KiB segments.
-fn writes(term: u64, index: u64) -> Entry<TypeConfig> {
+fn writes(term: u64, index: u64) -> NodeEntry {
     let ops = vec![
         Op::Put {
             key: format!("key/{:02}", index % 23).into_bytes(),
@@ -118,7 +117,7 @@ fn writes(term: u64, index: u64) -> Entry<TypeConfig> {
 }
 
 /// Membership at 0, a blank at 1, writes at 2..=last, membership change in the middle.
-fn history(last: u64) -> Vec<Entry<TypeConfig>> {
+fn history(last: u64) -> Vec<NodeEntry> {
     let mut entries = vec![membership_entry(1, 0, &[1]), blank(1, 1)];
     for index in 2..=last {
         if index == last / 2 {
@@ -130,8 +129,8 @@ fn history(last: u64) -> Vec<Entry<TypeConfig>> {
     entries
 }
 
-async fn apply(sm: &mut StateMachine, entries: Vec<Entry<TypeConfig>>) -> Vec<EntryResponse> {
-    sm.apply(entries).await.expect("apply")
+async fn apply(sm: &mut StateMachine, entries: Vec<NodeEntry>) -> Vec<EntryResponse> {
+    sm.apply_entries(entries).expect("apply")
 }
 
 type Row = (Vec<u8>, Option<Vec<u8>>, u64, u64);
@@ -177,13 +176,7 @@ fn stage_copy(from: &SnapshotHandle, to: &SnapshotHandle) {
 }
 
 /// A state machine that applied `history(last)` and built a snapshot of it.
-async fn leader_with_snapshot(
-    last: u64,
-) -> (
-    tempfile::TempDir,
-    StateMachine,
-    openraft::Snapshot<TypeConfig>,
-) {
+async fn leader_with_snapshot(last: u64) -> (tempfile::TempDir, StateMachine, NodeSnapshot) {
     let dir = tempfile::tempdir().unwrap();
     let mut leader = open(dir.path());
     apply(&mut leader, history(last)).await;
@@ -308,7 +301,7 @@ async fn snapshot_round_trip(last: u64, merge: bool) {
     apply(&mut leader, vec![writes(1, next)]).await;
 
     let mut follower = open(follower_dir.path());
-    let staging = follower.begin_receiving_snapshot().await.unwrap();
+    let staging = follower.begin_receiving().unwrap();
     stage_copy(&snapshot.snapshot, &staging);
     follower
         .install_snapshot(&snapshot.meta, staging)
@@ -365,7 +358,9 @@ async fn the_current_snapshot_survives_a_restart() {
             .build_snapshot()
             .await
             .unwrap();
-        assert_ne!(first.meta.snapshot_id, second.meta.snapshot_id);
+        let id_of = |handle: &kvnode::SnapshotHandle| handle.read_manifest().unwrap().snapshot_id;
+        assert_ne!(id_of(&first.snapshot), id_of(&second.snapshot));
+        assert_eq!(sm.current_snapshot_id(), Some(id_of(&second.snapshot)));
         let current = sm.get_current_snapshot().await.unwrap().unwrap();
         assert_eq!(current.meta, second.meta);
         second.meta
@@ -407,7 +402,7 @@ async fn a_corrupted_staged_snapshot_is_refused_and_the_old_state_keeps_working(
         follower.applied_state().await.unwrap(),
         dump(&follower.engine()),
     );
-    let staging = follower.begin_receiving_snapshot().await.unwrap();
+    let staging = follower.begin_receiving().unwrap();
     stage_copy(&snapshot.snapshot, &staging);
     // Flip one byte in the middle of the first sealed file.
     let manifest = staging.read_manifest().unwrap();
@@ -432,7 +427,7 @@ async fn a_corrupted_staged_snapshot_is_refused_and_the_old_state_keeps_working(
         Some(log_id(1, 11))
     );
     // A snapshot with a file missing is refused too.
-    let staging = follower.begin_receiving_snapshot().await.unwrap();
+    let staging = follower.begin_receiving().unwrap();
     stage_copy(&snapshot.snapshot, &staging);
     std::fs::remove_file(staging.file_path(&manifest.files[1].name).unwrap()).unwrap();
     assert!(

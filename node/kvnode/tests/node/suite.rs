@@ -9,33 +9,39 @@
 //! the run on the simulated disk pairs the log store with a minimal
 //! in-memory state machine that exists only for this test.
 
+use std::io;
 use std::io::Cursor;
 use std::sync::{Arc, Mutex};
 
+use kvnode::raft::types::NodeLogId;
 use kvnode::{LogStore, StateMachine, StateMachineOptions, TypeConfig, codec};
-use openraft::storage::RaftStateMachine;
-use openraft::testing::{StoreBuilder, Suite};
+use openraft::StorageError;
+use openraft::storage::{EntryResponder, RaftStateMachine};
+use openraft::testing::log::{StoreBuilder, Suite};
 use openraft::{
-    BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot,
-    SnapshotMeta, StorageError, StorageIOError, StoredMembership,
+    EntryPayload, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta, StoredMembership,
 };
+use tokio_stream::{Stream, StreamExt};
 use vfs::RealFs;
 use vfs::sim::SimFs;
 
 use crate::common::{Store, TestConfig, sim_dir};
 
+type TestMembership = openraft::alias::StoredMembershipOf<TestConfig>;
+type TestSnapshotMeta = openraft::alias::SnapshotMetaOf<TestConfig>;
+type TestSnapshot = openraft::alias::SnapshotOf<TestConfig, Cursor<Vec<u8>>>;
+
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 struct SmData {
-    last_applied: Option<LogId<u64>>,
-    membership: StoredMembership<u64, BasicNode>,
+    last_applied: Option<NodeLogId>,
+    membership: TestMembership,
     applied: Vec<String>,
 }
 
 #[derive(Debug, Default)]
 struct SmInner {
     data: SmData,
-    current: Option<(SnapshotMeta<u64, BasicNode>, Vec<u8>)>,
-    snapshots_built: u64,
+    current: Option<(TestSnapshotMeta, Vec<u8>)>,
 }
 
 /// Test-only in-memory state machine (see the module docs).
@@ -45,85 +51,80 @@ struct MemStateMachine {
 }
 
 impl RaftSnapshotBuilder<TestConfig> for MemStateMachine {
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TestConfig>, StorageError<u64>> {
+    type SnapshotData = Cursor<Vec<u8>>;
+
+    async fn build_snapshot(&mut self) -> Result<TestSnapshot, io::Error> {
         let mut inner = self.inner.lock().unwrap();
-        inner.snapshots_built += 1;
         let bytes = codec::encode(&inner.data);
         let meta = SnapshotMeta {
             last_log_id: inner.data.last_applied,
             last_membership: inner.data.membership.clone(),
-            snapshot_id: format!("snapshot-{}", inner.snapshots_built),
         };
         inner.current = Some((meta.clone(), bytes.clone()));
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(bytes)),
+            snapshot: Cursor::new(bytes),
         })
     }
 }
 
 impl RaftStateMachine<TestConfig> for MemStateMachine {
+    type SnapshotData = Cursor<Vec<u8>>;
     type SnapshotBuilder = Self;
 
-    async fn applied_state(
-        &mut self,
-    ) -> Result<(Option<LogId<u64>>, StoredMembership<u64, BasicNode>), StorageError<u64>> {
+    async fn applied_state(&mut self) -> Result<(Option<NodeLogId>, TestMembership), io::Error> {
         let inner = self.inner.lock().unwrap();
         Ok((inner.data.last_applied, inner.data.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<String>, StorageError<u64>>
+    async fn apply<S>(&mut self, mut entries: S) -> Result<(), io::Error>
     where
-        I: IntoIterator<Item = Entry<TestConfig>> + OptionalSend,
-        I::IntoIter: OptionalSend,
+        S: Stream<Item = Result<EntryResponder<TestConfig>, io::Error>> + Unpin + OptionalSend,
     {
-        let mut inner = self.inner.lock().unwrap();
-        let mut replies = Vec::new();
-        for entry in entries {
-            inner.data.last_applied = Some(entry.log_id);
-            match entry.payload {
-                EntryPayload::Blank => {}
-                EntryPayload::Normal(text) => inner.data.applied.push(text),
-                EntryPayload::Membership(membership) => {
-                    inner.data.membership = StoredMembership::new(Some(entry.log_id), membership)
+        while let Some(item) = entries.next().await {
+            let (entry, responder) = item?;
+            {
+                let mut inner = self.inner.lock().unwrap();
+                inner.data.last_applied = Some(entry.log_id);
+                match entry.payload {
+                    EntryPayload::Blank => {}
+                    EntryPayload::Normal(text) => inner.data.applied.push(text),
+                    EntryPayload::Membership(membership) => {
+                        inner.data.membership =
+                            StoredMembership::new(Some(entry.log_id), membership)
+                    }
                 }
             }
-            replies.push(String::new());
+            if let Some(responder) = responder {
+                responder.send(String::new());
+            }
         }
-        Ok(replies)
+        Ok(())
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(
-        &mut self,
-    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<u64>> {
-        Ok(Box::new(Cursor::new(Vec::new())))
-    }
-
     async fn install_snapshot(
         &mut self,
-        meta: &SnapshotMeta<u64, BasicNode>,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), StorageError<u64>> {
+        meta: &TestSnapshotMeta,
+        snapshot: Cursor<Vec<u8>>,
+    ) -> Result<(), io::Error> {
         let bytes = snapshot.into_inner();
-        let data: SmData = codec::decode(&bytes)
-            .map_err(|err| StorageIOError::read_snapshot(Some(meta.signature()), &err))?;
+        let data: SmData =
+            codec::decode(&bytes).map_err(|err| io::Error::new(io::ErrorKind::InvalidData, err))?;
         let mut inner = self.inner.lock().unwrap();
         inner.data = data;
         inner.current = Some((meta.clone(), bytes));
         Ok(())
     }
 
-    async fn get_current_snapshot(
-        &mut self,
-    ) -> Result<Option<Snapshot<TestConfig>>, StorageError<u64>> {
+    async fn get_current_snapshot(&mut self) -> Result<Option<TestSnapshot>, io::Error> {
         let inner = self.inner.lock().unwrap();
         Ok(inner.current.as_ref().map(|(meta, bytes)| Snapshot {
             meta: meta.clone(),
-            snapshot: Box::new(Cursor::new(bytes.clone())),
+            snapshot: Cursor::new(bytes.clone()),
         }))
     }
 }
@@ -135,7 +136,8 @@ struct RealFiles;
 impl StoreBuilder<TypeConfig, LogStore<TypeConfig>, StateMachine, tempfile::TempDir> for RealFiles {
     async fn build(
         &self,
-    ) -> Result<(tempfile::TempDir, LogStore<TypeConfig>, StateMachine), StorageError<u64>> {
+    ) -> Result<(tempfile::TempDir, LogStore<TypeConfig>, StateMachine), StorageError<TypeConfig>>
+    {
         let dir = tempfile::tempdir().expect("temporary directory");
         let store =
             LogStore::open(Arc::new(RealFs), dir.path().join("raft-log")).expect("open log store");
@@ -149,18 +151,22 @@ impl StoreBuilder<TypeConfig, LogStore<TypeConfig>, StateMachine, tempfile::Temp
 struct SimulatedDisk;
 
 impl StoreBuilder<TestConfig, Store, MemStateMachine> for SimulatedDisk {
-    async fn build(&self) -> Result<((), Store, MemStateMachine), StorageError<u64>> {
+    async fn build(&self) -> Result<((), Store, MemStateMachine), StorageError<TestConfig>> {
         let store = LogStore::open(Arc::new(SimFs::new()), sim_dir()).expect("open log store");
         Ok(((), store, MemStateMachine::default()))
     }
 }
 
-#[test]
-fn openraft_storage_suite_on_real_files() {
-    Suite::test_all(RealFiles).expect("openraft storage suite");
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openraft_storage_suite_on_real_files() {
+    Suite::test_all(RealFiles)
+        .await
+        .expect("openraft storage suite");
 }
 
-#[test]
-fn openraft_storage_suite_on_simulated_disk() {
-    Suite::test_all(SimulatedDisk).expect("openraft storage suite");
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openraft_storage_suite_on_simulated_disk() {
+    Suite::test_all(SimulatedDisk)
+        .await
+        .expect("openraft storage suite");
 }

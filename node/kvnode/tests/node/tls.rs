@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use kvcerts::{DevCa, IssuedCert};
 use kvnode::NodeConfig;
+use kvnode::raft::watch::MetricsWatch;
 use kvnode::server::security::{AuthToken, TlsMaterial};
 use kvnode::testing::LocalCluster;
 use kvproto::kv::v1::kv_client::KvClient;

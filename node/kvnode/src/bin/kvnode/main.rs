@@ -37,6 +37,7 @@ use kvnode::raft::merge_policy::{
     MERGE_DEAD_BYTES_MIN_DEFAULT, MERGE_DEAD_RATIO_MIN_DEFAULT, MergePolicy,
     SNAPSHOT_EVERY_BYTES_DEFAULT, SNAPSHOT_EVERY_ENTRIES_DEFAULT, SnapshotPolicy,
 };
+use kvnode::raft::read_index::LinearizableReads;
 use kvnode::server::limits::{
     CLIENT_CONNECTIONS_MAX_DEFAULT, CLIENT_INFLIGHT_MAX_DEFAULT,
     CLIENT_STREAMS_PER_CONNECTION_MAX_DEFAULT, HANDSHAKE_TIMEOUT_DEFAULT, Limits,
@@ -82,6 +83,15 @@ enum Cmd {
     Restore(restore::RestoreArgs),
 }
 
+/// `--read-policy` values (see [`LinearizableReads`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ReadPolicyArg {
+    /// A heartbeat round to a quorum per read batch (Raft's ReadIndex).
+    ReadIndex,
+    /// The leader's lease while it holds (assumes equal clock rates).
+    Lease,
+}
+
 /// Flags of `kvnode run`.
 #[derive(Debug, clap::Args)]
 struct RunArgs {
@@ -114,6 +124,18 @@ struct RunArgs {
     /// follower behind the snapshot catches up by snapshot).
     #[arg(long, env = "KVNODE_SNAPSHOT_LOG_KEEP", default_value_t = SNAPSHOT_LOG_KEEP_DEFAULT)]
     snapshot_log_keep: u64,
+    /// How the leader confirms it still leads before a linearizable read:
+    /// `read-index` (default) sends a heartbeat round to a quorum after the
+    /// read arrives; `lease` skips the round while a quorum acknowledged a
+    /// heartbeat sent less than 3 s (the largest election timeout) ago.
+    /// `lease` ASSUMES every member's clock runs at the same rate as the
+    /// leader's (small drift against 3 s): a member whose clock runs fast
+    /// (a paused VM catching up) can elect a new leader while the old one
+    /// still answers from its lease, i.e. stale reads. Set it on every
+    /// member: each then stays out of elections for 3 s after it starts
+    /// (a restart forgets the lease it granted).
+    #[arg(long, env = "KVNODE_READ_POLICY", value_enum, default_value_t = ReadPolicyArg::ReadIndex)]
+    read_policy: ReadPolicyArg,
     /// Build a snapshot after this many entries since the last one (0 =
     /// never by entries).
     #[arg(long, env = "KVNODE_SNAPSHOT_EVERY_ENTRIES", default_value_t = SNAPSHOT_EVERY_ENTRIES_DEFAULT)]
@@ -289,6 +311,10 @@ fn run_config(args: RunArgs) -> anyhow::Result<NodeConfig> {
     config.admin_addr = args.admin_addr;
     config.security = args.security.security()?;
     config.snapshot_log_keep = args.snapshot_log_keep;
+    config.read_policy = match args.read_policy {
+        ReadPolicyArg::ReadIndex => LinearizableReads::ReadIndex,
+        ReadPolicyArg::Lease => LinearizableReads::Lease,
+    };
     config.snapshot_policy = SnapshotPolicy {
         every_entries: args.snapshot_every_entries,
         every_bytes: args.snapshot_every_bytes,
@@ -398,6 +424,14 @@ async fn run_member(config: NodeConfig) -> anyhow::Result<()> {
         }
     }
     tracing::info!("shutting down");
+    // A leader stopping on purpose hands over first: its clients see a
+    // round trip, not an election timeout.
+    if let Some(leader) = node
+        .hand_over_leadership(kvnode::node::LEADER_HANDOVER_WAIT)
+        .await
+    {
+        tracing::info!(id = node.id(), leader, "leadership handed over");
+    }
     node.shutdown(SHUTDOWN_GRACE).await;
     Ok(())
 }
