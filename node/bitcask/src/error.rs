@@ -101,6 +101,16 @@ pub enum Error {
         /// The data directory.
         path: PathBuf,
     },
+    /// The key directory cannot take the keys of this batch: its arena
+    /// reached the most a 4-byte entry id can address (32 GiB of entries).
+    /// Nothing was written; deleting keys (and letting the arena compact)
+    /// makes room.
+    #[error("key directory is full: {needed} more bytes of entries do not fit in its 32 GiB")]
+    KeyDirFull {
+        /// Bytes of key-directory entries the refused batch (and those still
+        /// waiting for their fsync) would add.
+        needed: usize,
+    },
     /// The engine was closed.
     #[error("engine is closed")]
     Closed,

@@ -18,7 +18,9 @@
 //! - [`format`](mod@format): byte layout of headers, records and hint entries; file names.
 //! - Every file access goes through the [`vfs`] crate's [`vfs::Vfs`] (the
 //!   real disk in production; its simulated disks in tests).
-//! - `keydir`: the ordered key directory (one allocation per key).
+//! - `keydir`: the key directory: entries packed in an arena, a hash table
+//!   for point lookups, an ordered index for scans (built in one sort at
+//!   open).
 //! - `hint`: writing and loading hint files.
 //! - `recovery`: opening a directory (list, plan, load), torn-tail repair,
 //!   merge leftovers.
@@ -79,7 +81,6 @@ pub use engine::{
     Scan, Stats, Written,
 };
 pub use error::{Error, Result};
-pub use keydir::SLOT_HEADER_SIZE_BYTES;
 pub use merge::MergeJob;
 pub use options::{
     AutoMerge, BATCH_SIZE_BYTES_MAX, KEY_SIZE_BYTES_MAX, METADATA_SIZE_BYTES_MAX, Options,

@@ -25,7 +25,7 @@ use crate::engine::{FileMeta, MergeReport, Shared, lock, read, write};
 use crate::error::{Error, Result};
 use crate::format::{
     DATA_MAGIC, FileId, HintEntry, RECORD_HEADER_SIZE_BYTES, RecordKind, TEMP_SUFFIX,
-    encode_record, path_in,
+    encode_record, path_in, record_size,
 };
 use crate::hint::HintWriter;
 use crate::keydir::Location;
@@ -329,18 +329,15 @@ fn write_parts(
         let part_index = parts.len() - 1;
         let part = parts.last_mut().expect("one part at least");
         let offset = part.len as u32;
-        let copied = shared.with_record(key.len(), location, |record| {
-            part.buf.extend_from_slice(record);
-            record.len() as u64
-        })?;
-        let Some(copied) = copied else {
+        let copied = shared.copy_record(key.len(), location, &mut part.buf)?;
+        if copied.is_none() {
             return Err(Error::Corruption {
                 file: format!("file #{}", location.file),
                 offset: location.offset as u64,
                 reason: "merge input vanished during the merge".to_string(),
             });
         };
-        part.len += copied;
+        part.len += record_size(key.len(), location.value_len as usize) as u64;
         part.max_seq = part.max_seq.max(location.seq);
         part.hint.add(&HintEntry {
             kind: RecordKind::Put,

@@ -204,7 +204,9 @@ fn load_files(
 ) -> Result<(KeyDir, FileSet, Option<Active>)> {
     let ordered = &plan.ordered;
     let published = opts.published_prefix.as_ref();
-    let mut keydir = KeyDir::default();
+    // Entries go into the hash index one by one; the ordered index is
+    // built in one sort once every file is loaded.
+    let mut keydir = KeyDir::for_load();
     let mut files = FileSet::default();
     let mut active = None;
     let last_index = ordered.len().checked_sub(1);
@@ -239,6 +241,7 @@ fn load_files(
             files.sealed.push(Arc::new(meta));
         }
     }
+    keydir.finish_load();
     Ok((keydir, files, active))
 }
 
@@ -464,6 +467,7 @@ fn load_sealed(
     let mut max_seq = 0;
     let mut last_commit = None;
     if let Some(hint) = hint::load(vfs, dir, id, &header, len)? {
+        keydir.reserve(hint.trailer.entry_count as usize);
         for entry in hint.entries() {
             max_seq = max_seq.max(entry.seq);
             match entry.kind {

@@ -9,7 +9,10 @@ use vfs::{Mapping, VfsFile};
 
 use super::{Engine, Shared, read, write};
 use crate::error::{Error, Result};
-use crate::format::{RECORD_HEADER_SIZE_BYTES, record_size, verify_record};
+use crate::format::{
+    RECORD_CRC_OFFSET, RECORD_HEADER_SIZE_BYTES, RecordKind, decode_record_header, record_size,
+    verify_record,
+};
 use crate::keydir::Location;
 
 /// Attempts of a read whose file a concurrent merge removed (the key
@@ -333,70 +336,126 @@ impl Shared {
             .unwrap_or_else(|| format!("file #{num}"))
     }
 
-    /// Hands the whole record at `location`, checked against its checksum
-    /// and the key directory, to `f`; `None` if its file left the engine
-    /// meanwhile (a merge swapped it out: look the key up again).
-    pub(crate) fn with_record<T>(
+    /// The record at `location`, as its file holds it right now: a slice of
+    /// the file's map (sealed files) or a fresh copy (the active file, read
+    /// with pread); `None` if the file left the engine meanwhile (a merge
+    /// swapped it out: look the key up again).
+    ///
+    /// A map's bytes can change under the caller (the page cache is shared
+    /// with anything that writes the file, and an evicted page is read back
+    /// from the disk), so `f` must copy what it needs first and check the
+    /// copy ([`check_copy`], [`verify_record`]), never the map.
+    fn with_raw_record<T>(
         &self,
         key_len: usize,
         location: &Location,
-        f: impl FnOnce(&[u8]) -> T,
+        f: impl FnOnce(&[u8]) -> Result<T>,
     ) -> Result<Option<T>> {
         let Some(handle) = self.handle(location.file)? else {
             return Ok(None);
         };
         let size = record_size(key_len, location.value_len as usize);
         let offset = location.offset as usize;
-        let corruption = |reason: String| Error::Corruption {
-            file: self.file_name(location.file),
-            offset: offset as u64,
-            reason,
-        };
-        let buf;
-        let record: &[u8] = match &handle {
+        match &handle {
             Handle::Map(map) => {
                 let bytes = map.as_ref().as_ref();
-                bytes.get(offset..offset + size).ok_or_else(|| {
-                    corruption(format!(
-                        "record runs past the end of the {}-byte file",
-                        bytes.len()
-                    ))
-                })?
+                let record = bytes.get(offset..offset + size).ok_or_else(|| {
+                    self.corruption(
+                        location,
+                        format!("record runs past the end of the {}-byte file", bytes.len()),
+                    )
+                })?;
+                f(record).map(Some)
             }
             Handle::File(file) => {
                 let mut bytes = vec![0u8; size];
                 file.read_exact_at(&mut bytes, offset as u64)
-                    .map_err(|e| corruption(format!("record unreadable: {e}")))?;
-                buf = bytes;
-                &buf
+                    .map_err(|e| self.corruption(location, format!("record unreadable: {e}")))?;
+                f(&bytes).map(Some)
             }
-        };
-        match verify_record(record) {
-            Ok(header) if header.seq == location.seq && header.key_len as usize == key_len => {
-                Ok(Some(f(record)))
-            }
-            Ok(_) => Err(corruption(
-                "record is not the one the key directory names".to_string(),
-            )),
-            Err(fault) => Err(corruption(format!("{fault:?}"))),
         }
     }
 
-    fn read_value(&self, key: &[u8], location: &Location) -> Result<Option<Vec<u8>>> {
-        let value = self.with_record(key.len(), location, |record| {
-            let key_end = RECORD_HEADER_SIZE_BYTES + key.len();
-            (&record[RECORD_HEADER_SIZE_BYTES..key_end] == key).then(|| record[key_end..].to_vec())
-        })?;
-        match value {
-            Some(Some(value)) => Ok(Some(value)),
-            Some(None) => Err(Error::Corruption {
-                file: self.file_name(location.file),
-                offset: location.offset as u64,
-                reason: "record holds another key".to_string(),
-            }),
-            None => Ok(None),
+    fn corruption(&self, location: &Location, reason: String) -> Error {
+        Error::Corruption {
+            file: self.file_name(location.file),
+            offset: location.offset as u64,
+            reason,
         }
     }
+
+    /// Appends a copy of the whole record at `location` to `out` and checks
+    /// the copy against its checksum and the key directory (a merge copies
+    /// records byte for byte this way); `None` if its file left the engine.
+    pub(crate) fn copy_record(
+        &self,
+        key_len: usize,
+        location: &Location,
+        out: &mut Vec<u8>,
+    ) -> Result<Option<()>> {
+        self.with_raw_record(key_len, location, |record| {
+            let start = out.len();
+            out.extend_from_slice(record);
+            let checked = match verify_record(&out[start..]) {
+                Ok(header) if header.seq == location.seq && header.key_len as usize == key_len => {
+                    Ok(())
+                }
+                Ok(_) => Err("record is not the one the key directory names".to_string()),
+                Err(fault) => Err(format!("{fault:?}")),
+            };
+            checked.map_err(|reason| {
+                out.truncate(start);
+                self.corruption(location, reason)
+            })
+        })
+    }
+
+    /// The value of `key` at `location`: copied out of the file, then the
+    /// copy (with the record's header and the caller's key) checked against
+    /// the record's checksum, so the bytes returned are the bytes checked.
+    fn read_value(&self, key: &[u8], location: &Location) -> Result<Option<Vec<u8>>> {
+        self.with_raw_record(key.len(), location, |record| {
+            let key_end = RECORD_HEADER_SIZE_BYTES + key.len();
+            let mut head = [0u8; RECORD_HEADER_SIZE_BYTES];
+            head.copy_from_slice(&record[..RECORD_HEADER_SIZE_BYTES]);
+            if record[RECORD_HEADER_SIZE_BYTES..key_end] != *key {
+                return Err(self.corruption(location, "record holds another key".to_string()));
+            }
+            let value = record[key_end..].to_vec();
+            check_copy(&head, key, &value, location)
+                .map_err(|reason| self.corruption(location, reason))?;
+            Ok(value)
+        })
+    }
+}
+
+/// Checks a record copied out of its file piece by piece: `head` its fixed
+/// part, `key` the key it must hold, `value` its value. The checksum covers
+/// exactly these bytes, so a byte that changed in the file before the copy
+/// fails here, and one that changed after it never reaches the caller.
+fn check_copy(
+    head: &[u8; RECORD_HEADER_SIZE_BYTES],
+    key: &[u8],
+    value: &[u8],
+    location: &Location,
+) -> std::result::Result<(), String> {
+    let size = record_size(key.len(), value.len());
+    let header = decode_record_header(head, size as u64).map_err(|fault| format!("{fault:?}"))?;
+    if header.kind != RecordKind::Put
+        || header.seq != location.seq
+        || header.key_len as usize != key.len()
+        || header.value_len as usize != value.len()
+    {
+        return Err("record is not the one the key directory names".to_string());
+    }
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&head[RECORD_CRC_OFFSET + 4..]);
+    hasher.update(key);
+    hasher.update(value);
+    if hasher.finalize() != header.crc {
+        return Err("record checksum mismatch".to_string());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

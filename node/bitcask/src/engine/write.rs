@@ -9,13 +9,13 @@ use vfs::VfsFile;
 
 use super::files::FileMeta;
 use super::read::Handle;
-use super::{Batch, Engine, Op, Shared, Written, lock, write};
+use super::{Batch, Engine, Op, Shared, Written, lock, read, write};
 use crate::error::{Error, Result};
 use crate::format::{
     DATA_MAGIC, FileId, HintEntry, RecordKind, encode_record, path_in, record_size,
 };
 use crate::hint::HintWriter;
-use crate::keydir::{KeyDir, Location};
+use crate::keydir::{KeyDir, Location, entry_size_bytes};
 use crate::options::{METADATA_SIZE_BYTES_MAX, SyncPolicy};
 
 /// The active segment and the writer's state.
@@ -166,6 +166,7 @@ impl Shared {
                     last: writer.last_seq,
                 },
             )?;
+            self.check_keydir_room(batch, &writer.pending)?;
             if writer.active.is_none() {
                 let active = self.create_segment(first_seq).map_err(|e| self.poison(e))?;
                 writer.active = Some(active);
@@ -267,6 +268,26 @@ impl Shared {
             self.maybe_auto_merge();
         }
         Ok(written)
+    }
+
+    /// Refuses a batch whose new keys might not fit in the key directory,
+    /// counting the batches still waiting for their fsync (applied later):
+    /// applying a batch that is on disk must never fail.
+    fn check_keydir_room(&self, batch: &Batch, pending: &VecDeque<(u64, Vec<Update>)>) -> Result<()> {
+        let waiting = pending.iter().flat_map(|(_, updates)| updates).map(|update| match update {
+            Update::Put(key, _) => entry_size_bytes(key.len()),
+            _ => 0,
+        });
+        let adding = batch.ops.iter().map(|op| match op {
+            Op::Put { key, .. } => entry_size_bytes(key.len()),
+            Op::Delete { .. } => 0,
+        });
+        let needed: usize = waiting.chain(adding).sum();
+        if read(&self.keydir).has_room(needed) {
+            Ok(())
+        } else {
+            Err(Error::KeyDirFull { needed })
+        }
     }
 
     fn create_segment(&self, first_seq: u64) -> Result<Active> {
