@@ -125,16 +125,28 @@ impl HintWriter {
 }
 
 /// A valid hint: its bytes (entries in file order) and the trailer.
-#[derive(Debug)]
 pub(crate) struct LoadedHint {
-    bytes: Vec<u8>,
+    /// The hint file mapped whole (a sealed hint never changes), so a
+    /// restart does not copy tens of MiB per hint into the heap, where the
+    /// allocator would keep them resident after the open.
+    bytes: vfs::Mapping,
     pub(crate) trailer: HintTrailer,
+}
+
+impl std::fmt::Debug for LoadedHint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedHint")
+            .field("len", &self.bytes.as_ref().as_ref().len())
+            .field("trailer", &self.trailer)
+            .finish()
+    }
 }
 
 impl LoadedHint {
     /// The entries, in the order of the records in the data file.
     pub(crate) fn entries(&self) -> impl Iterator<Item = HintEntry<'_>> + '_ {
-        let body = &self.bytes[..self.bytes.len() - HINT_TRAILER_SIZE_BYTES];
+        let bytes: &[u8] = self.bytes.as_ref().as_ref();
+        let body = &bytes[..bytes.len() - HINT_TRAILER_SIZE_BYTES];
         let mut pos = FILE_HEADER_SIZE_BYTES;
         std::iter::from_fn(move || {
             let (entry, size) = decode_hint_entry(&body[pos..])?;
@@ -163,9 +175,11 @@ pub(crate) fn load(
     if len < FILE_HEADER_SIZE_BYTES + HINT_TRAILER_SIZE_BYTES {
         return Ok(None);
     }
-    let mut bytes = vec![0u8; len];
-    file.read_exact_at(&mut bytes, 0)
-        .map_err(|e| Error::io(&path, e))?;
+    let mapping = file.map().map_err(|e| Error::io(&path, e))?;
+    let bytes: &[u8] = mapping.as_ref().as_ref();
+    if bytes.len() != len {
+        return Ok(None);
+    }
     let (body, trailer_bytes) = bytes.split_at(len - HINT_TRAILER_SIZE_BYTES);
     let Some((trailer, hint_crc)) = decode_hint_trailer(trailer_bytes) else {
         return Ok(None);
@@ -191,5 +205,8 @@ pub(crate) fn load(
     if count != trailer.entry_count {
         return Ok(None);
     }
-    Ok(Some(LoadedHint { bytes, trailer }))
+    Ok(Some(LoadedHint {
+        bytes: mapping.clone(),
+        trailer,
+    }))
 }

@@ -85,4 +85,5 @@ pub use merge::MergeJob;
 pub use options::{
     AutoMerge, BATCH_SIZE_BYTES_MAX, KEY_SIZE_BYTES_MAX, METADATA_SIZE_BYTES_MAX, Options,
     PublishedPrefix, SEGMENT_SIZE_BYTES_DEFAULT, SyncPolicy, VALUE_SIZE_BYTES_MAX,
+    WRITEBACK_INTERVAL_BYTES_DEFAULT,
 };

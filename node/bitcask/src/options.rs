@@ -27,6 +27,14 @@ pub const SEGMENT_SIZE_BYTES_MAX: u64 = 2 * 1024 * 1024 * 1024;
 pub const BATCH_SIZE_BYTES_LIMIT: usize = 1024 * 1024 * 1024;
 /// Smallest rotation threshold (tests use tiny segments to rotate often).
 pub const SEGMENT_SIZE_BYTES_MIN: u64 = 64;
+/// Default write-back interval under `SyncPolicy::Never` and `EveryMs`:
+/// every 16 MiB appended, the background thread fsyncs the active segment
+/// (a quarter of a default segment, so sealing one finds at most that much
+/// dirty data to wait for).
+pub const WRITEBACK_INTERVAL_BYTES_DEFAULT: u64 = 16 * 1024 * 1024;
+/// Smallest write-back interval (each one costs an fsync).
+pub const WRITEBACK_INTERVAL_BYTES_MIN: u64 = 64 * 1024;
+
 /// Default cap on open segment file handles (readers share them).
 pub const OPEN_FILES_MAX_DEFAULT: usize = 256;
 /// Keys repointed per key-directory lock hold when a merge swaps in, so
@@ -42,8 +50,10 @@ pub enum SyncPolicy {
     Always,
     /// A background thread fsyncs every N milliseconds.
     EveryMs(u64),
-    /// Only sealing a segment, [`crate::Engine::sync`] and close fsync. This is
-    /// the policy inside the cluster, where the Raft log is the write-ahead log.
+    /// Only sealing a segment, [`crate::Engine::sync`], close and the
+    /// background write-back ([`Options::writeback_interval_bytes`]) fsync.
+    /// This is the policy inside the cluster, where the Raft log is the
+    /// write-ahead log.
     Never,
 }
 
@@ -94,6 +104,12 @@ pub struct Options {
     pub batch_size_bytes_max: usize,
     /// Open file handles kept for readers.
     pub open_files_max: usize,
+    /// Under [`SyncPolicy::Never`] and [`SyncPolicy::EveryMs`]: a background
+    /// thread fsyncs the active segment each time this many bytes were
+    /// appended, off the writer's path (more durable, never less; writes
+    /// do not wait for it). `None`: only sealing, `sync` and close fsync
+    /// (and the `EveryMs` timer). Ignored under [`SyncPolicy::Always`].
+    pub writeback_interval_bytes: Option<u64>,
     /// Merge on its own by dead-bytes ratio; `None` leaves merging to the caller.
     pub auto_merge: Option<AutoMerge>,
     /// Published prefix of the active segment, if any.
@@ -111,6 +127,7 @@ impl std::fmt::Debug for Options {
             .field("value_size_bytes_max", &self.value_size_bytes_max)
             .field("batch_size_bytes_max", &self.batch_size_bytes_max)
             .field("open_files_max", &self.open_files_max)
+            .field("writeback_interval_bytes", &self.writeback_interval_bytes)
             .field("auto_merge", &self.auto_merge)
             .field("published_prefix", &self.published_prefix)
             .finish_non_exhaustive()
@@ -126,6 +143,7 @@ impl Default for Options {
             value_size_bytes_max: VALUE_SIZE_BYTES_MAX,
             batch_size_bytes_max: BATCH_SIZE_BYTES_MAX,
             open_files_max: OPEN_FILES_MAX_DEFAULT,
+            writeback_interval_bytes: Some(WRITEBACK_INTERVAL_BYTES_DEFAULT),
             auto_merge: Some(AutoMerge::default()),
             published_prefix: None,
             vfs: Arc::new(RealFs),
@@ -171,6 +189,14 @@ impl Options {
             self.batch_size_bytes_max as u64,
         )?;
         range("open_files_max", self.open_files_max as u64, 2, 1 << 20)?;
+        if let Some(bytes) = self.writeback_interval_bytes {
+            range(
+                "writeback_interval_bytes",
+                bytes,
+                WRITEBACK_INTERVAL_BYTES_MIN,
+                u64::MAX,
+            )?;
+        }
         if let SyncPolicy::EveryMs(ms) = self.sync {
             range("sync", ms, 1, 3_600_000)?;
         }

@@ -50,7 +50,7 @@ pub(crate) use write::{Active, Writer};
 
 use files::Pins;
 use read::Handles;
-use sync::SyncState;
+use sync::{SyncState, Wake};
 
 /// State shared by the engine handle and its background threads.
 #[derive(Debug)]
@@ -82,7 +82,8 @@ pub(crate) struct Shared {
     /// Highest "now" any caller passed in: the clock of automatic merges.
     now_seen_ms: AtomicU64,
     pub(crate) closed: AtomicBool,
-    stop: (Mutex<bool>, Condvar),
+    /// The background sync thread's inbox: stop, or a write-back is due.
+    wake: (Mutex<Wake>, Condvar),
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -138,11 +139,17 @@ impl Engine {
             pins: Mutex::new(Pins::default()),
             now_seen_ms: AtomicU64::new(0),
             closed: AtomicBool::new(false),
-            stop: (Mutex::new(false), Condvar::new()),
+            wake: (Mutex::new(Wake::default()), Condvar::new()),
             threads: Mutex::new(Vec::new()),
             opts,
         });
-        if let SyncPolicy::EveryMs(interval_ms) = shared.opts.sync {
+        let interval_ms = match shared.opts.sync {
+            SyncPolicy::EveryMs(interval_ms) => Some(interval_ms),
+            SyncPolicy::Always | SyncPolicy::Never => None,
+        };
+        let writeback = shared.opts.sync != SyncPolicy::Always
+            && shared.opts.writeback_interval_bytes.is_some();
+        if interval_ms.is_some() || writeback {
             let worker = shared.clone();
             let handle = std::thread::Builder::new()
                 .name("bitcask-sync".to_string())
@@ -188,8 +195,8 @@ impl Shared {
             return Ok(());
         }
         {
-            let (stopped, wake) = &self.stop;
-            *lock(stopped) = true;
+            let (state, wake) = &self.wake;
+            lock(state).stop = true;
             wake.notify_all();
         }
         let threads: Vec<JoinHandle<()>> = lock(&self.threads).drain(..).collect();

@@ -12,6 +12,15 @@ use super::{Engine, Shared, lock, write};
 use crate::error::{Error, Result};
 use crate::format::path_in;
 
+/// What the background sync thread is asked to do.
+#[derive(Debug, Default)]
+pub(super) struct Wake {
+    /// The engine is closing: exit.
+    pub(super) stop: bool,
+    /// The writer appended `writeback_interval_bytes` since the last request.
+    pub(super) writeback_due: bool,
+}
+
 /// Group-commit state: whether a leader is fsyncing right now.
 #[derive(Debug, Default)]
 pub(super) struct SyncState {
@@ -135,23 +144,51 @@ impl Shared {
         Ok(())
     }
 
-    pub(super) fn sync_loop(self: Arc<Self>, interval_ms: u64) {
-        let (stopped, wake) = &self.stop;
-        let mut stop = lock(stopped);
-        while !*stop {
-            let (guard, _) = wake
-                .wait_timeout(stop, std::time::Duration::from_millis(interval_ms))
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            stop = guard;
-            if *stop {
+    /// The background sync thread: fsyncs every `interval_ms`
+    /// (`SyncPolicy::EveryMs`) and whenever the writer asks for a
+    /// write-back (see [`Shared::request_writeback`]).
+    pub(super) fn sync_loop(self: Arc<Self>, interval_ms: Option<u64>) {
+        let (state, wake) = &self.wake;
+        let mut guard = lock(state);
+        loop {
+            if guard.stop {
                 break;
             }
-            drop(stop);
+            if !guard.writeback_due {
+                guard = match interval_ms {
+                    Some(ms) => {
+                        wake.wait_timeout(guard, std::time::Duration::from_millis(ms))
+                            .unwrap_or_else(|poisoned| poisoned.into_inner())
+                            .0
+                    }
+                    None => wake
+                        .wait(guard)
+                        .unwrap_or_else(|poisoned| poisoned.into_inner()),
+                };
+                if guard.stop {
+                    break;
+                }
+                if interval_ms.is_none() && !guard.writeback_due {
+                    continue;
+                }
+            }
+            guard.writeback_due = false;
+            drop(guard);
             let target = lock(&self.writer).written_total;
             if let Err(e) = self.sync_to(target) {
                 tracing::warn!(error = %e, "background fsync failed");
             }
-            stop = lock(stopped);
+            guard = lock(state);
         }
+    }
+
+    /// Wakes the sync thread to fsync the active segment: under the
+    /// policies that do not fsync each write, the writer asks every
+    /// `writeback_interval_bytes`, so the disk writes data back while the
+    /// writer carries on, and sealing a segment finds little left to fsync.
+    pub(super) fn request_writeback(&self) {
+        let (state, wake) = &self.wake;
+        lock(state).writeback_due = true;
+        wake.notify_one();
     }
 }

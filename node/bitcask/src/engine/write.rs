@@ -46,6 +46,8 @@ pub(crate) struct Writer {
     pub(crate) last_meta: Option<Vec<u8>>,
     /// Bytes appended since open, over all files: group-commit positions.
     pub(crate) written_total: u64,
+    /// `written_total` when the writer last asked for a write-back.
+    pub(crate) writeback_requested_at: u64,
     /// Batches appended but not yet fsynced, in order, with their end position.
     pub(crate) pending: VecDeque<(u64, Vec<Update>)>,
     buf: Vec<u8>,
@@ -58,6 +60,7 @@ impl Writer {
             last_seq,
             last_meta,
             written_total: 0,
+            writeback_requested_at: 0,
             pending: VecDeque::new(),
             buf: Vec::new(),
         }
@@ -244,6 +247,12 @@ impl Shared {
                 writer.pending.push_back((end, updates));
             } else {
                 apply_updates(&mut write(&self.keydir), updates);
+                if let Some(interval) = self.opts.writeback_interval_bytes
+                    && end - writer.writeback_requested_at >= interval
+                {
+                    writer.writeback_requested_at = end;
+                    self.request_writeback();
+                }
             }
             let rotate = writer
                 .active
@@ -273,11 +282,18 @@ impl Shared {
     /// Refuses a batch whose new keys might not fit in the key directory,
     /// counting the batches still waiting for their fsync (applied later):
     /// applying a batch that is on disk must never fail.
-    fn check_keydir_room(&self, batch: &Batch, pending: &VecDeque<(u64, Vec<Update>)>) -> Result<()> {
-        let waiting = pending.iter().flat_map(|(_, updates)| updates).map(|update| match update {
-            Update::Put(key, _) => entry_size_bytes(key.len()),
-            _ => 0,
-        });
+    fn check_keydir_room(
+        &self,
+        batch: &Batch,
+        pending: &VecDeque<(u64, Vec<Update>)>,
+    ) -> Result<()> {
+        let waiting = pending
+            .iter()
+            .flat_map(|(_, updates)| updates)
+            .map(|update| match update {
+                Update::Put(key, _) => entry_size_bytes(key.len()),
+                _ => 0,
+            });
         let adding = batch.ops.iter().map(|op| match op {
             Op::Put { key, .. } => entry_size_bytes(key.len()),
             Op::Delete { .. } => 0,

@@ -157,7 +157,8 @@ impl Arena {
     pub fn set_location(&mut self, id: EntryId, location: &Location) {
         debug_assert!(location.file != DEAD_FILE);
         let bytes = self.bytes_mut(id);
-        bytes[ENTRY_FILE_OFFSET..ENTRY_FILE_OFFSET + 4].copy_from_slice(&location.file.to_le_bytes());
+        bytes[ENTRY_FILE_OFFSET..ENTRY_FILE_OFFSET + 4]
+            .copy_from_slice(&location.file.to_le_bytes());
         bytes[ENTRY_RECORD_OFFSET..ENTRY_RECORD_OFFSET + 4]
             .copy_from_slice(&location.offset.to_le_bytes());
         bytes[ENTRY_VALUE_LEN_OFFSET..ENTRY_VALUE_LEN_OFFSET + 4]
@@ -241,7 +242,11 @@ mod tests {
         let big_key = vec![b'k'; u16::MAX as usize];
         let mut ids = Vec::new();
         for i in 0..100u64 {
-            let key = if i % 5 == 4 { big_key.clone() } else { i.to_be_bytes().to_vec() };
+            let key = if i % 5 == 4 {
+                big_key.clone()
+            } else {
+                i.to_be_bytes().to_vec()
+            };
             ids.push((key.clone(), arena.push(&key, &at(1, i)).unwrap()));
         }
         for (i, (key, id)) in ids.iter().enumerate() {

@@ -31,6 +31,14 @@ const SORT_RUN_COMPARE_MAX: usize = 16;
 #[derive(Debug, Default)]
 pub struct Order {
     chunks: Vec<Vec<EntryId>>,
+    /// Per chunk, its first key's sort word at `shared` bytes: finding the
+    /// chunk of a key searches this compact array and dereferences an
+    /// arena entry only when two words tie.
+    heads: Vec<Word>,
+    /// A prefix every key in the index starts with (it only shrinks: a key
+    /// that does not share it cuts it to what they do share, and the heads
+    /// are recomputed).
+    shared: Vec<u8>,
 }
 
 /// A position: chunk, then index inside it.
@@ -40,31 +48,103 @@ fn new_chunk() -> Vec<EntryId> {
     Vec::with_capacity(ORDER_CHUNK_IDS_MAX)
 }
 
+/// Eight key bytes from some depth on, big-endian and zero-padded, and how
+/// many bytes the key has left from that depth, capped at 9 (9 = "more
+/// than 8": the word does not settle the order). Comparing `(word, rest)`
+/// orders keys as their bytes do, except that two keys with rest 9 and
+/// equal words need their later bytes compared: when the words tie and a
+/// key has fewer than 9 bytes left, it is a prefix of the other one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Word {
+    word: u64,
+    rest: u8,
+}
+
+const WORD_BYTES: usize = 8;
+
+fn word_at(key: &[u8], depth: usize) -> Word {
+    let tail = &key[depth.min(key.len())..];
+    let mut word = [0u8; WORD_BYTES];
+    let n = tail.len().min(WORD_BYTES);
+    word[..n].copy_from_slice(&tail[..n]);
+    Word {
+        word: u64::from_be_bytes(word),
+        rest: tail.len().min(WORD_BYTES + 1) as u8,
+    }
+}
+
 impl Order {
-    /// The index of `ids` (each a live entry of `arena`, any order).
-    pub fn build(arena: &Arena, ids: Vec<EntryId>) -> Order {
-        let sorted = sort_ids(arena, ids);
-        let chunks = sorted
-            .chunks(ORDER_CHUNK_IDS_BUILD)
-            .map(|part| {
-                let mut chunk = new_chunk();
-                chunk.extend_from_slice(part);
-                chunk
-            })
+    /// The index of every live entry of `arena` (at open: one sort instead
+    /// of one insert per key).
+    pub fn build(arena: &Arena) -> Order {
+        let (sorted, shared) = sort_ids(arena);
+        let mut order = Order {
+            chunks: Vec::with_capacity(sorted.len().div_ceil(ORDER_CHUNK_IDS_BUILD)),
+            heads: Vec::new(),
+            shared,
+        };
+        for part in sorted.chunks(ORDER_CHUNK_IDS_BUILD) {
+            let mut chunk = new_chunk();
+            chunk.extend(part.iter().map(|item| item.id));
+            order.chunks.push(chunk);
+        }
+        order.recompute_heads(arena);
+        order
+    }
+
+    fn recompute_heads(&mut self, arena: &Arena) {
+        let depth = self.shared.len();
+        self.heads = self
+            .chunks
+            .iter()
+            .map(|chunk| word_at(arena.key(chunk[0]), depth))
             .collect();
-        Order { chunks }
+    }
+
+    fn refresh_head(&mut self, arena: &Arena, chunk: usize) {
+        self.heads[chunk] = word_at(arena.key(self.chunks[chunk][0]), self.shared.len());
     }
 
     /// The first position whose key is not below `key` (`strict`: above).
     fn seek(&self, arena: &Arena, key: &[u8], strict: bool) -> Position {
+        let end = (self.chunks.len(), 0);
+        if self.chunks.is_empty() {
+            return end;
+        }
+        let depth = self.shared.len();
+        let head = &key[..depth.min(key.len())];
+        if head != self.shared.as_slice() {
+            // Every key in the index starts with `shared`; this one does not.
+            return if head < self.shared.as_slice() {
+                (0, 0)
+            } else {
+                end
+            };
+        }
         let before = |id: EntryId| match arena.key(id).cmp(key) {
             Ordering::Less => true,
             Ordering::Equal => strict,
             Ordering::Greater => false,
         };
+        let probe = word_at(key, depth);
+        let head_before = |chunk: usize| match self.heads[chunk].cmp(&probe) {
+            Ordering::Less => true,
+            Ordering::Greater => false,
+            Ordering::Equal if probe.rest as usize > WORD_BYTES => before(self.chunks[chunk][0]),
+            Ordering::Equal => strict,
+        };
         // The first chunk whose head is not before `key`; the position is
         // in the chunk ahead of it (or at its start).
-        let chunk = self.chunks.partition_point(|chunk| before(chunk[0]));
+        let (mut low, mut high) = (0, self.heads.len());
+        while low < high {
+            let middle = low + (high - low) / 2;
+            if head_before(middle) {
+                low = middle + 1;
+            } else {
+                high = middle;
+            }
+        }
+        let chunk = low;
         if chunk == 0 {
             return (0, 0);
         }
@@ -83,7 +163,18 @@ impl Order {
             let mut chunk = new_chunk();
             chunk.push(id);
             self.chunks.push(chunk);
+            self.shared = key.to_vec();
+            self.heads = vec![word_at(key, self.shared.len())];
             return;
+        }
+        let common = key
+            .iter()
+            .zip(&self.shared)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if common < self.shared.len() {
+            self.shared.truncate(common);
+            self.recompute_heads(arena);
         }
         let (mut chunk, mut index) = self.seek(arena, key, false);
         if chunk == self.chunks.len() {
@@ -96,15 +187,20 @@ impl Order {
             upper.extend_from_slice(&self.chunks[chunk][ORDER_CHUNK_IDS_MAX / 2..]);
             self.chunks[chunk].truncate(ORDER_CHUNK_IDS_MAX / 2);
             self.chunks.insert(chunk + 1, upper);
+            self.heads.insert(chunk + 1, self.heads[chunk]);
+            self.refresh_head(arena, chunk + 1);
             if index > ORDER_CHUNK_IDS_MAX / 2 {
                 chunk += 1;
                 index -= ORDER_CHUNK_IDS_MAX / 2;
             }
         }
         self.chunks[chunk].insert(index, id);
+        if index == 0 {
+            self.refresh_head(arena, chunk);
+        }
     }
 
-    /// Removes `id` (present, with `key` its key).
+    /// Removes `id` (present in the index).
     pub fn remove(&mut self, arena: &Arena, id: EntryId) {
         let (chunk, index) = self.seek(arena, arena.key(id), false);
         assert_eq!(
@@ -116,7 +212,13 @@ impl Order {
         let len = self.chunks[chunk].len();
         if len == 0 {
             self.chunks.remove(chunk);
-        } else if len <= ORDER_CHUNK_IDS_MERGE {
+            self.heads.remove(chunk);
+            return;
+        }
+        if index == 0 {
+            self.refresh_head(arena, chunk);
+        }
+        if len <= ORDER_CHUNK_IDS_MERGE {
             self.merge_small(chunk);
         }
     }
@@ -128,9 +230,11 @@ impl Order {
             && fits(self.chunks[chunk].len(), self.chunks[chunk + 1].len())
         {
             let next = self.chunks.remove(chunk + 1);
+            self.heads.remove(chunk + 1);
             self.chunks[chunk].extend_from_slice(&next);
         } else if chunk > 0 && fits(self.chunks[chunk - 1].len(), self.chunks[chunk].len()) {
             let this = self.chunks.remove(chunk);
+            self.heads.remove(chunk);
             self.chunks[chunk - 1].extend_from_slice(&this);
         }
     }
@@ -160,7 +264,8 @@ impl Order {
             })
     }
 
-    /// Rewrites every id through `map` (after an arena compaction).
+    /// Rewrites every id through `map` (after an arena compaction; keys,
+    /// and so the heads, stay the same).
     pub fn remap(&mut self, map: impl Fn(EntryId) -> EntryId) {
         for id in self.chunks.iter_mut().flatten() {
             *id = map(*id);
@@ -172,69 +277,63 @@ impl Order {
         self.chunks.iter().flatten().copied()
     }
 
-    /// Bytes this index holds on the heap (chunk capacities).
+    /// Asserts the invariants: heads match their chunks, every key starts
+    /// with the shared prefix, no chunk is empty.
     #[cfg(test)]
-    pub fn heap_bytes(&self) -> usize {
-        self.chunks.len() * ORDER_CHUNK_IDS_MAX * size_of::<EntryId>()
+    pub fn check_heads(&self, arena: &Arena) {
+        assert_eq!(self.heads.len(), self.chunks.len());
+        for (chunk, head) in self.chunks.iter().zip(&self.heads) {
+            assert!(!chunk.is_empty());
+            assert_eq!(*head, word_at(arena.key(chunk[0]), self.shared.len()));
+            for &id in chunk {
+                assert!(arena.key(id).starts_with(&self.shared));
+            }
+        }
     }
 }
 
-/// One id to sort, with the eight key bytes at the current depth.
+/// One id to sort, with its key's word at the current depth.
 #[derive(Clone, Copy)]
 struct SortItem {
-    /// Key bytes `depth..depth + 8`, big-endian, zero-padded.
-    word: u64,
-    /// Key bytes left from `depth`, capped at 9 (9 = "more than 8": the
-    /// word does not settle the order).
-    rest: u8,
+    word: Word,
     id: EntryId,
 }
 
-const WORD_BYTES: usize = 8;
-
-fn sort_item(arena: &Arena, id: EntryId, depth: usize) -> SortItem {
-    let key = arena.key(id);
-    let tail = &key[depth.min(key.len())..];
-    let mut word = [0u8; WORD_BYTES];
-    let n = tail.len().min(WORD_BYTES);
-    word[..n].copy_from_slice(&tail[..n]);
-    SortItem {
-        word: u64::from_be_bytes(word),
-        rest: tail.len().min(WORD_BYTES + 1) as u8,
-        id,
-    }
-}
-
-/// `ids` in key order. Keys are compared eight bytes at a time as integers
-/// (after the prefix all keys share), so the sort touches each key once per
-/// eight bytes that matter instead of once per comparison. Two keys with
-/// equal words compare by how many bytes they have left: fewer than eight
-/// left means the shorter key is a prefix of the other, so it goes first.
-fn sort_ids(arena: &Arena, ids: Vec<EntryId>) -> Vec<EntryId> {
-    let Some(&first) = ids.first() else {
-        return ids;
+/// Every live id of `arena` in key order, and the prefix all keys share.
+/// Keys are compared eight bytes at a time as integers (after the shared
+/// prefix), so the sort touches each key once per eight bytes that matter
+/// instead of once per comparison; only ties are looked at again, deeper.
+fn sort_ids(arena: &Arena) -> (Vec<SortItem>, Vec<u8>) {
+    let Some(first) = arena.live_ids().next() else {
+        return (Vec::new(), Vec::new());
     };
     let first_key = arena.key(first);
-    let shared = ids.iter().fold(first_key.len(), |shared, &id| {
-        let key = arena.key(id);
-        key.iter()
+    let shared = arena.live_ids().fold(first_key.len(), |shared, id| {
+        arena
+            .key(id)
+            .iter()
             .zip(&first_key[..shared])
             .take_while(|(a, b)| a == b)
             .count()
     });
-    let mut items: Vec<SortItem> = ids.iter().map(|&id| sort_item(arena, id, shared)).collect();
-    drop(ids);
+    let mut items: Vec<SortItem> = arena
+        .live_ids()
+        .map(|id| SortItem {
+            word: word_at(arena.key(id), shared),
+            id,
+        })
+        .collect();
     sort_items(arena, &mut items, shared);
-    items.into_iter().map(|item| item.id).collect()
+    (items, first_key[..shared].to_vec())
 }
 
 fn sort_items(arena: &Arena, items: &mut [SortItem], depth: usize) {
-    items.sort_unstable_by_key(|item| (item.word, item.rest));
+    items.sort_unstable_by_key(|item| item.word);
     let mut start = 0;
     while start < items.len() {
-        let head = items[start];
+        let head = items[start].word;
         let mut end = start + 1;
-        while end < items.len() && (items[end].word, items[end].rest) == (head.word, head.rest) {
+        while end < items.len() && items[end].word == head {
             end += 1;
         }
         // Equal words with fewer than nine bytes left mean equal keys,
@@ -247,7 +346,7 @@ fn sort_items(arena: &Arena, items: &mut [SortItem], depth: usize) {
             } else {
                 let deeper = depth + WORD_BYTES;
                 for item in run.iter_mut() {
-                    *item = sort_item(arena, item.id, deeper);
+                    item.word = word_at(arena.key(item.id), deeper);
                 }
                 sort_items(arena, run, deeper);
             }
@@ -297,16 +396,21 @@ mod tests {
         let mut shuffled = sorted.clone();
         shuffled.shuffle(&mut rng);
         let mut arena = Arena::default();
-        let ids: Vec<EntryId> = shuffled
+        // Half the keys go in by a build, the rest one by one (a build sees
+        // every live entry of its arena, so the second half is stored after).
+        let (built_keys, inserted_keys) = shuffled.split_at(shuffled.len() / 2);
+        let mut ids: Vec<EntryId> = built_keys
             .iter()
             .enumerate()
             .map(|(i, key)| arena.push(key, &at(i as u64)).unwrap())
             .collect();
-        let (built_ids, inserted_ids) = ids.split_at(ids.len() / 2);
-        let mut order = Order::build(&arena, built_ids.to_vec());
-        for &id in inserted_ids {
+        let mut order = Order::build(&arena);
+        for (i, key) in inserted_keys.iter().enumerate() {
+            let id = arena.push(key, &at(i as u64)).unwrap();
             order.insert(&arena, id);
+            ids.push(id);
         }
+        order.check_heads(&arena);
         let keys: Vec<&[u8]> = order.ids().map(|id| arena.key(id)).collect();
         let expected: Vec<&[u8]> = sorted.iter().map(Vec::as_slice).collect();
         assert_eq!(keys, expected);
@@ -322,6 +426,7 @@ mod tests {
         for &id in &ids[..ids.len() - 10] {
             order.remove(&arena, id);
         }
+        order.check_heads(&arena);
         assert!(order.chunks.len() <= 2);
         assert_eq!(order.ids().count(), 10);
     }
