@@ -75,13 +75,18 @@ impl Engine {
 
     /// Stores `key` → `value`, absent from reads with `now_ms >= expiry_ms`.
     pub fn put_with_expiry(&self, key: &[u8], value: &[u8], expiry_ms: u64) -> Result<u64> {
-        let batch = Batch::new().put_with_expiry(key, value, expiry_ms);
-        Ok(self.write_batch(&batch)?.first_seq)
+        let op = OpRef::Put {
+            key,
+            value,
+            expiry_ms,
+        };
+        Ok(self.shared.write_ops(&[op], &[], None)?.first_seq)
     }
 
     /// Deletes `key`; returns the tombstone's sequence number.
     pub fn delete(&self, key: &[u8]) -> Result<u64> {
-        Ok(self.write_batch(&Batch::new().delete(key))?.first_seq)
+        let op = OpRef::Delete { key };
+        Ok(self.shared.write_ops(&[op], &[], None)?.first_seq)
     }
 
     /// Writes a batch atomically: after a crash all of it or none of it is there.
@@ -101,19 +106,57 @@ impl Engine {
     }
 }
 
+/// One op of a batch, borrowed: [`Batch`]'s ops, or a single put or delete
+/// straight from the caller's slices (no copy of the value before it is
+/// encoded).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum OpRef<'a> {
+    Put {
+        key: &'a [u8],
+        value: &'a [u8],
+        expiry_ms: u64,
+    },
+    Delete {
+        key: &'a [u8],
+    },
+}
+
+impl<'a> OpRef<'a> {
+    fn of(op: &'a Op) -> OpRef<'a> {
+        match op {
+            Op::Put {
+                key,
+                value,
+                expiry_ms,
+            } => OpRef::Put {
+                key,
+                value,
+                expiry_ms: *expiry_ms,
+            },
+            Op::Delete { key } => OpRef::Delete { key },
+        }
+    }
+
+    fn key(&self) -> &'a [u8] {
+        match self {
+            OpRef::Put { key, .. } | OpRef::Delete { key } => key,
+        }
+    }
+}
+
 impl Shared {
-    fn validate(&self, batch: &Batch) -> Result<usize> {
-        if batch.meta.len() > METADATA_SIZE_BYTES_MAX {
+    fn validate(&self, ops: &[OpRef<'_>], meta: &[u8]) -> Result<usize> {
+        if meta.len() > METADATA_SIZE_BYTES_MAX {
             return Err(Error::MetadataTooLarge {
-                len: batch.meta.len(),
+                len: meta.len(),
                 max: METADATA_SIZE_BYTES_MAX,
             });
         }
-        let mut size = record_size(0, batch.meta.len());
-        for op in &batch.ops {
+        let mut size = record_size(0, meta.len());
+        for op in ops {
             let (key, value_len) = match op {
-                Op::Put { key, value, .. } => (key, value.len()),
-                Op::Delete { key } => (key, 0),
+                OpRef::Put { key, value, .. } => (key, value.len()),
+                OpRef::Delete { key } => (key, 0),
             };
             if key.is_empty() {
                 return Err(Error::KeyEmpty);
@@ -142,12 +185,25 @@ impl Shared {
     }
 
     fn write_batch(self: &Arc<Self>, batch: &Batch) -> Result<Written> {
-        let size = self.validate(batch)?;
+        let ops: Vec<OpRef<'_>> = batch.ops.iter().map(OpRef::of).collect();
+        self.write_ops(&ops, &batch.meta, batch.seq)
+    }
+
+    /// Appends one batch (its records and a commit record, in one write),
+    /// then makes it visible: at once, or after its fsync under
+    /// `SyncPolicy::Always`.
+    pub(crate) fn write_ops(
+        self: &Arc<Self>,
+        ops: &[OpRef<'_>],
+        meta: &[u8],
+        seq: Option<u64>,
+    ) -> Result<Written> {
+        let size = self.validate(ops, meta)?;
         let (written, end, sealed) = {
             let mut guard = lock(&self.writer);
             self.check_poison()?;
             let writer = &mut *guard;
-            let first_seq = match batch.seq {
+            let first_seq = match seq {
                 Some(seq) => seq,
                 None => writer
                     .last_seq
@@ -163,13 +219,14 @@ impl Shared {
                     last: writer.last_seq,
                 });
             }
-            let commit_seq = first_seq.checked_add(batch.ops.len() as u64).ok_or(
-                Error::SequenceNotIncreasing {
-                    given: first_seq,
-                    last: writer.last_seq,
-                },
-            )?;
-            self.check_keydir_room(batch, &writer.pending)?;
+            let commit_seq =
+                first_seq
+                    .checked_add(ops.len() as u64)
+                    .ok_or(Error::SequenceNotIncreasing {
+                        given: first_seq,
+                        last: writer.last_seq,
+                    })?;
+            self.check_keydir_room(ops, &writer.pending)?;
             if writer.active.is_none() {
                 let active = self.create_segment(first_seq).map_err(|e| self.poison(e))?;
                 writer.active = Some(active);
@@ -182,35 +239,33 @@ impl Shared {
             let buf = &mut writer.buf;
             buf.clear();
             buf.reserve(size);
-            let mut updates = Vec::with_capacity(batch.ops.len() + 1);
-            for (i, op) in batch.ops.iter().enumerate() {
+            // Where each put landed (puts only, in op order).
+            let mut locations = Vec::with_capacity(ops.len());
+            for (i, op) in ops.iter().enumerate() {
                 let seq = first_seq + i as u64;
                 let offset = (base + buf.len() as u64) as u32;
-                match op {
-                    Op::Put {
+                match *op {
+                    OpRef::Put {
                         key,
                         value,
                         expiry_ms,
                     } => {
-                        encode_record(buf, RecordKind::Put, seq, *expiry_ms, key, value);
-                        let location = Location {
+                        encode_record(buf, RecordKind::Put, seq, expiry_ms, key, value);
+                        locations.push(Location {
                             file: active.num,
                             offset,
                             value_len: value.len() as u32,
                             seq,
-                            expiry_ms: *expiry_ms,
-                        };
-                        updates.push(Update::Put(key.clone(), location));
+                            expiry_ms,
+                        });
                     }
-                    Op::Delete { key } => {
+                    OpRef::Delete { key } => {
                         encode_record(buf, RecordKind::Tombstone, seq, 0, key, &[]);
-                        updates.push(Update::Delete(key.clone(), seq));
                     }
                 }
             }
             let commit_offset = (base + buf.len() as u64) as u32;
-            encode_record(buf, RecordKind::Commit, commit_seq, 0, &[], &batch.meta);
-            updates.push(Update::Seq(commit_seq));
+            encode_record(buf, RecordKind::Commit, commit_seq, 0, &[], meta);
             if let Err(e) = active.file.write_all_at(buf, base) {
                 let path = path_in(&self.dir, &active.id.data_name());
                 return Err(self.poison(Error::io(path, e)));
@@ -218,10 +273,12 @@ impl Shared {
             active.len += buf.len() as u64;
             active.hasher.update(buf);
             active.max_seq = commit_seq;
-            active.last_commit = Some((commit_seq, batch.meta.clone()));
-            for (op, update) in batch.ops.iter().zip(&updates) {
-                let hinted = match (op, update) {
-                    (Op::Put { key, .. }, Update::Put(_, location)) => {
+            active.last_commit = Some((commit_seq, meta.to_vec()));
+            let mut puts = locations.iter();
+            for (i, op) in ops.iter().enumerate() {
+                let hinted = match op {
+                    OpRef::Put { key, .. } => {
+                        let location = puts.next().expect("one location per put");
                         active.hint.add(&HintEntry {
                             kind: RecordKind::Put,
                             key,
@@ -231,22 +288,33 @@ impl Shared {
                             expiry_ms: location.expiry_ms,
                         })
                     }
-                    (Op::Delete { key }, Update::Delete(_, seq)) => {
-                        active.hint.add(&HintEntry::tombstone(key, *seq))
-                    }
-                    _ => unreachable!("updates are built in op order"),
+                    OpRef::Delete { key } => active
+                        .hint
+                        .add(&HintEntry::tombstone(key, first_seq + i as u64)),
                 };
                 hinted.map_err(|e| self.poison(e))?;
             }
-            active.hint.commit(&batch.meta, commit_offset, commit_seq);
+            active.hint.commit(meta, commit_offset, commit_seq);
             writer.written_total += buf.len() as u64;
             writer.last_seq = commit_seq;
-            writer.last_meta = Some(batch.meta.clone());
+            writer.last_meta = Some(meta.to_vec());
             let end = writer.written_total;
             if self.opts.sync == SyncPolicy::Always {
+                let updates = updates_of(ops, &locations, first_seq, commit_seq);
                 writer.pending.push_back((end, updates));
             } else {
-                apply_updates(&mut write(&self.keydir), updates);
+                let mut keydir = write(&self.keydir);
+                let mut puts = locations.iter();
+                for (i, op) in ops.iter().enumerate() {
+                    match op {
+                        OpRef::Put { key, .. } => {
+                            keydir.put(key, *puts.next().expect("one location per put"))
+                        }
+                        OpRef::Delete { key } => keydir.delete(key, first_seq + i as u64),
+                    }
+                }
+                keydir.note_seq(commit_seq);
+                drop(keydir);
                 if let Some(interval) = self.opts.writeback_interval_bytes
                     && end - writer.writeback_requested_at >= interval
                 {
@@ -284,7 +352,7 @@ impl Shared {
     /// applying a batch that is on disk must never fail.
     fn check_keydir_room(
         &self,
-        batch: &Batch,
+        ops: &[OpRef<'_>],
         pending: &VecDeque<(u64, Vec<Update>)>,
     ) -> Result<()> {
         let waiting = pending
@@ -294,9 +362,9 @@ impl Shared {
                 Update::Put(key, _) => entry_size_bytes(key.len()),
                 _ => 0,
             });
-        let adding = batch.ops.iter().map(|op| match op {
-            Op::Put { key, .. } => entry_size_bytes(key.len()),
-            Op::Delete { .. } => 0,
+        let adding = ops.iter().map(|op| match op {
+            OpRef::Put { key, .. } => entry_size_bytes(key.len()),
+            OpRef::Delete { .. } => 0,
         });
         let needed: usize = waiting.chain(adding).sum();
         if read(&self.keydir).has_room(needed) {
@@ -382,6 +450,29 @@ impl Shared {
         self.forget_handle(num);
         Ok(())
     }
+}
+
+/// The key-directory changes of a batch, kept until its fsync.
+fn updates_of(
+    ops: &[OpRef<'_>],
+    locations: &[Location],
+    first_seq: u64,
+    commit_seq: u64,
+) -> Vec<Update> {
+    let mut puts = locations.iter();
+    let mut updates: Vec<Update> = ops
+        .iter()
+        .enumerate()
+        .map(|(i, op)| match op {
+            OpRef::Put { .. } => Update::Put(
+                op.key().to_vec(),
+                *puts.next().expect("one location per put"),
+            ),
+            OpRef::Delete { key } => Update::Delete(key.to_vec(), first_seq + i as u64),
+        })
+        .collect();
+    updates.push(Update::Seq(commit_seq));
+    updates
 }
 
 pub(crate) fn apply_updates(keydir: &mut KeyDir, updates: Vec<Update>) {
