@@ -16,10 +16,12 @@
 //!
 //! Locks, always taken in this order and never held across an fsync unless
 //! said so: the merge slot → `sync_state` (never held across the fsync) →
-//! `writer` → `files` → `keydir` → `handles` → `pins`. Readers take only
-//! `keydir` (shared, briefly) and `handles`; record bytes are read with
-//! positioned reads after every lock is released, so a reader never waits
-//! behind I/O.
+//! `writer` → `files` → `keydir` → `pins`. `keydir` guards an [`Index`]:
+//! the key directory and the cache of open files and maps together, so a
+//! read takes one lock, shared: it finds the key, then copies the record
+//! out of its file's map before it lets go (a copy of a few KiB; writers
+//! wait for it, never for I/O). Reads of the active segment, which are
+//! positioned reads, happen after the lock is released.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -59,9 +61,8 @@ pub(crate) struct Shared {
     _dir_lock: vfs::DirLock,
     pub(crate) dir: PathBuf,
     pub(crate) opts: Options,
-    pub(crate) keydir: RwLock<KeyDir>,
+    pub(crate) keydir: RwLock<Index>,
     pub(crate) files: RwLock<FileSet>,
-    handles: RwLock<Handles>,
     pub(crate) writer: Mutex<Writer>,
     sync_state: Mutex<SyncState>,
     sync_done: Condvar,
@@ -85,6 +86,28 @@ pub(crate) struct Shared {
     /// The background sync thread's inbox: stop, or a write-back is due.
     wake: (Mutex<Wake>, Condvar),
     threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// What a read needs, under one lock: the key directory and the cache of
+/// open files and maps. It dereferences to the [`KeyDir`], which is what
+/// every other user of the lock wants.
+#[derive(Debug)]
+pub(crate) struct Index {
+    pub(crate) keydir: KeyDir,
+    pub(crate) handles: Handles,
+}
+
+impl std::ops::Deref for Index {
+    type Target = KeyDir;
+    fn deref(&self) -> &KeyDir {
+        &self.keydir
+    }
+}
+
+impl std::ops::DerefMut for Index {
+    fn deref_mut(&mut self) -> &mut KeyDir {
+        &mut self.keydir
+    }
 }
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -123,9 +146,11 @@ impl Engine {
         let shared = Arc::new(Shared {
             _dir_lock: dir_lock,
             dir,
-            keydir: RwLock::new(recovered.keydir),
+            keydir: RwLock::new(Index {
+                keydir: recovered.keydir,
+                handles: Handles::default(),
+            }),
             files: RwLock::new(recovered.files),
-            handles: RwLock::new(Handles::default()),
             writer: Mutex::new(recovered.writer),
             sync_state: Mutex::new(SyncState::default()),
             sync_done: Condvar::new(),

@@ -127,6 +127,10 @@ pub(crate) struct Handles {
 }
 
 impl Handles {
+    fn get(&self, num: u32) -> Option<&Handle> {
+        self.open.get(&num).map(|(handle, _)| handle)
+    }
+
     pub(super) fn insert(&mut self, num: u32, handle: Handle, capacity: usize) {
         if self.open.len() >= capacity && !self.open.contains_key(&num) {
             let oldest = self
@@ -148,12 +152,30 @@ impl Engine {
     pub fn get(&self, key: &[u8], now_ms: u64) -> Result<Option<Item>> {
         self.shared.note_now(now_ms);
         for _ in 0..READ_ATTEMPTS_MAX {
-            let Some(location) = read(&self.shared.keydir).get(key) else {
+            let index = read(&self.shared.keydir);
+            let Some(location) = index.get(key) else {
                 return Ok(None);
             };
             if location.expired(now_ms) {
                 return Ok(None);
             }
+            // The common case: a sealed file whose map is cached; the copy
+            // is made under the same lock as the lookup.
+            if let Some(Handle::Map(map)) = index.handles.get(location.file) {
+                let size = record_size(key.len(), location.value_len as usize);
+                let value = record_in(map.as_ref().as_ref(), size, &location)
+                    .and_then(|record| value_of(record, key, &location));
+                drop(index);
+                // The file's name is looked up only now: `files` comes
+                // before `keydir` in the lock order.
+                let value = value.map_err(|reason| self.shared.corruption(&location, reason))?;
+                return Ok(Some(Item {
+                    value,
+                    seq: location.seq,
+                    expiry_ms: location.expiry_ms,
+                }));
+            }
+            drop(index);
             if let Some(value) = self.shared.read_value(key, &location)? {
                 return Ok(Some(Item {
                     value,
@@ -292,22 +314,20 @@ fn range_is_empty(start: &Bound<Vec<u8>>, end: &Bound<Vec<u8>>) -> bool {
 }
 
 impl Shared {
-    /// A way to read file `num`, or `None` if the file left the engine:
-    /// sealed files are memory-mapped, the active one is read with pread.
-    fn handle(&self, num: u32) -> Result<Option<Handle>> {
-        if let Some((handle, _)) = read(&self.handles).open.get(&num) {
-            return Ok(Some(handle.clone()));
-        }
+    /// Opens file `num` into the cache (sealed files are memory-mapped,
+    /// the active one is read with pread); `false` if the file left the
+    /// engine.
+    fn open_handle(&self, num: u32) -> Result<bool> {
         let (path, active) = {
             let files = read(&self.files);
             let Some(path) = files.paths.get(&num).cloned() else {
-                return Ok(None);
+                return Ok(false);
             };
             (path, files.active.is_some_and(|(active, _)| active == num))
         };
         let file = match self.opts.vfs.open(&path) {
             Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
             Err(e) => return Err(Error::io(&path, e)),
         };
         let handle = if active {
@@ -315,17 +335,20 @@ impl Shared {
         } else {
             Handle::Map(file.map().map_err(|e| Error::io(&path, e))?)
         };
-        write(&self.handles).insert(num, handle.clone(), self.opts.open_files_max);
+        write(&self.keydir)
+            .handles
+            .insert(num, handle, self.opts.open_files_max);
         // A merge may have retired the file while it was being opened: do
         // not keep a stale map of it (it would pin its disk space).
         if !read(&self.files).paths.contains_key(&num) {
             self.forget_handle(num);
+            return Ok(false);
         }
-        Ok(Some(handle))
+        Ok(true)
     }
 
     pub(crate) fn forget_handle(&self, num: u32) {
-        write(&self.handles).open.remove(&num);
+        write(&self.keydir).handles.open.remove(&num);
     }
 
     fn file_name(&self, num: u32) -> String {
@@ -349,31 +372,40 @@ impl Shared {
         &self,
         key_len: usize,
         location: &Location,
-        f: impl FnOnce(&[u8]) -> Result<T>,
+        f: impl FnOnce(&[u8]) -> std::result::Result<T, String>,
     ) -> Result<Option<T>> {
-        let Some(handle) = self.handle(location.file)? else {
-            return Ok(None);
-        };
         let size = record_size(key_len, location.value_len as usize);
-        let offset = location.offset as usize;
-        match &handle {
-            Handle::Map(map) => {
-                let bytes = map.as_ref().as_ref();
-                let record = bytes.get(offset..offset + size).ok_or_else(|| {
-                    self.corruption(
-                        location,
-                        format!("record runs past the end of the {}-byte file", bytes.len()),
-                    )
-                })?;
-                f(record).map(Some)
-            }
-            Handle::File(file) => {
-                let mut bytes = vec![0u8; size];
-                file.read_exact_at(&mut bytes, offset as u64)
-                    .map_err(|e| self.corruption(location, format!("record unreadable: {e}")))?;
-                f(&bytes).map(Some)
-            }
+        for _ in 0..READ_ATTEMPTS_MAX {
+            let index = read(&self.keydir);
+            let outcome = match index.handles.get(location.file) {
+                Some(Handle::Map(map)) => record_in(map.as_ref().as_ref(), size, location).and_then(f),
+                Some(Handle::File(file)) => {
+                    let file = file.clone();
+                    drop(index);
+                    let mut bytes = vec![0u8; size];
+                    file.read_exact_at(&mut bytes, location.offset as u64)
+                        .map_err(|e| format!("record unreadable: {e}"))
+                        .and_then(|()| f(&bytes))
+                }
+                None => {
+                    drop(index);
+                    if !self.open_handle(location.file)? {
+                        return Ok(None);
+                    }
+                    continue;
+                }
+            };
+            // Any guard is gone by now (`files` comes before `keydir` in the
+            // lock order, and the error names the file).
+            return outcome
+                .map(Some)
+                .map_err(|reason| self.corruption(location, reason));
         }
+        // The cache kept evicting the file as soon as it was opened.
+        Err(self.corruption(
+            location,
+            "the file could not be kept open long enough to read it".to_string(),
+        ))
     }
 
     fn corruption(&self, location: &Location, reason: String) -> Error {
@@ -403,10 +435,7 @@ impl Shared {
                 Ok(_) => Err("record is not the one the key directory names".to_string()),
                 Err(fault) => Err(format!("{fault:?}")),
             };
-            checked.map_err(|reason| {
-                out.truncate(start);
-                self.corruption(location, reason)
-            })
+            checked.inspect_err(|_| out.truncate(start))
         })
     }
 
@@ -414,19 +443,40 @@ impl Shared {
     /// copy (with the record's header and the caller's key) checked against
     /// the record's checksum, so the bytes returned are the bytes checked.
     fn read_value(&self, key: &[u8], location: &Location) -> Result<Option<Vec<u8>>> {
-        self.with_raw_record(key.len(), location, |record| {
-            let key_end = RECORD_HEADER_SIZE_BYTES + key.len();
-            let mut head = [0u8; RECORD_HEADER_SIZE_BYTES];
-            head.copy_from_slice(&record[..RECORD_HEADER_SIZE_BYTES]);
-            if record[RECORD_HEADER_SIZE_BYTES..key_end] != *key {
-                return Err(self.corruption(location, "record holds another key".to_string()));
-            }
-            let value = record[key_end..].to_vec();
-            check_copy(&head, key, &value, location)
-                .map_err(|reason| self.corruption(location, reason))?;
-            Ok(value)
-        })
+        self.with_raw_record(key.len(), location, |record| value_of(record, key, location))
     }
+}
+
+/// The `size` bytes of the record at `location` in a whole file's bytes.
+fn record_in<'a>(
+    bytes: &'a [u8],
+    size: usize,
+    location: &Location,
+) -> std::result::Result<&'a [u8], String> {
+    let offset = location.offset as usize;
+    bytes
+        .get(offset..offset + size)
+        .ok_or_else(|| format!("record runs past the end of the {}-byte file", bytes.len()))
+}
+
+/// The value of `key` from its record's bytes as the file holds them
+/// (`record`, exactly the record's length): copied out, then the copy (with
+/// the record's header and the caller's key) checked against the record's
+/// checksum, so the bytes returned are the bytes checked.
+fn value_of(
+    record: &[u8],
+    key: &[u8],
+    location: &Location,
+) -> std::result::Result<Vec<u8>, String> {
+    let key_end = RECORD_HEADER_SIZE_BYTES + key.len();
+    let mut head = [0u8; RECORD_HEADER_SIZE_BYTES];
+    head.copy_from_slice(&record[..RECORD_HEADER_SIZE_BYTES]);
+    if record[RECORD_HEADER_SIZE_BYTES..key_end] != *key {
+        return Err("record holds another key".to_string());
+    }
+    let value = record[key_end..].to_vec();
+    check_copy(&head, key, &value, location)?;
+    Ok(value)
 }
 
 /// Checks a record copied out of its file piece by piece: `head` its fixed

@@ -393,7 +393,11 @@ impl Shared {
             files.active = Some((num, id));
             num
         };
-        write(&self.handles).insert(num, Handle::File(file.clone()), self.opts.open_files_max);
+        write(&self.keydir).handles.insert(
+            num,
+            Handle::File(file.clone()),
+            self.opts.open_files_max,
+        );
         let mut hasher = crc32fast::Hasher::new();
         hasher.update(&header_bytes);
         Ok(Active {
