@@ -378,7 +378,9 @@ impl Shared {
         for _ in 0..READ_ATTEMPTS_MAX {
             let index = read(&self.keydir);
             let outcome = match index.handles.get(location.file) {
-                Some(Handle::Map(map)) => record_in(map.as_ref().as_ref(), size, location).and_then(f),
+                Some(Handle::Map(map)) => {
+                    record_in(map.as_ref().as_ref(), size, location).and_then(f)
+                }
                 Some(Handle::File(file)) => {
                     let file = file.clone();
                     drop(index);
@@ -443,7 +445,9 @@ impl Shared {
     /// copy (with the record's header and the caller's key) checked against
     /// the record's checksum, so the bytes returned are the bytes checked.
     fn read_value(&self, key: &[u8], location: &Location) -> Result<Option<Vec<u8>>> {
-        self.with_raw_record(key.len(), location, |record| value_of(record, key, location))
+        self.with_raw_record(key.len(), location, |record| {
+            value_of(record, key, location)
+        })
     }
 }
 

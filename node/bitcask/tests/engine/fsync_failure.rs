@@ -180,3 +180,42 @@ fn fsync_failure_under_fiu_run_poisons_the_engine() {
     let engine = Engine::open(dir.path(), Options::default()).unwrap();
     assert_eq!(engine.get(b"k2", 0).unwrap(), None);
 }
+
+/// A write-back fsync that fails in the background thread poisons the
+/// engine like any other: the next write is refused, naming the cause.
+#[test]
+fn a_failed_background_write_back_poisons_the_engine() {
+    use std::time::{Duration, Instant};
+
+    const INTERVAL_BYTES: u64 = 64 * 1024;
+    const WAIT_MAX: Duration = Duration::from_secs(20);
+    let fs = SimFs::new();
+    let options = Options {
+        writeback_interval_bytes: Some(INTERVAL_BYTES),
+        ..crate::common::sim_options(&fs, SyncPolicy::Never, 64 << 20)
+    };
+    let engine = Engine::open(crate::common::sim_dir(), options).unwrap();
+    engine.put(b"first", b"creates the segment").unwrap();
+    fs.set_fail_sync(true);
+    let started = Instant::now();
+    let mut i = 0u32;
+    // Writes are acknowledged without an fsync; one of them (at most one
+    // interval after the write-back failed) must find the engine poisoned.
+    let err = loop {
+        match engine.put(format!("k{i}").as_bytes(), &[1u8; 1000]) {
+            Ok(_) => {}
+            Err(e) => break e,
+        }
+        i += 1;
+        assert!(
+            started.elapsed() < WAIT_MAX,
+            "never poisoned after {i} puts"
+        );
+        if i.is_multiple_of(64) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    assert!(matches!(err, Error::Poisoned { .. }), "{err}");
+    assert!(err.to_string().contains("injected failure: fsync"), "{err}");
+    assert!(engine.is_poisoned());
+}

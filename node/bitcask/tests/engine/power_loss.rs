@@ -14,7 +14,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use vfs::sim::{SimFs, Torn};
 
-use crate::common::{open_sim, value_for};
+use crate::common::{open_sim, sim_dir, sim_options, value_for};
 
 type Model = BTreeMap<Vec<u8>, Vec<u8>>;
 
@@ -103,4 +103,47 @@ fn sync_never_recovers_a_whole_batch_prefix_at_least_up_to_the_last_sync() {
     for seed in 100..108 {
         run(seed, SyncPolicy::Never);
     }
+}
+
+/// Under `SyncPolicy::Never`, the background write-back fsyncs the active
+/// segment every `writeback_interval_bytes`: after a power cut, what was
+/// written more than about one interval before it survives, although no
+/// segment was sealed and nobody called `sync`. (Polls for the background
+/// thread, up to a bound; without the write-back nothing would survive.)
+#[test]
+fn the_background_write_back_makes_unsynced_writes_durable() {
+    use std::time::{Duration, Instant};
+
+    const INTERVAL_BYTES: u64 = 64 * 1024;
+    const VALUE_LEN: usize = 1000;
+    const PUTS: u32 = 400; // about 400 KiB: six intervals
+    const WAIT_MAX: Duration = Duration::from_secs(20);
+    let fs = SimFs::new();
+    let options = bitcask::Options {
+        writeback_interval_bytes: Some(INTERVAL_BYTES),
+        ..sim_options(&fs, SyncPolicy::Never, 64 << 20)
+    };
+    let engine = Engine::open(sim_dir(), options).unwrap();
+    for i in 0..PUTS {
+        engine
+            .put(format!("k{i:04}").as_bytes(), &[7u8; VALUE_LEN])
+            .unwrap();
+    }
+    // Every key but those of the last interval (plus one batch) must be durable.
+    let puts_per_interval = INTERVAL_BYTES as u32 / VALUE_LEN as u32 + 1;
+    let durable_min = u64::from(PUTS - puts_per_interval - 1);
+    let started = Instant::now();
+    let survived = loop {
+        let after = fs.power_cut(Torn::Nothing);
+        let survived = open_sim(&after, SyncPolicy::Never, 64 << 20).stats().keys;
+        if survived >= durable_min || started.elapsed() > WAIT_MAX {
+            break survived;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        survived >= durable_min,
+        "{survived} keys survived the power cut, expected at least {durable_min}"
+    );
+    drop(engine);
 }

@@ -62,7 +62,11 @@ fn find_record(dir: &Path, key: &[u8], names: &[String]) -> (std::path::PathBuf,
 }
 
 fn flip(path: &Path, offset: usize) {
-    let file = OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
     let mut byte = [0u8];
     file.read_exact_at(&mut byte, offset as u64).unwrap();
     byte[0] ^= 0x20;
