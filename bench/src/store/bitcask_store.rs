@@ -1,7 +1,9 @@
 //! bitcask under the [`Store`] interface.
 //!
 //! [`Durability::NoSync`] is `SyncPolicy::Never` (each put is one `pwrite`
-//! to the active segment; fsync only at segment rotation), and
+//! to the active segment; the engine's background write-back fsyncs the
+//! active segment every 4 MiB appended, off the writer's path, and a
+//! segment is fsynced when sealed), and
 //! [`Durability::SyncEachOp`] is `SyncPolicy::Always` (each put returns after
 //! an fdatasync covering it; concurrent puts share one). Automatic merging is
 //! off so the benchmark decides when merges run.
