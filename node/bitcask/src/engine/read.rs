@@ -116,10 +116,11 @@ impl std::fmt::Debug for Handle {
     }
 }
 
-/// The bounded cache of open files and maps. Reads take it shared, so
-/// concurrent readers do not contend; a miss evicts the longest-cached entry
-/// when `open_files_max` is reached (a reader still holding it keeps it
-/// alive until done).
+/// The bounded cache of open files and maps, inside the index (`Index`) so a
+/// read takes one shared lock for the lookup and the copy; a miss opens the
+/// file without the lock, then evicts the longest-cached entry when
+/// `open_files_max` is reached (a positioned read of the active file holds
+/// its own clone of the file until done; a map is only read under the lock).
 #[derive(Debug, Default)]
 pub(crate) struct Handles {
     open: HashMap<u32, (Handle, u64)>,
