@@ -299,13 +299,13 @@ pub fn control_scenarios(baseline: bool) -> Vec<Scenario> {
         // them is sent the leader's snapshot at the heal; the test fault
         // STALE_BUILD_ENV makes the race certain: the follower builds a
         // snapshot on its old engine after sealing the received one (a
-        // higher counter, a lower last log id) and holds the install
-        // before the switch while openraft purges its log; then every
-        // member loses power. Restarted on the stale build, the follower's
-        // state machine is below its log's first entry: it never applies
-        // the run's highest index (member-lost, not-durable). The fault
-        // fires once per data directory and holds for 20 s, within which
-        // the cut comes (5 s of quiet after the heal).
+        // higher counter, a lower last log id), then installs and holds its
+        // next apply for 20 s; openraft purges its log through the received
+        // snapshot once the install is done; within the hold (5 s of quiet
+        // after the heal) every member loses power. Restarted on the stale build, the follower's state machine
+        // is below its log's first entry: it never applies the run's
+        // highest index (member-lost, not-durable). The fault fires once
+        // per data directory.
         Scenario {
             name: "nc-snapshot-by-counter",
             workload: "register",

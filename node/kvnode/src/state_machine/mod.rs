@@ -416,6 +416,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     where
         S: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
     {
+        #[cfg(feature = "testing")]
+        crate::testing::stale_build::before_apply(self).await;
         let mut batch = Vec::new();
         let mut responders = Vec::new();
         let mut ended = false;

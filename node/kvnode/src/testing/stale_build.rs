@@ -4,12 +4,16 @@
 //! At the first install of a received snapshot in a data directory (marker
 //! [`TEST_STALE_BUILD_MARKER`]), the member builds a snapshot on its old
 //! engine first — the race of a build that started just after the received
-//! snapshot was sealed: a higher counter, a lower last log id — then holds
-//! the install before the engine switch for [`TEST_STALE_BUILD_HOLD`], so
-//! the suite's next power cut lands in that window while openraft purges
-//! the log through the received snapshot. openraft queues every later
-//! command behind the install: the member neither appends, votes nor
-//! answers meanwhile.
+//! snapshot was sealed: a higher counter, a lower last log id — then lets
+//! the install go on, and holds the member's next apply for
+//! [`TEST_STALE_BUILD_HOLD`]. openraft 0.10 purges the log through the
+//! received snapshot once the install is done, while the held apply keeps
+//! the state machine from building newer snapshots (which would prune the
+//! stale one), so the suite's next power cut (5 s after the heal) finds the
+//! purged log beside the stale build. (openraft 0.9 purged while the
+//! install was still running, so the fault held the install itself; under
+//! 0.10 that kept the log whole, and without any hold the member's next
+//! snapshots pruned the stale build before the cut: both hid the control.)
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,8 +23,8 @@ use crate::raft::types::NodeSnapshotMeta;
 use crate::snapshot::node_vfs;
 use crate::state_machine::StateMachine;
 
-/// How long the stale-build test fault holds an install (the fault suite
-/// cuts the power within it).
+/// How long the stale-build test fault holds the apply that follows the
+/// install (the fault suite cuts the power within it).
 pub const TEST_STALE_BUILD_HOLD: Duration = Duration::from_secs(20);
 /// The marker, in the state directory, that the stale-build test fault
 /// fired there (it fires once per data directory).
@@ -32,6 +36,8 @@ pub const TEST_STALE_BUILD_MARKER: &str = "TEST-STALE-BUILD-FIRED";
 pub struct StaleBuildFault {
     armed: bool,
     fired: Arc<AtomicBool>,
+    /// Set by the install it fired at; taken by the next apply.
+    hold_next_apply: Arc<AtomicBool>,
 }
 
 impl StaleBuildFault {
@@ -40,6 +46,7 @@ impl StaleBuildFault {
         StaleBuildFault {
             armed: true,
             fired: Arc::default(),
+            hold_next_apply: Arc::default(),
         }
     }
 }
@@ -57,12 +64,28 @@ pub async fn before_install(sm: &StateMachine, meta: &NodeSnapshotMeta) {
     tracing::warn!(
         ?built,
         received = ?meta.last_log_id,
-        hold_s = TEST_STALE_BUILD_HOLD.as_secs(),
         "TEST FAULT: a snapshot built on the old engine after the received one was \
-         sealed; the install (and with it this member's Raft core) is held before the \
-         switch"
+         sealed (a higher counter, a lower last log id); the install goes on, the next \
+         apply is held"
     );
-    tokio::time::sleep(TEST_STALE_BUILD_HOLD).await;
+    fault.hold_next_apply.store(true, Ordering::SeqCst);
+}
+
+/// Holds the first apply after the install the fault fired at, for
+/// [`TEST_STALE_BUILD_HOLD`] (openraft purges the log meanwhile).
+pub async fn before_apply(sm: &StateMachine) {
+    if sm
+        .options()
+        .stale_build
+        .hold_next_apply
+        .swap(false, Ordering::SeqCst)
+    {
+        tracing::warn!(
+            hold_s = TEST_STALE_BUILD_HOLD.as_secs(),
+            "TEST FAULT: the apply after the install is held"
+        );
+        tokio::time::sleep(TEST_STALE_BUILD_HOLD).await;
+    }
 }
 
 /// True the first time for this data directory: writes the marker

@@ -501,10 +501,9 @@ struct TestArgs {
           value_parser = clap::value_parser!(u64).range(0..=kvproto::SESSION_IDLE_MS), hide = true)]
     session_idle_ms: u64,
     /// TEST FAULT: at the first install of a received snapshot in this data
-    /// directory, build a snapshot on the old engine, then hold the install
-    /// (and the member's Raft core) before the engine switch for 20 s (the
-    /// fault suite's control for how a snapshot is chosen at startup). For
-    /// the fault suite only.
+    /// directory, build a snapshot on the old engine first, and hold the
+    /// apply that follows the install for 20 s (the fault suite's control
+    /// for how a snapshot is chosen at startup). For the fault suite only.
     #[arg(long, env = "KVNODE_TEST_STALE_BUILD_BEFORE_SWITCH", hide = true)]
     stale_build_before_switch: bool,
 }
