@@ -341,6 +341,41 @@ impl PeerClient {
     }
 }
 
+/// Which of the two vote RPCs a request goes to.
+#[derive(Clone, Copy, Debug)]
+enum Ballot {
+    Vote,
+    PreVote,
+}
+
+impl PeerClient {
+    /// A Vote or PreVote RPC (same messages; a pre-vote persists nothing).
+    async fn vote_rpc(
+        &self,
+        rpc: &VoteRequest<TypeConfig>,
+        option: RPCOption,
+        ballot: Ballot,
+    ) -> Result<VoteResponse<TypeConfig>, RpcErr> {
+        let ttl = option.hard_ttl();
+        let request = self.request(
+            |identity| PbVote {
+                identity: Some(identity),
+                payload: codec::encode(rpc).into(),
+            },
+            ttl,
+        );
+        let response = self
+            .unary(RPCTypes::Vote, ttl, |mut client| async move {
+                match ballot {
+                    Ballot::Vote => client.vote(request).await,
+                    Ballot::PreVote => client.pre_vote(request).await,
+                }
+            })
+            .await?;
+        self.decode_result(&response.payload)
+    }
+}
+
 impl RaftNetworkV2<TypeConfig> for PeerClient {
     type SnapshotData = SnapshotHandle;
 
@@ -386,20 +421,7 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RpcErr> {
-        let ttl = option.hard_ttl();
-        let request = self.request(
-            |identity| PbVote {
-                identity: Some(identity),
-                payload: codec::encode(&rpc).into(),
-            },
-            ttl,
-        );
-        let response = self
-            .unary(RPCTypes::Vote, ttl, |mut client| async move {
-                client.vote(request).await
-            })
-            .await?;
-        self.decode_result(&response.payload)
+        self.vote_rpc(&rpc, option, Ballot::Vote).await
     }
 
     /// Asks the peer itself (openraft's default would answer "granted"
@@ -409,20 +431,7 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RpcErr> {
-        let ttl = option.hard_ttl();
-        let request = self.request(
-            |identity| PbVote {
-                identity: Some(identity),
-                payload: codec::encode(&rpc).into(),
-            },
-            ttl,
-        );
-        let response = self
-            .unary(RPCTypes::Vote, ttl, |mut client| async move {
-                client.pre_vote(request).await
-            })
-            .await?;
-        self.decode_result(&response.payload)
+        self.vote_rpc(&rpc, option, Ballot::PreVote).await
     }
 
     /// Tells the target to take over (openraft's default would report it

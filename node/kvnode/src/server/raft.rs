@@ -162,6 +162,34 @@ impl PeerService {
     }
 }
 
+impl PeerService {
+    /// A Vote or PreVote request (`what`): identity checked, openraft's
+    /// request decoded and handed to `call`, its result encoded.
+    async fn ballot<F, Fut>(
+        &self,
+        request: Request<VoteRequest>,
+        what: &str,
+        call: F,
+    ) -> Result<Response<VoteResponse>, Status>
+    where
+        F: FnOnce(NodeRaft, openraft::raft::VoteRequest<TypeConfig>) -> Fut,
+        Fut: std::future::Future<
+                Output = Result<
+                    openraft::raft::VoteResponse<TypeConfig>,
+                    openraft::errors::RaftError<TypeConfig>,
+                >,
+            >,
+    {
+        let request = request.into_inner();
+        self.check_identity(request.identity.as_ref(), Adopt::Never)?;
+        let rpc = decode(&request.payload, what)?;
+        let result = call(self.raft.clone(), rpc).await;
+        Ok(Response::new(VoteResponse {
+            payload: codec::encode(&result).into(),
+        }))
+    }
+}
+
 fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, Status> {
     codec::decode(bytes).map_err(|err| Status::invalid_argument(format!("{what} payload: {err}")))
 }
@@ -186,26 +214,22 @@ impl RaftRpc for PeerService {
     }
 
     async fn vote(&self, request: Request<VoteRequest>) -> Result<Response<VoteResponse>, Status> {
-        let request = request.into_inner();
-        self.check_identity(request.identity.as_ref(), Adopt::Never)?;
-        let rpc: openraft::raft::VoteRequest<TypeConfig> = decode(&request.payload, "Vote")?;
-        let result = self.raft.vote(rpc).await;
-        Ok(Response::new(VoteResponse {
-            payload: codec::encode(&result).into(),
-        }))
+        self.ballot(
+            request,
+            "Vote",
+            |raft, rpc| async move { raft.vote(rpc).await },
+        )
+        .await
     }
 
     async fn pre_vote(
         &self,
         request: Request<VoteRequest>,
     ) -> Result<Response<VoteResponse>, Status> {
-        let request = request.into_inner();
-        self.check_identity(request.identity.as_ref(), Adopt::Never)?;
-        let rpc: openraft::raft::VoteRequest<TypeConfig> = decode(&request.payload, "PreVote")?;
-        let result = self.raft.pre_vote(rpc).await;
-        Ok(Response::new(VoteResponse {
-            payload: codec::encode(&result).into(),
-        }))
+        self.ballot(request, "PreVote", |raft, rpc| async move {
+            raft.pre_vote(rpc).await
+        })
+        .await
     }
 
     async fn transfer_leader(

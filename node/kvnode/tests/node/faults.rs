@@ -145,6 +145,18 @@ async fn a_retry_after_its_session_was_evicted_is_refused_not_applied_again() {
     }
 }
 
+/// Cuts member `at` off from everyone, in both directions.
+fn isolate(nodes: &[Node], faults: &[Faults], at: usize) {
+    let cut_off = nodes[at].id();
+    for (i, hooks) in faults.iter().enumerate() {
+        if i == at {
+            hooks.set_cut_peers(nodes.iter().map(|n| n.id()).filter(|id| *id != cut_off));
+        } else {
+            hooks.set_cut_peers([cut_off]);
+        }
+    }
+}
+
 fn version_of(reply: &kvproto::kv::v1::PutResponse) -> u64 {
     match reply.outcome {
         Some(put_response::Outcome::Version(version)) => version,
@@ -246,7 +258,6 @@ async fn a_cut_off_follower_answers_linearizable_reads_with_unavailable() {
     let leader_id = wait_for_leader(&nodes.iter().collect::<Vec<_>>()).await;
     let leader = nodes.iter().find(|n| n.id() == leader_id).unwrap();
     let follower_at = nodes.iter().position(|n| n.id() != leader_id).unwrap();
-    let follower_id = nodes[follower_at].id();
     let mut writer = connect(leader).await;
     let first = version_of(&writer.put(put("k", "before")).await.unwrap().into_inner());
     let mut reader = connect(&nodes[follower_at]).await;
@@ -258,13 +269,7 @@ async fn a_cut_off_follower_answers_linearizable_reads_with_unavailable() {
     assert_eq!(&got.value[..], b"before");
 
     // Cut the follower off from everyone, in both directions.
-    for (i, hooks) in faults.iter().enumerate() {
-        if i == follower_at {
-            hooks.set_cut_peers(nodes.iter().map(|n| n.id()).filter(|id| *id != follower_id));
-        } else {
-            hooks.set_cut_peers([follower_id]);
-        }
-    }
+    isolate(&nodes, &faults, follower_at);
     let second = version_of(&writer.put(put("k", "during")).await.unwrap().into_inner());
     let refused = reader
         .get(get("k", Consistency::Linearizable, 0))
@@ -328,7 +333,6 @@ async fn an_isolated_follower_rejoins_without_raising_the_term() {
     let leader_id = wait_for_leader(&nodes.iter().collect::<Vec<_>>()).await;
     let leader = nodes.iter().find(|n| n.id() == leader_id).unwrap();
     let follower_at = nodes.iter().position(|n| n.id() != leader_id).unwrap();
-    let follower_id = nodes[follower_at].id();
     let mut writer = connect(leader).await;
     writer.put(put("k", "before")).await.unwrap();
     let term = leader.raft().metrics().borrow().current_term;
@@ -337,13 +341,7 @@ async fn an_isolated_follower_rejoins_without_raising_the_term() {
         term
     );
 
-    for (i, hooks) in faults.iter().enumerate() {
-        if i == follower_at {
-            hooks.set_cut_peers(nodes.iter().map(|n| n.id()).filter(|id| *id != follower_id));
-        } else {
-            hooks.set_cut_peers([follower_id]);
-        }
-    }
+    isolate(&nodes, &faults, follower_at);
     let cut_for = Duration::from_millis(4 * kvnode::node::ELECTION_TIMEOUT_MAX_MS);
     tokio::time::sleep(cut_for).await;
     let isolated_term = nodes[follower_at].raft().metrics().borrow().current_term;
