@@ -48,7 +48,7 @@
 //! batch out in memory (the entries are readable when it returns), hands one
 //! buffer to the writer and returns; the writer issues ONE positioned write
 //! for the batch and ONE fsync (batches queued behind each other for the same
-//! segment share that fsync), and only then fires openraft's `LogFlushed`
+//! segment share that fsync), and only then fires openraft's `IOFlushed`
 //! callback. `save_vote`, `truncate` and `purge` (and `save_committed` when
 //! it persists) wait for the writer and return only once durable. Every
 //! fsync, by operation:

@@ -13,7 +13,7 @@ pub struct LogStoreOptions {
     /// Bytes of fsynced entry payloads kept in memory ([`LOG_CACHE_BYTES_MAX`]).
     pub cache_bytes_max: usize,
     /// Whether `save_committed` makes the committed log id durable (default
-    /// `false`). openraft 0.9 calls it every time the commit index moves,
+    /// `false`). openraft (0.9 and 0.10) calls it every time the commit index moves,
     /// awaited on the Raft core's path before the apply, so persisting it
     /// costs a file fsync and a directory fsync per commit (half of a
     /// one-client put's latency). With `false` it is kept in memory only:

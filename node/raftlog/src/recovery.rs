@@ -59,7 +59,8 @@ pub(crate) fn recover<C: RaftTypeConfig>(vfs: &dyn Vfs, dir: &Path) -> Result<St
 /// The vote as [`crate::LogStore::open`] hands it to openraft: never
 /// committed.
 ///
-/// openraft 0.9 restarts a member whose stored vote is committed and its own
+/// openraft (0.9 always; 0.10 unless `enable_leader_restore` is off, which
+/// kvnode also sets) restarts a member whose stored vote is committed and its own
 /// as the leader at once, without an election, reusing the first entry of
 /// its old term as its no-op. Its linearizable read index is then the
 /// committed log id it recovered, and that id is not durable (see

@@ -72,7 +72,8 @@ pub(super) async fn open_storage(
         // uncommitted, so a member that led before a restart must win a
         // new election, whose no-op entry commits after every earlier
         // entry, before it serves a linearizable read. (With a committed
-        // vote, openraft 0.9 would restart it as the leader at once and
+        // vote, openraft would restart it as the leader at once (0.9 always,
+        // 0.10 with its default `enable_leader_restore`) and
         // its read index would be the recovered committed id, which after
         // a power cut is only the applied id, below acknowledged writes;
         // see ARCHITECTURE.md, Raft log store.)

@@ -1,8 +1,7 @@
 //! Proposal batching: concurrent client requests gathered into one Raft
 //! entry.
 //!
-//! openraft 0.9 appends and fsyncs every `client_write` on the leader by
-//! itself, so one request per entry would pay one log fsync per request.
+//! openraft (0.9 and 0.10) makes every `client_write` an entry of its own, so one request per entry would pay one log fsync per request.
 //! The batcher queues requests, and a single task takes everything queued
 //! (up to the caps below) as one entry, proposes it, and while that entry is
 //! in flight gathers the next one — up to [`PROPOSALS_IN_FLIGHT_MAX`]
@@ -25,9 +24,9 @@ pub const ENTRY_USER_OPS_MAX: usize = ENTRY_OPS_MAX - ENTRY_REQUESTS_MAX - 1;
 pub const ENTRY_SIZE_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Entries proposed and not yet answered at once. Two let one entry
 /// replicate while the next is appended; more only make entries smaller
-/// (more fsyncs and AppendEntries per put), because openraft 0.9's core
-/// appends one at a time anyway. Measured with 64 clients (BENCHMARKS.md):
-/// 2 beat 4 by 10 % on 256 B puts and 8 lost 19 %.
+/// (more fsyncs and AppendEntries per put). Measured with 64 clients
+/// (BENCHMARKS.md): on openraft 0.9, 2 beat 4 by 10 % on 256 B puts and 8
+/// lost 19 %; on 0.10, 4 gained nothing beyond the noise.
 pub const PROPOSALS_IN_FLIGHT_MAX: usize = 2;
 /// Requests waiting for a batch at most; further submits wait for room.
 pub const QUEUE_REQUESTS_MAX: usize = 16 * 1024;

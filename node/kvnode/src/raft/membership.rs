@@ -2,7 +2,7 @@
 //! remove a member (the leader included), as the `Cluster` service's
 //! AddLearner, Promote and RemoveMember handlers run them.
 //!
-//! Every change goes through openraft 0.9 (`add_learner` without blocking,
+//! Every change goes through openraft (`add_learner` without blocking,
 //! `change_membership` with `AddVoterIds` / `RemoveVoters` / `RemoveNodes`,
 //! joint consensus for voter changes) and answers once the new membership is
 //! committed and applied on the leader. Around that this module adds what

@@ -4,8 +4,7 @@
 //!
 //! Status is the answering member's view (kvctl asks every member for a full
 //! table): itself in full, the leader's replication progress for the others
-//! when it is the leader. openraft 0.9 does not publish the commit index in
-//! its metrics, so `committed_index` is the quorum-matched index on the
+//! when it is the leader. `committed_index` is the quorum-matched index on the
 //! leader and the applied index (a lower bound of what it knows committed)
 //! on any other member.
 //!

@@ -342,7 +342,7 @@ pub fn engine_dir_name(generation: u64) -> String {
 
 /// openraft's snapshot data: a directory holding a snapshot's files and its
 /// `MANIFEST`. Built and installed snapshots live under the state machine's
-/// `snapshots/` directory; a handle from `begin_receiving_snapshot` names an
+/// `snapshots/` directory; a handle from `begin_receiving` names an
 /// empty staging directory for the network layer to fill.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotHandle {
