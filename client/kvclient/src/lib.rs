@@ -88,5 +88,5 @@ pub use error::{Error, LimitExceeded, Result};
 pub use kvproto;
 pub use types::{
     Batch, BatchApplied, Condition, Consistency, Entry, KeyValue, OpResult, PutOptions, Removed,
-    Scan, Written,
+    Revisions, Scan, Written,
 };

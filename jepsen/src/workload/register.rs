@@ -116,8 +116,8 @@ async fn worker_loop(
                 .await
             {
                 Ok(entry) => {
-                    let version = record_read(pending.op_mut(), entry);
-                    seen.insert(k, version);
+                    let mod_revision = record_read(pending.op_mut(), entry);
+                    seen.insert(k, mod_revision);
                     history.complete(pending, Outcome::Ok)?.outcome
                 }
                 Err(err) => {
@@ -136,21 +136,22 @@ async fn worker_loop(
             if cas {
                 let expected = seen.get(&k).copied().unwrap_or(0);
                 pending.op_mut().expected_version = Some(expected);
-                options = options.if_version(expected);
+                options = options.if_mod_revision(expected);
             }
             match client.put_with(key.clone(), value, options).await {
                 Ok(w) => {
-                    pending.op_mut().version = Some(w.version);
+                    pending.op_mut().version = Some(w.seq);
                     pending.op_mut().index = Some(w.applied_index);
-                    seen.insert(k, w.version);
+                    seen.insert(k, w.revision);
                     history.complete(pending, Outcome::Ok)?.outcome
                 }
                 Err(err) => {
                     if let kvclient::Error::VersionMismatch {
-                        current_version, ..
+                        current_mod_revision,
+                        ..
                     } = &err
                     {
-                        seen.insert(k, *current_version);
+                        seen.insert(k, *current_mod_revision);
                     }
                     pending.op_mut().error = Some(err.to_string());
                     history
@@ -168,13 +169,15 @@ async fn worker_loop(
     Ok(())
 }
 
-/// Records what an ok read returned (`None`: the key is absent, version
-/// 0); returns the version read.
+/// Records what an ok read returned (`None`: the key is absent, seq 0);
+/// returns the key's `mod_revision` read (0 = absent), what a
+/// compare-and-set compares.
 fn record_read(op: &mut Op, entry: Option<Entry>) -> u64 {
-    op.version = Some(entry.as_ref().map_or(0, |e| e.version));
+    op.version = Some(entry.as_ref().map_or(0, |e| e.seq));
     op.index = entry.as_ref().map(|e| e.applied_index);
+    let mod_revision = entry.as_ref().map_or(0, |e| e.revisions.mod_revision);
     op.value = entry.map(|e| String::from_utf8_lossy(&e.value).into_owned());
-    op.version.unwrap_or(0)
+    mod_revision
 }
 
 /// The final reads: once every fault is healed, one linearizable read of

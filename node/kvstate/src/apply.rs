@@ -2,28 +2,47 @@
 //!
 //! Every entry becomes exactly one engine batch (so it survives or vanishes
 //! whole), whose first sequence number is `index × 65536` and whose commit
-//! record carries the caller's metadata (log id, cluster time, membership).
-//! A user op's version is `index × 65536 + its position among the ops the
-//! entry applied`, which is the sequence number the engine gives its record;
-//! session bookkeeping records follow the user ops in the same batch.
+//! record carries the store header (revision, compact revision) and the
+//! caller's metadata (log id, cluster time, membership). A user op's
+//! sequence number (`seq`) is `index × 65536 + its position among the
+//! records the entry wrote`; session bookkeeping records follow the user
+//! ops in the same batch.
+//!
+//! Revisions (`revision.rs`): each request that changes something advances
+//! the store revision by one, and every record it writes carries the key's
+//! [`KeyMeta`] (tombstones: the delete's revision). A delete of an absent
+//! key writes nothing and changes nothing. Before the requests, every key
+//! whose TTL ran out by the entry's cluster time is deleted, each at a
+//! revision of its own, in (expiry, key) order, found through an in-memory
+//! expiry index (never a scan), so the change history shows a delete.
 //!
 //! Nothing here reads a clock, a random number or a hash-map iteration
 //! order: the same entry applied to the same state writes the same bytes
 //! on every replica.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use bitcask::{Batch, Engine};
+use bitcask::{Batch, Engine, RecordMeta};
 use serde::{Deserialize, Serialize};
 
 use crate::command::{
-    Command, ENTRY_OPS_MAX, EntryResponse, Op, Outcome, Proposal, RESERVED_KEY_PREFIX, Request,
-    SESSION_ANSWERS_MAX, SESSION_IDLE_MS_MAX, SessionRef,
+    Answer, Command, ENTRY_OPS_MAX, EntryResponse, Op, Outcome, Proposal, RESERVED_KEY_PREFIX,
+    Request, SESSION_ANSWERS_MAX, SESSION_IDLE_MS_MAX, SessionRef,
+};
+use crate::revision::{
+    KeyMeta, RevisionError, StoreHeader, split_commit_meta, tombstone_meta, wrap_commit_meta,
 };
 use kvcodec as codec;
 
-/// Sequence numbers per log index: versions are `index × VERSIONS_PER_INDEX + position`.
+/// Sequence numbers per log index: `seq` is `index × VERSIONS_PER_INDEX + position`.
 pub const VERSIONS_PER_INDEX: u64 = 65_536;
+/// Keys read per page while loading the expiry index at open.
+const LOAD_PAGE_KEYS: usize = 1024;
+/// First byte of a session record written since revisions: a bincode value
+/// (the older records) starts with a varint, whose first byte is never 0xFF.
+const SESSION_RECORD_TAG: u8 = 0xFF;
 
 /// Why an entry could not be applied. Any of these stops the node: a replica
 /// that cannot apply an entry must not go on answering.
@@ -40,6 +59,9 @@ pub enum ApplyError {
         /// What is wrong.
         reason: String,
     },
+    /// A record's or a commit record's revision metadata does not decode.
+    #[error(transparent)]
+    Revision(#[from] RevisionError),
     /// The entry is malformed (more ops than versions allow).
     #[error("entry at index {index} holds {ops} ops; the limit ENTRY_OPS_MAX is {ENTRY_OPS_MAX}")]
     TooManyOps {
@@ -59,7 +81,43 @@ pub struct SessionRecord {
     /// Answers to sequences below this were forgotten (count limit).
     pub forgotten_below: u64,
     /// Answers of requests not yet acknowledged to the client.
-    pub answers: BTreeMap<u64, Outcome>,
+    pub answers: BTreeMap<u64, Answer>,
+}
+
+/// A session record as builds before revisions stored it (answers without
+/// a revision); read, never written.
+#[derive(Deserialize)]
+struct LegacySessionRecord {
+    last_active_ms: u64,
+    forgotten_below: u64,
+    answers: BTreeMap<u64, Outcome>,
+}
+
+impl SessionRecord {
+    /// The stored form: [`SESSION_RECORD_TAG`], then the record.
+    fn encode(&self) -> Vec<u8> {
+        let mut bytes = vec![SESSION_RECORD_TAG];
+        bytes.extend_from_slice(&codec::encode(self));
+        bytes
+    }
+
+    /// Reads a stored record; a record stored before revisions gets
+    /// `revision` for each of its answers.
+    fn decode(bytes: &[u8], revision: u64) -> Result<SessionRecord, codec::CodecError> {
+        if let Some(rest) = bytes.strip_prefix(&[SESSION_RECORD_TAG]) {
+            return codec::decode(rest);
+        }
+        let legacy: LegacySessionRecord = codec::decode(bytes)?;
+        Ok(SessionRecord {
+            last_active_ms: legacy.last_active_ms,
+            forgotten_below: legacy.forgotten_below,
+            answers: legacy
+                .answers
+                .into_iter()
+                .map(|(seq, outcome)| (seq, Answer { outcome, revision }))
+                .collect(),
+        })
+    }
 }
 
 /// The engine key of a client's session record.
@@ -76,14 +134,23 @@ pub fn session_key(client_id: u64) -> Vec<u8> {
 enum KeyState {
     Absent,
     Present {
-        version: u64,
+        seq: u64,
         expiry_ms: u64,
+        meta: KeyMeta,
         /// `None` until an op needs it: a put or a delete only needs to
         /// know the key exists, so the old value is never read from disk
         /// for them (only expire and persist, which rewrite it, read it;
         /// see [`EntryWrite::value_of`]).
         value: Option<Vec<u8>>,
     },
+}
+
+/// What a condition compares: sequence numbers in entries proposed before
+/// revisions ([`Command::Requests`]), `mod_revision` since ([`Command::Writes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Compared {
+    Seq,
+    ModRevision,
 }
 
 /// The cluster time an entry applies at: the time it was stamped with, but
@@ -100,13 +167,23 @@ pub fn entry_time_ms(applied_ms: u64, stamped_ms: u64) -> u64 {
     applied_ms.max(stamped_ms)
 }
 
-/// Applies entries to one engine; holds the sessions in memory (they are
-/// also in the engine, so a restart or a snapshot carries them).
+/// Applies entries to one engine; holds the sessions, the store revision
+/// and the expiry index in memory (the engine holds all three too, so a
+/// restart or a snapshot carries them).
 #[derive(Debug)]
 pub struct Applier {
     sessions: BTreeMap<u64, SessionRecord>,
     /// Cluster time a session may stay idle before it is evicted.
     session_idle_ms: u64,
+    /// The store revision and compact revision after the last entry.
+    header: StoreHeader,
+    /// Every user key with a TTL, by (expiry ms, key).
+    expiries: BTreeSet<(u64, Vec<u8>)>,
+    /// Where readers learn the store revision: set to an entry's revision
+    /// just before the entry's engine write, so a reader that loads it
+    /// after reading the engine gets a revision at or above everything it
+    /// read (see [`Applier::with_published_revision`]).
+    published: Option<Arc<AtomicU64>>,
 }
 
 impl Default for Applier {
@@ -114,20 +191,28 @@ impl Default for Applier {
         Applier {
             sessions: BTreeMap::new(),
             session_idle_ms: SESSION_IDLE_MS_MAX,
+            header: StoreHeader::default(),
+            expiries: BTreeSet::new(),
+            published: None,
         }
     }
 }
 
 impl Applier {
-    /// Loads the sessions stored in `engine`.
+    /// Loads the store header (from the last commit record), the sessions
+    /// and the expiry index from `engine`.
     pub fn load(engine: &Engine) -> Result<Applier, ApplyError> {
+        let header = match engine.last_commit_meta() {
+            Some(bytes) => split_commit_meta(&bytes)?.0,
+            None => StoreHeader::default(),
+        };
         let mut sessions = BTreeMap::new();
         let prefix = [RESERVED_KEY_PREFIX, b"session/"].concat();
         let mut after = None;
         loop {
             let scan = bitcask::Scan {
                 after: after.clone(),
-                ..bitcask::Scan::prefix(prefix.clone(), 1024)
+                ..bitcask::Scan::prefix(prefix.clone(), LOAD_PAGE_KEYS)
             };
             let page = engine.scan(&scan, 0)?;
             for entry in &page {
@@ -139,22 +224,25 @@ impl Applier {
                             reason: "malformed session key".to_string(),
                         })?;
                 let client_id = u64::from_be_bytes(id_bytes);
-                let record: SessionRecord =
-                    codec::decode(entry.value.as_deref().unwrap_or_default()).map_err(|e| {
-                        ApplyError::Session {
-                            client_id,
-                            reason: e.to_string(),
-                        }
-                    })?;
+                let record = SessionRecord::decode(
+                    entry.value.as_deref().unwrap_or_default(),
+                    header.revision,
+                )
+                .map_err(|e| ApplyError::Session {
+                    client_id,
+                    reason: e.to_string(),
+                })?;
                 sessions.insert(client_id, record);
             }
             match page.last() {
-                Some(last) if page.len() == 1024 => after = Some(last.key.clone()),
+                Some(last) if page.len() == LOAD_PAGE_KEYS => after = Some(last.key.clone()),
                 _ => break,
             }
         }
         Ok(Applier {
             sessions,
+            header,
+            expiries: load_expiries(engine)?,
             ..Applier::default()
         })
     }
@@ -168,13 +256,39 @@ impl Applier {
         self
     }
 
+    /// Publishes the store revision to `gauge`: now, and before each
+    /// entry's engine write from now on. A reader that loads the gauge
+    /// after its engine read reports a revision at or above the
+    /// `mod_revision` of anything it read (at most one entry ahead of it).
+    pub fn with_published_revision(mut self, gauge: Arc<AtomicU64>) -> Applier {
+        gauge.store(self.header.revision, Ordering::SeqCst);
+        self.published = Some(gauge);
+        self
+    }
+
     /// Number of live sessions.
     pub fn session_count(&self) -> usize {
         self.sessions.len()
     }
 
-    /// Applies the entry at `index` carrying `proposal`; `meta` goes into the
-    /// engine batch's commit record.
+    /// The store revision and compact revision after the last applied entry.
+    pub fn header(&self) -> StoreHeader {
+        self.header
+    }
+
+    /// Keys with a TTL (the expiry index's size).
+    pub fn expiring_keys(&self) -> usize {
+        self.expiries.len()
+    }
+
+    /// The commit record metadata of an entry that changes no key (blank,
+    /// membership): the current store header before `node_meta`.
+    pub fn commit_meta(&self, node_meta: &[u8]) -> Vec<u8> {
+        wrap_commit_meta(self.header, node_meta)
+    }
+
+    /// Applies the entry at `index` carrying `proposal`; `meta` (the node's)
+    /// goes into the engine batch's commit record after the store header.
     pub fn apply(
         &mut self,
         engine: &Engine,
@@ -188,22 +302,22 @@ impl Applier {
             engine,
             base,
             now_ms,
-            batch: Batch::new().seq(base).meta(meta),
+            batch: Batch::new().seq(base),
             overlay: BTreeMap::new(),
             touched_sessions: BTreeSet::new(),
+            revision: self.header.revision,
+            expiries: std::mem::take(&mut self.expiries),
         };
-        let mut response = EntryResponse::default();
-        if let Command::Requests(requests) = &proposal.command {
-            for request in requests {
-                let outcome = self.apply_request(&mut entry, request)?;
-                response.outcomes.push(outcome);
-            }
-        }
+        let applied = self.apply_commands(&mut entry, proposal);
         let EntryWrite {
             mut batch,
             mut touched_sessions,
+            revision,
+            expiries,
             ..
         } = entry;
+        self.expiries = expiries;
+        let answers = applied?;
         // Sessions: evict idle ones, then store the touched ones, in client-id order.
         let idle: Vec<u64> = self
             .sessions
@@ -220,7 +334,7 @@ impl Applier {
         }
         for client_id in &touched_sessions {
             let record = &self.sessions[client_id];
-            batch = batch.put(session_key(*client_id), codec::encode(record));
+            batch = batch.put(session_key(*client_id), record.encode());
         }
         if batch.ops.len() > ENTRY_OPS_MAX {
             return Err(ApplyError::TooManyOps {
@@ -228,20 +342,49 @@ impl Applier {
                 ops: batch.ops.len(),
             });
         }
+        let header = StoreHeader {
+            revision,
+            ..self.header
+        };
+        batch.meta = wrap_commit_meta(header, &meta);
+        if let Some(gauge) = &self.published {
+            gauge.store(revision, Ordering::SeqCst);
+        }
         engine.write_batch(&batch)?;
-        Ok(response)
+        self.header = header;
+        Ok(EntryResponse { answers, revision })
+    }
+
+    /// Expiry deletes, then the entry's requests.
+    fn apply_commands(
+        &mut self,
+        entry: &mut EntryWrite<'_>,
+        proposal: &Proposal,
+    ) -> Result<Vec<Answer>, ApplyError> {
+        entry.delete_expired()?;
+        let (requests, compared) = match &proposal.command {
+            Command::Requests(requests) => (requests, Compared::Seq),
+            Command::Writes(requests) => (requests, Compared::ModRevision),
+            Command::Tick | Command::Merge { .. } => return Ok(Vec::new()),
+        };
+        let mut answers = Vec::with_capacity(requests.len());
+        for request in requests {
+            answers.push(self.apply_request(entry, request, compared)?);
+        }
+        Ok(answers)
     }
 
     fn apply_request(
         &mut self,
         entry: &mut EntryWrite<'_>,
         request: &Request,
-    ) -> Result<Outcome, ApplyError> {
+        compared: Compared,
+    ) -> Result<Answer, ApplyError> {
         // NEGATIVE CONTROL (feature nc-forget-sessions): no look-up of the
         // session's answers, so a retried write applies again.
         if !cfg!(feature = "nc-forget-sessions")
             && let Some(session) = request.session
-            && let Some(answer) = self.replay(session, entry.now_ms)
+            && let Some(answer) = self.replay(session, entry.now_ms, entry.revision)
         {
             // An unknown session stays unknown: nothing to store.
             if self.sessions.contains_key(&session.client_id) {
@@ -249,10 +392,14 @@ impl Applier {
             }
             return Ok(answer);
         }
-        let outcome = self.evaluate(entry, request)?;
+        let outcome = entry.evaluate(request, compared)?;
+        let answer = Answer {
+            outcome,
+            revision: entry.revision,
+        };
         if let Some(session) = request.session {
             let record = self.sessions.entry(session.client_id).or_default();
-            record.answers.insert(session.sequence, outcome.clone());
+            record.answers.insert(session.sequence, answer.clone());
             while record.answers.len() > SESSION_ANSWERS_MAX {
                 let (oldest, _) = record
                     .answers
@@ -262,16 +409,20 @@ impl Applier {
             }
             entry.touched_sessions.insert(session.client_id);
         }
-        Ok(outcome)
+        Ok(answer)
     }
 
     /// For a request already seen: its stored answer, or `SessionExpired`
-    /// when that answer was forgotten. `SessionExpired` too for a session
-    /// this state machine does not hold, unless the request opens it (it was
-    /// evicted, or never existed: applying the request now could apply a
-    /// write a second time). `None` for a new request, whose session now
-    /// exists.
-    fn replay(&mut self, session: SessionRef, now_ms: u64) -> Option<Outcome> {
+    /// (at the current `revision`) when that answer was forgotten.
+    /// `SessionExpired` too for a session this state machine does not
+    /// hold, unless the request opens it (it was evicted, or never existed:
+    /// applying the request now could apply a write a second time). `None`
+    /// for a new request, whose session now exists.
+    fn replay(&mut self, session: SessionRef, now_ms: u64, revision: u64) -> Option<Answer> {
+        let expired = Answer {
+            outcome: Outcome::SessionExpired,
+            revision,
+        };
         let record = match self.sessions.entry(session.client_id) {
             std::collections::btree_map::Entry::Occupied(known) => known.into_mut(),
             std::collections::btree_map::Entry::Vacant(unknown) => {
@@ -279,7 +430,7 @@ impl Applier {
                 // opens a fresh session, so a retry whose session was evicted
                 // applies again.
                 if !session.opens && !cfg!(feature = "nc-unknown-sessions") {
-                    return Some(Outcome::SessionExpired);
+                    return Some(expired);
                 }
                 unknown.insert(SessionRecord::default())
             }
@@ -298,128 +449,40 @@ impl Applier {
             return Some(answer.clone());
         }
         if session.sequence < record.forgotten_below {
-            return Some(Outcome::SessionExpired);
+            return Some(expired);
         }
         None
     }
+}
 
-    fn evaluate(
-        &self,
-        entry: &mut EntryWrite<'_>,
-        request: &Request,
-    ) -> Result<Outcome, ApplyError> {
-        let (base, now_ms) = (entry.base, entry.now_ms);
-        let reserved = request
-            .conditions
-            .iter()
-            .map(|c| c.key.as_slice())
-            .chain(request.ops.iter().map(Op::key))
-            .any(|key| key.starts_with(RESERVED_KEY_PREFIX));
-        if reserved {
-            return Ok(Outcome::Rejected {
-                reason: "keys starting with the reserved prefix are refused".to_string(),
-            });
-        }
-        if entry.batch.ops.len() + request.ops.len() >= ENTRY_OPS_MAX {
-            return Ok(Outcome::Rejected {
-                reason: format!("the entry would exceed ENTRY_OPS_MAX ({ENTRY_OPS_MAX}) ops"),
-            });
-        }
-        for (index, condition) in request.conditions.iter().enumerate() {
-            let current_version = match entry.state_of(&condition.key)? {
-                KeyState::Absent => 0,
-                KeyState::Present { version, .. } => version,
-            };
-            if current_version != condition.version {
-                return Ok(Outcome::ConditionFailed {
-                    index,
-                    current_version,
-                });
+/// Every user key with a TTL in `engine`, by (expiry, key): one keys-only
+/// pass over the key directory at open, skipped when no record with a TTL
+/// was ever loaded.
+fn load_expiries(engine: &Engine) -> Result<BTreeSet<(u64, Vec<u8>)>, ApplyError> {
+    let mut expiries = BTreeSet::new();
+    if engine.expiry_high_water_ms() == 0 {
+        return Ok(expiries);
+    }
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let scan = bitcask::Scan {
+            after: after.clone(),
+            keys_only: true,
+            ..bitcask::Scan::all(LOAD_PAGE_KEYS)
+        };
+        // "now" 0: no key counts as expired, so every TTL is seen.
+        let page = engine.scan(&scan, 0)?;
+        for entry in &page {
+            if entry.expiry_ms != 0 && !entry.key.starts_with(RESERVED_KEY_PREFIX) {
+                expiries.insert((entry.expiry_ms, entry.key.clone()));
             }
         }
-        // Work out every op's effect first: an expire of a missing key
-        // fails the whole request before anything is written.
-        let mut staged: Vec<(Vec<u8>, KeyState)> = Vec::with_capacity(request.ops.len());
-        let mut versions = Vec::with_capacity(request.ops.len());
-        let mut existed = Vec::with_capacity(request.ops.len());
-        for (index, op) in request.ops.iter().enumerate() {
-            let version = base + (entry.batch.ops.len() + index) as u64;
-            let expiry = |ttl_ms: u64| {
-                if ttl_ms == 0 {
-                    0
-                } else {
-                    now_ms.saturating_add(ttl_ms)
-                }
-            };
-            let current = match staged
-                .iter()
-                .rev()
-                .find(|(key, _)| key.as_slice() == op.key())
-            {
-                Some((_, state)) => state.clone(),
-                None => entry.state_of(op.key())?,
-            };
-            existed.push(matches!(current, KeyState::Present { .. }));
-            let next = match (op, current) {
-                (Op::Put { value, ttl_ms, .. }, _) => KeyState::Present {
-                    version,
-                    expiry_ms: expiry(*ttl_ms),
-                    value: Some(value.clone()),
-                },
-                (Op::Delete { .. }, _) => KeyState::Absent,
-                (Op::Expire { ttl_ms, key }, KeyState::Present { value, .. }) => {
-                    KeyState::Present {
-                        version,
-                        expiry_ms: expiry((*ttl_ms).max(1)),
-                        value: Some(entry.value_of(key, value)?),
-                    }
-                }
-                (Op::Persist { key }, KeyState::Present { value, .. }) => KeyState::Present {
-                    version,
-                    expiry_ms: 0,
-                    value: Some(entry.value_of(key, value)?),
-                },
-                (Op::Expire { .. } | Op::Persist { .. }, KeyState::Absent) => {
-                    return Ok(Outcome::KeyNotFound { index });
-                }
-            };
-            versions.push(version);
-            staged.push((op.key().to_vec(), next));
+        match page.last() {
+            Some(last) if page.len() == LOAD_PAGE_KEYS => after = Some(last.key.clone()),
+            _ => break,
         }
-        for (key, state) in staged {
-            // The value moves into the batch; the overlay remembers only
-            // that the key is there (a later expire or persist in this
-            // entry finds the value in the batch).
-            let remembered = match state {
-                KeyState::Absent => {
-                    entry
-                        .batch
-                        .ops
-                        .push(bitcask::Op::Delete { key: key.clone() });
-                    KeyState::Absent
-                }
-                KeyState::Present {
-                    version,
-                    expiry_ms,
-                    value,
-                } => {
-                    let value = entry.value_of(&key, value)?;
-                    entry.batch.ops.push(bitcask::Op::Put {
-                        key: key.clone(),
-                        value,
-                        expiry_ms,
-                    });
-                    KeyState::Present {
-                        version,
-                        expiry_ms,
-                        value: None,
-                    }
-                }
-            };
-            entry.overlay.insert(key, remembered);
-        }
-        Ok(Outcome::Applied { versions, existed })
     }
+    Ok(expiries)
 }
 
 /// The engine batch an entry is building, and what its earlier requests did.
@@ -434,9 +497,191 @@ struct EntryWrite<'a> {
     overlay: BTreeMap<Vec<u8>, KeyState>,
     /// Clients whose session record this entry changes.
     touched_sessions: BTreeSet<u64>,
+    /// The store revision so far.
+    revision: u64,
+    /// The applier's expiry index, kept current as keys are written.
+    expiries: BTreeSet<(u64, Vec<u8>)>,
 }
 
 impl EntryWrite<'_> {
+    /// Deletes every key whose TTL ran out by this entry's time, each at a
+    /// revision of its own, in (expiry, key) order.
+    fn delete_expired(&mut self) -> Result<(), ApplyError> {
+        while let Some((expiry_ms, _)) = self.expiries.first()
+            && *expiry_ms <= self.now_ms
+        {
+            let (expiry_ms, key) = self.expiries.pop_first().expect("just seen");
+            // The index follows every write, so the key is there at this
+            // expiry; checked all the same ("now" 0 counts nothing expired).
+            let still = self
+                .engine
+                .meta(&key, 0)
+                .is_some_and(|meta| meta.expiry_ms == expiry_ms);
+            if !still || self.overlay.contains_key(&key) {
+                continue;
+            }
+            self.revision += 1;
+            self.batch.ops.push(bitcask::Op::Delete {
+                key: key.clone(),
+                meta: tombstone_meta(self.revision),
+            });
+            self.overlay.insert(key, KeyState::Absent);
+        }
+        Ok(())
+    }
+
+    fn evaluate(&mut self, request: &Request, compared: Compared) -> Result<Outcome, ApplyError> {
+        let (base, now_ms) = (self.base, self.now_ms);
+        let reserved = request
+            .conditions
+            .iter()
+            .map(|c| c.key.as_slice())
+            .chain(request.ops.iter().map(Op::key))
+            .any(|key| key.starts_with(RESERVED_KEY_PREFIX));
+        if reserved {
+            return Ok(Outcome::Rejected {
+                reason: "keys starting with the reserved prefix are refused".to_string(),
+            });
+        }
+        if self.batch.ops.len() + request.ops.len() >= ENTRY_OPS_MAX {
+            return Ok(Outcome::Rejected {
+                reason: format!("the entry would exceed ENTRY_OPS_MAX ({ENTRY_OPS_MAX}) ops"),
+            });
+        }
+        for (index, condition) in request.conditions.iter().enumerate() {
+            let current_version = match (self.state_of(&condition.key)?, compared) {
+                (KeyState::Absent, _) => 0,
+                (KeyState::Present { seq, .. }, Compared::Seq) => seq,
+                (KeyState::Present { meta, .. }, Compared::ModRevision) => meta.mod_revision,
+            };
+            if current_version != condition.version {
+                return Ok(Outcome::ConditionFailed {
+                    index,
+                    current_version,
+                });
+            }
+        }
+        // Work out every op's effect first: an expire of a missing key
+        // fails the whole request before anything is written. The request
+        // changes something unless it only deletes absent keys; if it does,
+        // it writes at the next revision.
+        let revision = self.revision + 1;
+        let mut staged: Vec<(Vec<u8>, KeyState)> = Vec::with_capacity(request.ops.len());
+        let mut old_expiries: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut versions = Vec::with_capacity(request.ops.len());
+        let mut existed = Vec::with_capacity(request.ops.len());
+        for (index, op) in request.ops.iter().enumerate() {
+            let seq = base + (self.batch.ops.len() + staged.len()) as u64;
+            let expiry = |ttl_ms: u64| {
+                if ttl_ms == 0 {
+                    0
+                } else {
+                    now_ms.saturating_add(ttl_ms)
+                }
+            };
+            let current = match staged
+                .iter()
+                .rev()
+                .find(|(key, _)| key.as_slice() == op.key())
+            {
+                Some((_, state)) => state.clone(),
+                None => self.state_of(op.key())?,
+            };
+            existed.push(matches!(current, KeyState::Present { .. }));
+            if let KeyState::Present { expiry_ms, .. } = current
+                && expiry_ms != 0
+            {
+                old_expiries.push((expiry_ms, op.key().to_vec()));
+            }
+            let next = match (op, current) {
+                (Op::Put { value, ttl_ms, .. }, current) => KeyState::Present {
+                    seq,
+                    expiry_ms: expiry(*ttl_ms),
+                    meta: match current {
+                        KeyState::Present { meta, .. } => meta.modified(revision, 0),
+                        KeyState::Absent => KeyMeta::created(revision, 0),
+                    },
+                    value: Some(value.clone()),
+                },
+                // Nothing to delete: no record, no revision.
+                (Op::Delete { .. }, KeyState::Absent) => {
+                    versions.push(0);
+                    continue;
+                }
+                (Op::Delete { .. }, KeyState::Present { .. }) => KeyState::Absent,
+                (
+                    Op::Expire { ttl_ms, key },
+                    KeyState::Present {
+                        value, meta, ..
+                    },
+                ) => KeyState::Present {
+                    seq,
+                    expiry_ms: expiry((*ttl_ms).max(1)),
+                    meta: meta.modified(revision, meta.lease),
+                    value: Some(self.value_of(key, value)?),
+                },
+                (Op::Persist { key }, KeyState::Present { value, meta, .. }) => {
+                    KeyState::Present {
+                        seq,
+                        expiry_ms: 0,
+                        meta: meta.modified(revision, meta.lease),
+                        value: Some(self.value_of(key, value)?),
+                    }
+                }
+                (Op::Expire { .. } | Op::Persist { .. }, KeyState::Absent) => {
+                    return Ok(Outcome::KeyNotFound { index });
+                }
+            };
+            versions.push(seq);
+            staged.push((op.key().to_vec(), next));
+        }
+        if !staged.is_empty() {
+            self.revision = revision;
+        }
+        for old in old_expiries {
+            self.expiries.remove(&old);
+        }
+        for (key, state) in staged {
+            // The value moves into the batch; the overlay remembers only
+            // that the key is there (a later expire or persist in this
+            // entry finds the value in the batch).
+            let remembered = match state {
+                KeyState::Absent => {
+                    self.batch.ops.push(bitcask::Op::Delete {
+                        key: key.clone(),
+                        meta: tombstone_meta(revision),
+                    });
+                    KeyState::Absent
+                }
+                KeyState::Present {
+                    seq,
+                    expiry_ms,
+                    meta,
+                    value,
+                } => {
+                    let value = self.value_of(&key, value)?;
+                    if expiry_ms != 0 {
+                        self.expiries.insert((expiry_ms, key.clone()));
+                    }
+                    self.batch.ops.push(bitcask::Op::Put {
+                        key: key.clone(),
+                        value,
+                        expiry_ms,
+                        meta: meta.encode(),
+                    });
+                    KeyState::Present {
+                        seq,
+                        expiry_ms,
+                        meta,
+                        value: None,
+                    }
+                }
+            };
+            self.overlay.insert(key, remembered);
+        }
+        Ok(Outcome::Applied { versions, existed })
+    }
+
     /// The key's state as earlier ops of this entry left it, else the engine's.
     fn state_of(&self, key: &[u8]) -> Result<KeyState, ApplyError> {
         let now_ms = self.now_ms;
@@ -449,9 +694,10 @@ impl EntryWrite<'_> {
             });
         }
         Ok(match self.engine.meta(key, now_ms) {
-            Some(meta) => KeyState::Present {
-                version: meta.seq,
-                expiry_ms: meta.expiry_ms,
+            Some(item) => KeyState::Present {
+                seq: item.seq,
+                expiry_ms: item.expiry_ms,
+                meta: KeyMeta::decode(&item.meta)?,
                 value: None,
             },
             None => KeyState::Absent,
@@ -536,6 +782,10 @@ mod tests {
         }
     }
 
+    fn outcomes(response: &EntryResponse) -> Vec<Outcome> {
+        response.answers.iter().map(|a| a.outcome.clone()).collect()
+    }
+
     fn requests(time_ms: u64, requests: Vec<Request>) -> Proposal {
         Proposal {
             time_ms,
@@ -566,7 +816,7 @@ mod tests {
             )
             .unwrap();
         assert_eq!(
-            response.outcomes,
+            outcomes(&response),
             vec![
                 Outcome::Applied {
                     versions: vec![7 * VERSIONS_PER_INDEX, 7 * VERSIONS_PER_INDEX + 1],
@@ -583,7 +833,9 @@ mod tests {
             (a.value.as_slice(), a.seq),
             (&b"2"[..], 7 * VERSIONS_PER_INDEX + 1)
         );
-        assert_eq!(engine.last_commit_meta().unwrap(), b"meta");
+        let commit = engine.last_commit_meta().unwrap();
+        let (header, node_meta) = split_commit_meta(&commit).unwrap();
+        assert_eq!((header.revision, node_meta), (3, &b"meta"[..]));
     }
 
     #[test]
@@ -610,7 +862,7 @@ mod tests {
             .apply(&engine, 2, &requests(0, vec![guarded]), Vec::new())
             .unwrap();
         assert_eq!(
-            response.outcomes,
+            outcomes(&response),
             vec![Outcome::ConditionFailed {
                 index: 0,
                 current_version: VERSIONS_PER_INDEX
@@ -646,7 +898,7 @@ mod tests {
         let response = applier
             .apply(&engine, 2, &requests(5_500, vec![persist]), Vec::new())
             .unwrap();
-        assert!(matches!(response.outcomes[0], Outcome::Applied { .. }));
+        assert!(matches!(outcomes(&response)[0], Outcome::Applied { .. }));
         assert!(
             engine.get(b"t", u64::MAX - 1).unwrap().is_some(),
             "persist removed the TTL"
@@ -675,7 +927,7 @@ mod tests {
         let response = applier
             .apply(&engine, 4, &requests(6_010, vec![expire]), Vec::new())
             .unwrap();
-        assert_eq!(response.outcomes, vec![Outcome::KeyNotFound { index: 1 }]);
+        assert_eq!(outcomes(&response), vec![Outcome::KeyNotFound { index: 1 }]);
         assert_eq!(engine.get(b"other", 6_010).unwrap(), None);
     }
 
@@ -717,14 +969,14 @@ mod tests {
             )
             .unwrap();
         assert!(matches!(
-            &response.outcomes[..3],
+            &outcomes(&response)[..3],
             [
                 Outcome::Applied { .. },
                 Outcome::Applied { .. },
                 Outcome::Applied { .. }
             ]
         ));
-        assert_eq!(response.outcomes[3], Outcome::KeyNotFound { index: 0 });
+        assert_eq!(outcomes(&response)[3], Outcome::KeyNotFound { index: 0 });
         for (key, value, expiry_ms) in [
             ("in-engine", "e", 1_000),
             ("in-batch", "b", 1_000),
@@ -775,7 +1027,7 @@ mod tests {
         let retry = applier
             .apply(&engine, 3, &requests(0, vec![write]), Vec::new())
             .unwrap();
-        assert_eq!(retry, first, "the retry returns the original version");
+        assert_eq!(retry.answers, first.answers, "the retry returns the original answer");
         assert_eq!(
             engine.get(b"k", 0).unwrap().unwrap().value,
             b"second",
@@ -796,7 +1048,7 @@ mod tests {
         let response = applier
             .apply(&engine, 5, &requests(0, vec![late]), Vec::new())
             .unwrap();
-        assert_eq!(response.outcomes, vec![Outcome::SessionExpired]);
+        assert_eq!(outcomes(&response), vec![Outcome::SessionExpired]);
         // Sessions are in the engine: a reloaded applier knows them.
         let reloaded = Applier::load(&engine).unwrap();
         assert_eq!(reloaded.sessions, applier.sessions);
@@ -843,7 +1095,7 @@ mod tests {
                 Vec::new(),
             )
             .unwrap();
-        assert_eq!(never.outcomes, vec![Outcome::SessionExpired]);
+        assert_eq!(outcomes(&never), vec![Outcome::SessionExpired]);
         assert_eq!(applier.session_count(), 0, "no session was created");
         assert_eq!(engine.get(b"counter", 0).unwrap(), None);
         // Opened, applied; then idle past the window: evicted.
@@ -855,7 +1107,7 @@ mod tests {
                 Vec::new(),
             )
             .unwrap();
-        assert!(matches!(first.outcomes[0], Outcome::Applied { .. }));
+        assert!(matches!(outcomes(&first)[0], Outcome::Applied { .. }));
         applier
             .apply(&engine, 3, &requests(2_000, vec![]), Vec::new())
             .unwrap();
@@ -878,7 +1130,7 @@ mod tests {
                 Vec::new(),
             )
             .unwrap();
-        assert_eq!(retry.outcomes, vec![Outcome::SessionExpired]);
+        assert_eq!(outcomes(&retry), vec![Outcome::SessionExpired]);
         assert_eq!(engine.get(b"counter", 0).unwrap().unwrap().value, b"other");
         assert_eq!(applier.session_count(), 0);
         assert_eq!(Applier::load(&engine).unwrap().session_count(), 0);
@@ -907,7 +1159,7 @@ mod tests {
         let response = applier
             .apply(&engine, 1, &requests(0, vec![bad]), Vec::new())
             .unwrap();
-        assert!(matches!(response.outcomes[0], Outcome::Rejected { .. }));
+        assert!(matches!(outcomes(&response)[0], Outcome::Rejected { .. }));
         assert_eq!(engine.get(&key, 0).unwrap(), None);
     }
 
@@ -962,5 +1214,272 @@ mod tests {
         assert!(sealed_a.len() >= 4, "the workload seals segments");
         assert_eq!(sealed_a, sealed_b);
         assert_eq!(active_a, active_b);
+    }
+
+    fn writes(time_ms: u64, requests: Vec<Request>) -> Proposal {
+        Proposal {
+            time_ms,
+            command: Command::Writes(requests),
+        }
+    }
+
+    fn key_meta(engine: &Engine, key: &str) -> Option<KeyMeta> {
+        engine
+            .meta(key.as_bytes(), 0)
+            .map(|item| KeyMeta::decode(&item.meta).unwrap())
+    }
+
+    fn answer_revisions(response: &EntryResponse) -> Vec<u64> {
+        response.answers.iter().map(|a| a.revision).collect()
+    }
+
+    /// Revisions as etcd counts them: one per request that changes
+    /// something; a failed condition, a delete of nothing and a tick leave
+    /// the store revision alone.
+    #[test]
+    fn the_store_revision_advances_once_per_changing_request() {
+        let fs = SimFs::new();
+        let engine = engine(&fs);
+        let mut applier = Applier::default();
+        assert_eq!(applier.header().revision, 1, "a fresh store is at 1");
+        let delete = |key: &str| Op::Delete { key: key.into() };
+        let if_at = |key: &str, revision: u64, ops| Request {
+            conditions: vec![Condition {
+                key: key.into(),
+                version: revision,
+            }],
+            ..request(ops)
+        };
+        let response = applier
+            .apply(
+                &engine,
+                1,
+                &writes(
+                    0,
+                    vec![
+                        request(vec![put("a", "1"), put("b", "1")]), // 2: two keys, one revision
+                        request(vec![put("a", "2")]),                // 3
+                        request(vec![delete("nothing")]),            // stays 3
+                        if_at("a", 2, vec![put("a", "x")]),          // fails: a is at 3
+                        if_at("a", 3, vec![delete("b")]),            // 4
+                        request(vec![delete("b"), put("c", "1")]),   // 5: the put changes
+                    ],
+                ),
+                Vec::new(),
+            )
+            .unwrap();
+        assert_eq!(answer_revisions(&response), vec![2, 3, 3, 3, 4, 5]);
+        assert_eq!(response.revision, 5);
+        assert_eq!(
+            outcomes(&response)[3],
+            Outcome::ConditionFailed {
+                index: 0,
+                current_version: 3
+            },
+            "a Writes condition compares mod_revision"
+        );
+        assert_eq!(
+            key_meta(&engine, "a"),
+            Some(KeyMeta {
+                create_revision: 2,
+                mod_revision: 3,
+                version: 2,
+                lease: 0
+            })
+        );
+        assert_eq!(key_meta(&engine, "b"), None);
+        assert_eq!(key_meta(&engine, "c"), Some(KeyMeta::created(5, 0)));
+        let Outcome::Applied { versions, existed } = &outcomes(&response)[2] else {
+            panic!("a delete of nothing applies");
+        };
+        assert_eq!((versions.as_slice(), existed.as_slice()), (&[0][..], &[false][..]));
+        // A tick and a merge change nothing.
+        let tick = Proposal {
+            time_ms: 10,
+            command: Command::Tick,
+        };
+        assert_eq!(applier.apply(&engine, 2, &tick, Vec::new()).unwrap().revision, 5);
+        // Recreated after a delete: created anew, version 1.
+        applier
+            .apply(&engine, 3, &writes(20, vec![request(vec![put("b", "again")])]), Vec::new())
+            .unwrap();
+        assert_eq!(key_meta(&engine, "b"), Some(KeyMeta::created(6, 0)));
+        // The revision is in the commit record: a reloaded applier goes on from it.
+        let reloaded = Applier::load(&engine).unwrap();
+        assert_eq!(reloaded.header().revision, 6);
+        let (header, _) = split_commit_meta(&engine.last_commit_meta().unwrap()).unwrap();
+        assert_eq!(header.revision, 6);
+        assert_eq!(
+            split_commit_meta(&applier.commit_meta(b"node")).unwrap(),
+            (header, &b"node"[..])
+        );
+    }
+
+    /// Expire and persist change the key (a new revision and version); a
+    /// delete's tombstone carries the delete's revision.
+    #[test]
+    fn expire_persist_and_delete_write_at_their_revision() {
+        let fs = SimFs::new();
+        let engine = engine(&fs);
+        let mut applier = Applier::default();
+        let ops = vec![
+            request(vec![put("k", "v")]),
+            request(vec![Op::Expire {
+                key: "k".into(),
+                ttl_ms: 5_000,
+            }]),
+            request(vec![Op::Persist { key: "k".into() }]),
+        ];
+        let response = applier.apply(&engine, 1, &writes(0, ops), Vec::new()).unwrap();
+        assert_eq!(answer_revisions(&response), vec![2, 3, 4]);
+        assert_eq!(
+            key_meta(&engine, "k"),
+            Some(KeyMeta {
+                create_revision: 2,
+                mod_revision: 4,
+                version: 3,
+                lease: 0
+            })
+        );
+        applier
+            .apply(
+                &engine,
+                2,
+                &writes(0, vec![request(vec![Op::Delete { key: "k".into() }])]),
+                Vec::new(),
+            )
+            .unwrap();
+        let tombstone = engine
+            .scan(
+                &bitcask::Scan {
+                    keys_only: true,
+                    ..bitcask::Scan::all(10)
+                },
+                0,
+            )
+            .unwrap();
+        assert!(tombstone.is_empty(), "deleted");
+        assert_eq!(applier.header().revision, 5);
+    }
+
+    /// A key whose TTL runs out is deleted by the first entry whose
+    /// cluster time reaches its expiry, at a revision of its own, found
+    /// through the expiry index; the index survives a reload.
+    #[test]
+    fn expiry_deletes_the_key_at_a_revision_of_its_own() {
+        let fs = SimFs::new();
+        let engine = engine(&fs);
+        let mut applier = Applier::default();
+        let ttl_put = |key: &str, ttl_ms| Op::Put {
+            key: key.into(),
+            value: b"v".to_vec(),
+            ttl_ms,
+        };
+        applier
+            .apply(
+                &engine,
+                1,
+                &writes(
+                    1_000,
+                    vec![request(vec![ttl_put("short", 500), ttl_put("long", 5_000)])],
+                ),
+                Vec::new(),
+            )
+            .unwrap();
+        assert_eq!((applier.header().revision, applier.expiring_keys()), (2, 2));
+        // Overwritten without a TTL: out of the index.
+        applier
+            .apply(&engine, 2, &writes(1_100, vec![request(vec![put("long", "kept")])]), Vec::new())
+            .unwrap();
+        assert_eq!((applier.header().revision, applier.expiring_keys()), (3, 1));
+        let tick = |time_ms| Proposal {
+            time_ms,
+            command: Command::Tick,
+        };
+        assert_eq!(applier.apply(&engine, 3, &tick(1_499), Vec::new()).unwrap().revision, 3);
+        // A reloaded applier (a restart) knows the TTL from the key directory.
+        let mut applier = Applier::load(&engine).unwrap();
+        assert_eq!(applier.expiring_keys(), 1);
+        // The entry that reaches the expiry deletes first, then applies its
+        // requests: a condition that the key is absent holds.
+        let if_absent = Request {
+            conditions: vec![Condition {
+                key: "short".into(),
+                version: 0,
+            }],
+            ..request(vec![put("after", "1")])
+        };
+        let response = applier
+            .apply(&engine, 4, &writes(1_500, vec![if_absent]), Vec::new())
+            .unwrap();
+        assert_eq!(answer_revisions(&response), vec![5], "the delete took 4");
+        assert!(matches!(outcomes(&response)[0], Outcome::Applied { .. }));
+        assert_eq!(applier.expiring_keys(), 0);
+        assert_eq!(engine.meta(b"short", 0), None, "a tombstone, not a hidden record");
+        assert_eq!(key_meta(&engine, "long").unwrap().mod_revision, 3);
+    }
+
+    /// Answers stored by a build before revisions still replay.
+    #[test]
+    fn a_session_record_stored_before_revisions_still_reads() {
+        #[derive(Serialize)]
+        struct Legacy {
+            last_active_ms: u64,
+            forgotten_below: u64,
+            answers: BTreeMap<u64, Outcome>,
+        }
+        let legacy = Legacy {
+            last_active_ms: 123,
+            forgotten_below: 4,
+            answers: BTreeMap::from([(5, Outcome::SessionExpired)]),
+        };
+        let record = SessionRecord::decode(&codec::encode(&legacy), 77).unwrap();
+        assert_eq!(record.last_active_ms, 123);
+        assert_eq!(
+            record.answers[&5],
+            Answer {
+                outcome: Outcome::SessionExpired,
+                revision: 77
+            }
+        );
+        let again = SessionRecord::decode(&record.encode(), 1).unwrap();
+        assert_eq!(again, record);
+    }
+
+    /// Revisions, metas and expiry deletes are as deterministic as the rest.
+    #[test]
+    fn replicas_with_revisions_and_expiries_write_identical_files() {
+        let entries: Vec<Proposal> = (0..300u64)
+            .map(|i| {
+                let key = |n: u64| format!("k{}", n % 23).into_bytes();
+                writes(
+                    i * 7,
+                    vec![
+                        request(vec![Op::Put {
+                            key: key(i),
+                            value: vec![i as u8; 30],
+                            ttl_ms: i % 4 * 40,
+                        }]),
+                        request(vec![Op::Delete { key: key(i + 9) }]),
+                    ],
+                )
+            })
+            .collect();
+        let run = || {
+            let fs = SimFs::new();
+            let engine = engine(&fs);
+            let mut applier = Applier::default();
+            for (i, proposal) in entries.iter().enumerate() {
+                applier
+                    .apply(&engine, i as u64 + 1, proposal, Vec::new())
+                    .unwrap();
+            }
+            (applier.header(), engine.sealed_files(), engine.active_file())
+        };
+        let (header_a, sealed_a, active_a) = run();
+        let (header_b, sealed_b, active_b) = run();
+        assert!(header_a.revision > 300, "{header_a:?}");
+        assert!(sealed_a.len() >= 4);
+        assert_eq!((header_a, sealed_a, active_a), (header_b, sealed_b, active_b));
     }
 }
