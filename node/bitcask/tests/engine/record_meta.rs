@@ -332,13 +332,13 @@ fn an_over_long_meta_is_refused_and_nothing_is_written() {
     );
 }
 
-/// One put with an 8-byte meta at the start of a segment that then gets
+/// One put of `key` with `meta` at the start of a segment that then gets
 /// sealed; returns the disk and the segment's name.
-fn sealed_put_with_meta() -> (SimFs, String) {
+fn sealed_put_with_meta(key: &[u8], meta: RecordMeta) -> (SimFs, String) {
     let fs = SimFs::new();
     let engine = open_sim(&fs, SyncPolicy::Never, SEGMENT_SIZE_BYTES);
     engine
-        .write_batch(&Batch::new().put_with_meta("m", "value", 0, meta(b"revision")))
+        .write_batch(&Batch::new().put_with_meta(key, "value", 0, meta))
         .unwrap();
     for i in 0..8 {
         engine
@@ -377,7 +377,7 @@ fn a_flipped_meta_byte_in_a_record_never_reaches_a_caller() {
     let meta_byte = record_at + format::RECORD_META_OFFSET + 3;
 
     // With its hint: the open trusts the hint, the read checks the record.
-    let (fs, segment) = sealed_put_with_meta();
+    let (fs, segment) = sealed_put_with_meta(b"m", meta(b"revision"));
     edit(&fs, &segment, meta_byte, |b| b ^ 0x10);
     let engine = open_sim(&fs, SyncPolicy::Never, SEGMENT_SIZE_BYTES);
     let err = engine.get(b"m", 0).unwrap_err();
@@ -400,7 +400,7 @@ fn a_flipped_meta_byte_in_a_record_never_reaches_a_caller() {
     assert_corruption_at(&err, &segment, record_at as u64, "checksum");
 
     // A meta length beyond the limit is corruption naming file and offset.
-    let (fs, segment) = sealed_put_with_meta();
+    let (fs, segment) = sealed_put_with_meta(b"m", meta(b"revision"));
     remove_hints(&fs);
     edit(
         &fs,
@@ -439,7 +439,12 @@ fn a_flipped_meta_byte_in_a_record_never_reaches_a_caller() {
 
 #[test]
 fn a_bad_meta_length_in_a_hint_falls_back_to_a_scan() {
-    let (fs, segment) = sealed_put_with_meta();
+    // A 46-byte meta and a 5-byte key: 51 bytes follow the entry's meta
+    // length, so a length of 0 (key length 51) or of 49 (key length 2)
+    // still walks the hint in step, with a correct checksum: only the check
+    // of the meta length itself can refuse it.
+    let long = meta(&[0x5a; 46]);
+    let (fs, segment) = sealed_put_with_meta(b"m-key", long);
     let hint_name = segment.replace(".data", ".hint");
     let path = sim_dir().join(&hint_name);
     let original = fs.read_file(&path).unwrap();
@@ -448,9 +453,11 @@ fn a_bad_meta_length_in_a_hint_falls_back_to_a_scan() {
         original[first + format::HINT_KIND_OFFSET],
         format::KIND_PUT_WITH_META
     );
-    for bad_len in [0u8, RECORD_META_BYTES_MAX as u8 + 1, u8::MAX] {
+    for (bad_len, key_len) in [(0u8, 51u32), (RECORD_META_BYTES_MAX as u8 + 1, 2)] {
         let mut bad = original.clone();
         bad[first + format::HINT_META_LEN_OFFSET] = bad_len;
+        let key_len_at = first + format::HINT_KEY_LEN_OFFSET;
+        bad[key_len_at..key_len_at + 4].copy_from_slice(&key_len.to_le_bytes());
         // Re-seal the hint's checksum so only the entry check can catch it.
         let body_len = bad.len() - format::HINT_TRAILER_SIZE_BYTES;
         let crc = crc32fast::hash(&bad[..body_len]);
@@ -458,11 +465,8 @@ fn a_bad_meta_length_in_a_hint_falls_back_to_a_scan() {
         bad[crc_at..crc_at + 4].copy_from_slice(&crc.to_le_bytes());
         fs.write_file(&path, &bad);
         let engine = open_sim(&fs, SyncPolicy::Never, SEGMENT_SIZE_BYTES);
-        let item = engine.get(b"m", 0).unwrap().unwrap();
-        assert_eq!(
-            (item.value.as_slice(), item.meta),
-            (&b"value"[..], meta(b"revision"))
-        );
+        let item = engine.get(b"m-key", 0).unwrap().unwrap();
+        assert_eq!((item.value.as_slice(), item.meta), (&b"value"[..], long));
         engine.close().unwrap();
         assert_eq!(
             fs.read_file(&path).unwrap(),
