@@ -72,16 +72,18 @@ mod engine;
 mod hint;
 mod keydir;
 mod merge;
+mod record_meta;
 mod recovery;
 
 pub use engine::{
     Batch, Engine, Entry, FileInfo, FileStats, Item, ItemMeta, KeyRange, MergeReport, Op, Pin,
-    Scan, Stats, Written,
+    RecordMeta, Scan, Stats, Written,
 };
 pub use error::{Error, Result};
 pub use keydir::SLOT_HEADER_SIZE_BYTES;
 pub use merge::MergeJob;
 pub use options::{
     AutoMerge, BATCH_SIZE_BYTES_MAX, KEY_SIZE_BYTES_MAX, METADATA_SIZE_BYTES_MAX, Options,
-    PublishedPrefix, SEGMENT_SIZE_BYTES_DEFAULT, SyncPolicy, VALUE_SIZE_BYTES_MAX,
+    PublishedPrefix, RECORD_META_BYTES_MAX, SEGMENT_SIZE_BYTES_DEFAULT, SyncPolicy,
+    VALUE_SIZE_BYTES_MAX,
 };
