@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use bitcask::{Batch, Engine, RecordMeta};
+use bitcask::{Batch, Engine};
 use serde::{Deserialize, Serialize};
 
 use crate::command::{

@@ -253,7 +253,7 @@ async fn metrics_health_and_ready_of_a_single_node() {
             .into_inner();
         assert!(matches!(
             reply.outcome,
-            Some(put_response::Outcome::Version(_))
+            Some(put_response::Outcome::Seq(_))
         ));
         last_applied = reply.header.expect("header").applied_index;
     }

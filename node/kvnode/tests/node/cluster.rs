@@ -194,7 +194,7 @@ async fn single_node_put_get_delete_and_restart() {
     let mut client = connect(&node).await;
 
     let put1 = client.put(put("alpha", "one")).await.unwrap().into_inner();
-    let Some(put_response::Outcome::Version(version)) = put1.outcome else {
+    let Some(put_response::Outcome::Seq(version)) = put1.outcome else {
         panic!("{put1:?}")
     };
     assert!(version > 0);
@@ -341,7 +341,7 @@ async fn three_nodes_replicate_and_followers_redirect_writes() {
     let written = client.put(put("k", "v")).await.unwrap().into_inner();
     assert!(matches!(
         written.outcome,
-        Some(put_response::Outcome::Version(_))
+        Some(put_response::Outcome::Seq(_))
     ));
     let applied = written.header.unwrap().applied_index;
     assert!(applied > 0);
@@ -389,7 +389,7 @@ async fn three_nodes_replicate_and_followers_redirect_writes() {
     let second = client.put(put("k", "v2")).await.unwrap().into_inner();
     assert!(matches!(
         second.outcome,
-        Some(put_response::Outcome::Version(_))
+        Some(put_response::Outcome::Seq(_))
     ));
     for follower in nodes.iter().filter(|n| n.id() != leader_id) {
         let got = connect(follower)

@@ -159,7 +159,7 @@ fn isolate(nodes: &[Node], faults: &[Faults], at: usize) {
 
 fn version_of(reply: &kvproto::kv::v1::PutResponse) -> u64 {
     match reply.outcome {
-        Some(put_response::Outcome::Version(version)) => version,
+        Some(put_response::Outcome::Seq(version)) => version,
         ref other => panic!("put outcome: {other:?}"),
     }
 }

@@ -313,7 +313,7 @@ impl Cluster {
             .into_inner()
     }
 
-    /// Every user key on member `id` as (key, value, version, has TTL), by
+    /// Every user key on member `id` as (key, value, seq, has TTL), by
     /// paged stale scans once it has applied `min_index`.
     pub async fn stale_scan(&self, id: u64, min_index: u64) -> Vec<(Vec<u8>, Vec<u8>, u64, bool)> {
         let mut kv = self.kv(id).await;
@@ -324,7 +324,7 @@ impl Cluster {
                 (
                     e.key.to_vec(),
                     e.value.to_vec(),
-                    e.version,
+                    e.seq,
                     e.ttl_ms_left > 0,
                 )
             })

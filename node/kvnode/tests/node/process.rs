@@ -337,7 +337,7 @@ async fn put_acked(
         };
         match result {
             Ok(response) => {
-                let Some(put_response::Outcome::Version(version)) = response.outcome else {
+                let Some(put_response::Outcome::Seq(version)) = response.outcome else {
                     panic!("unconditional put of {key} answered {response:?}")
                 };
                 let applied_index = response.header.expect("a header").applied_index;

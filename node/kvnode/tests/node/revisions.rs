@@ -27,13 +27,14 @@ fn revision(header: &Option<Header>) -> u64 {
 
 async fn put(cluster: &Cluster, key: &str, value: &str, ttl_ms: u64) -> (u64, u64) {
     let reply = cluster
-        .write("put", |mut kv| {
+        .write("put", |mut kv| async move {
             kv.put(PutRequest {
                 key: key.as_bytes().to_vec().into(),
                 value: value.as_bytes().to_vec().into(),
                 ttl_ms,
                 ..Default::default()
             })
+            .await
         })
         .await;
     let Some(put_response::Outcome::Seq(seq)) = reply.outcome else {
@@ -45,11 +46,12 @@ async fn put(cluster: &Cluster, key: &str, value: &str, ttl_ms: u64) -> (u64, u6
 
 async fn delete(cluster: &Cluster, key: &str) -> (bool, u64) {
     let reply = cluster
-        .write("delete", |mut kv| {
+        .write("delete", |mut kv| async move {
             kv.delete(DeleteRequest {
                 key: key.as_bytes().to_vec().into(),
                 ..Default::default()
             })
+            .await
         })
         .await;
     let Some(delete_response::Outcome::Deleted(deleted)) = reply.outcome else {

@@ -171,7 +171,7 @@ async fn put(cluster: &Cluster, key: &str, ttl_ms: u64) -> (u64, u64) {
             async move { kv.put(request).await }
         })
         .await;
-    let Some(put_response::Outcome::Version(version)) = reply.outcome else {
+    let Some(put_response::Outcome::Seq(version)) = reply.outcome else {
         panic!("put {key}: {reply:?}")
     };
     (version, reply.header.expect("header").applied_index)
