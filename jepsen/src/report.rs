@@ -351,6 +351,8 @@ mod tests {
             outcome,
             version: None,
             index: None,
+            revision: None,
+            mod_revision: None,
             error: None,
             invoke_wall_us: at_ms * 1000,
             invoke_ns: at_ms * 1_000_000,
