@@ -345,6 +345,8 @@ mod tests {
             outcome,
             version: None,
             index: None,
+            revision: None,
+            mod_revision: None,
             error: None,
             invoke_wall_us: at.0,
             invoke_ns: at.0 * 1000,

@@ -85,6 +85,15 @@ pub struct Event {
     /// Completion of a raftcask operation: the applied index returned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index: Option<u64>,
+    /// Ok completion: the store revision the answer reflects (a read: the
+    /// response header's revision; a write or cas: the revision it was
+    /// applied at). Absent in histories recorded before revisions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
+    /// Ok read that found the key: the key's `mod_revision` (the revision
+    /// of the write that last changed it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mod_revision: Option<u64>,
     /// Wall-clock time of the event, Unix milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wall_time_unix_ms: Option<u64>,
@@ -110,6 +119,8 @@ impl Event {
             values: None,
             version: None,
             index: None,
+            revision: None,
+            mod_revision: None,
             wall_time_unix_ms: None,
             monotonic_ns: None,
             error: None,
@@ -153,6 +164,13 @@ pub struct Operation {
     pub version: Option<u64>,
     /// The applied index returned (ok completions).
     pub index: Option<u64>,
+    /// The store revision the answer reflects (ok completions: a read's
+    /// header revision, a write's applied revision).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
+    /// The key's `mod_revision` an ok read returned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mod_revision: Option<u64>,
     /// Ok, fail or unknown.
     pub outcome: Outcome,
     /// Event position of the invocation.
@@ -203,6 +221,12 @@ impl Operation {
         if let Some(index) = self.index {
             text.push_str(&format!(" index={index}"));
         }
+        if let Some(revision) = self.revision {
+            text.push_str(&format!(" revision={revision}"));
+        }
+        if let Some(mod_revision) = self.mod_revision {
+            text.push_str(&format!(" mod_revision={mod_revision}"));
+        }
         let done = self
             .complete_position
             .map_or("never".to_string(), |p| p.to_string());
@@ -236,6 +260,8 @@ pub fn pair(events: &[Event]) -> Result<Vec<Operation>, Error> {
                     values: None,
                     version: None,
                     index: None,
+                    revision: None,
+                    mod_revision: None,
                     outcome: Outcome::Unknown,
                     invoke_position: position,
                     complete_position: None,
@@ -274,6 +300,8 @@ pub fn pair(events: &[Event]) -> Result<Vec<Operation>, Error> {
                         operation.values = event.values.clone();
                         operation.version = event.version;
                         operation.index = event.index;
+                        operation.revision = event.revision;
+                        operation.mod_revision = event.mod_revision;
                     }
                     EventType::Fail => {
                         operation.outcome = Outcome::Fail;

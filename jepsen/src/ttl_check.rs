@@ -538,6 +538,8 @@ mod tests {
             outcome: Outcome::Ok,
             version: None,
             index: None,
+            revision: None,
+            mod_revision: None,
             error: None,
             invoke_wall_us: at_ms.0 * 1000,
             invoke_ns: at_ms.0 * MS,

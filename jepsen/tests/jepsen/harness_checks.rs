@@ -25,6 +25,8 @@ fn op(
         outcome,
         version: Some(id),
         index: Some(id),
+        revision: None,
+        mod_revision: None,
         error: None,
         invoke_wall_us: invoke_ns / 1000,
         invoke_ns,
