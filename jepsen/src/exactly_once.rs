@@ -347,6 +347,7 @@ mod tests {
             index: None,
             revision: None,
             mod_revision: None,
+            expected_mod_revision: None,
             error: None,
             invoke_wall_us: at.0,
             invoke_ns: at.0 * 1000,

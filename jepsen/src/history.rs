@@ -94,6 +94,12 @@ pub struct Event {
     /// of the write that last changed it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mod_revision: Option<u64>,
+    /// raftcask compare-and-set since revisions: the `mod_revision` it
+    /// compared with (0 = absent). Such a history's writes carry the
+    /// `revision` they applied at and its reads the `mod_revision` they
+    /// found, and the register model compares in that space.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_mod_revision: Option<u64>,
     /// Wall-clock time of the event, Unix milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wall_time_unix_ms: Option<u64>,
@@ -121,6 +127,7 @@ impl Event {
             index: None,
             revision: None,
             mod_revision: None,
+            expected_mod_revision: None,
             wall_time_unix_ms: None,
             monotonic_ns: None,
             error: None,
@@ -171,6 +178,9 @@ pub struct Operation {
     /// The key's `mod_revision` an ok read returned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mod_revision: Option<u64>,
+    /// raftcask cas since revisions: the `mod_revision` compared with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_mod_revision: Option<u64>,
     /// Ok, fail or unknown.
     pub outcome: Outcome,
     /// Event position of the invocation.
@@ -209,6 +219,9 @@ impl Operation {
         }
         if let Some(expected_version) = self.expected_version {
             text.push_str(&format!(" expected_version={expected_version}"));
+        }
+        if let Some(expected) = self.expected_mod_revision {
+            text.push_str(&format!(" expected_mod_revision={expected}"));
         }
         match &self.value {
             Some(value) => text.push_str(&format!(" value={value:?}")),
@@ -262,6 +275,7 @@ pub fn pair(events: &[Event]) -> Result<Vec<Operation>, Error> {
                     index: None,
                     revision: None,
                     mod_revision: None,
+                    expected_mod_revision: event.expected_mod_revision,
                     outcome: Outcome::Unknown,
                     invoke_position: position,
                     complete_position: None,

@@ -353,6 +353,7 @@ mod tests {
             index: None,
             revision: None,
             mod_revision: None,
+            expected_mod_revision: None,
             error: None,
             invoke_wall_us: at_ms * 1000,
             invoke_ns: at_ms * 1_000_000,

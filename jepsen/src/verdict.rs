@@ -80,8 +80,10 @@ fn events_of(op: &Op, workload: WorkloadKind) -> Option<[(u64, u8, Event); 2]> {
         _ => {
             invoke.value = op.value.clone();
             invoke.expected_version = op.expected_version;
+            invoke.expected_mod_revision = op.expected_mod_revision;
             done.value = op.value.clone();
             done.expected_version = op.expected_version;
+            done.expected_mod_revision = op.expected_mod_revision;
             if op.outcome == Outcome::Ok {
                 done.version = op.version;
                 done.index = op.index;
@@ -134,6 +136,7 @@ mod tests {
             index: Some(id + 1),
             revision: None,
             mod_revision: None,
+            expected_mod_revision: None,
             error: None,
             invoke_wall_us: at,
             invoke_ns: at,

@@ -25,8 +25,8 @@ use crate::error::{Error, Result};
 use crate::router::{Router, Target};
 use crate::session::Sessions;
 use crate::types::{
-    Batch, BatchApplied, Condition, Consistency, Entry, KeyValue, OpResult, PutOptions, Removed,
-    Revisions, Scan, Written, ttl_left, ttl_ms,
+    Batch, BatchApplied, Condition, Consistency, Entry, KeyValue, OpResult, PutOptions, Read,
+    Removed, Revisions, Scan, Written, ttl_left, ttl_ms,
 };
 
 /// Largest response the client accepts, in bytes (a scan page or a value of
@@ -216,7 +216,7 @@ impl Client {
 
     /// Reads `key` with the default consistency; `Ok(None)` if absent.
     pub async fn get(&self, key: impl Into<Bytes>) -> Result<Option<Entry>> {
-        Ok(self.get_inner(key.into(), None).await?.0)
+        Ok(self.get_inner(key.into(), None).await?.entry)
     }
 
     /// Reads `key` with the given consistency; `Ok(None)` if absent.
@@ -225,7 +225,7 @@ impl Client {
         key: impl Into<Bytes>,
         consistency: Consistency,
     ) -> Result<Option<Entry>> {
-        Ok(self.get_inner(key.into(), Some(consistency)).await?.0)
+        Ok(self.get_inner(key.into(), Some(consistency)).await?.entry)
     }
 
     /// Reads `key` like [`Client::get_with`] and also returns the applied
@@ -236,14 +236,17 @@ impl Client {
         key: impl Into<Bytes>,
         consistency: Consistency,
     ) -> Result<(Option<Entry>, u64)> {
+        let read = self.get_inner(key.into(), Some(consistency)).await?;
+        Ok((read.entry, read.applied_index))
+    }
+
+    /// Reads `key` like [`Client::get_with`], with what the answer's header
+    /// said (applied index and store revision) also when the key is absent.
+    pub async fn read(&self, key: impl Into<Bytes>, consistency: Consistency) -> Result<Read> {
         self.get_inner(key.into(), Some(consistency)).await
     }
 
-    async fn get_inner(
-        &self,
-        key: Bytes,
-        consistency: Option<Consistency>,
-    ) -> Result<(Option<Entry>, u64)> {
+    async fn get_inner(&self, key: Bytes, consistency: Option<Consistency>) -> Result<Read> {
         let (consistency, min_index) = self.consistency(consistency);
         let response = self
             .inner
@@ -258,8 +261,13 @@ impl Client {
             })
             .await?;
         let applied_index = applied(response.header.as_ref());
+        let header_revision = revision(response.header.as_ref());
         if !response.found {
-            return Ok((None, applied_index));
+            return Ok(Read {
+                entry: None,
+                applied_index,
+                revision: header_revision,
+            });
         }
         let entry = Entry {
             value: response.value,
@@ -272,9 +280,13 @@ impl Client {
             seq: response.seq,
             ttl_left: ttl_left(response.ttl_ms_left),
             applied_index,
-            revision: revision(response.header.as_ref()),
+            revision: header_revision,
         };
-        Ok((Some(entry), applied_index))
+        Ok(Read {
+            entry: Some(entry),
+            applied_index,
+            revision: header_revision,
+        })
     }
 
     /// Writes `key` unconditionally, without a TTL.

@@ -87,6 +87,6 @@ pub use client::{Client, ScanPage, ScanStream};
 pub use error::{Error, LimitExceeded, Result};
 pub use kvproto;
 pub use types::{
-    Batch, BatchApplied, Condition, Consistency, Entry, KeyValue, OpResult, PutOptions, Removed,
-    Revisions, Scan, Written,
+    Batch, BatchApplied, Condition, Consistency, Entry, KeyValue, OpResult, PutOptions, Read,
+    Removed, Revisions, Scan, Written,
 };

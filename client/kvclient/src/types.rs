@@ -62,6 +62,17 @@ pub struct Entry {
     pub revision: u64,
 }
 
+/// A read of one key with what the answer's header said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Read {
+    /// The key's value and metadata; `None` = absent.
+    pub entry: Option<Entry>,
+    /// The applied index of the member that answered.
+    pub applied_index: u64,
+    /// The store revision the answer reflects.
+    pub revision: u64,
+}
+
 /// One key listed by a scan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyValue {

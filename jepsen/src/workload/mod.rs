@@ -78,8 +78,12 @@ pub struct Op {
     pub key: String,
     /// Written value (write, cas, add), or the value read (`None` = absent).
     pub value: Option<String>,
-    /// The version a `cas` required (0 = absent).
+    /// The version a `cas` required (0 = absent), in histories before
+    /// revisions.
     pub expected_version: Option<u64>,
+    /// The `mod_revision` a `cas` required (0 = absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_mod_revision: Option<u64>,
     /// Elements a `read-all` returned.
     pub values: Option<Vec<String>>,
     /// How it ended.
@@ -257,6 +261,7 @@ impl History {
                 index: None,
                 revision: None,
                 mod_revision: None,
+                expected_mod_revision: None,
                 error: None,
                 invoke_wall_us: wall_us(),
                 invoke_ns: self.now_ns(),

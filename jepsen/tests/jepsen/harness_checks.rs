@@ -27,6 +27,7 @@ fn op(
         index: Some(id),
         revision: None,
         mod_revision: None,
+        expected_mod_revision: None,
         error: None,
         invoke_wall_us: invoke_ns / 1000,
         invoke_ns,

@@ -67,6 +67,7 @@ fn op(id: u64, f: Function, outcome: Outcome, at_ms: u64, latency_ms: u64) -> Re
         index: None,
         revision: None,
         mod_revision: None,
+        expected_mod_revision: None,
         error: None,
         invoke_wall_us: at_ms * 1000,
         invoke_ns: at_ms * 1_000_000,
