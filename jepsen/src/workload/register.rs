@@ -111,10 +111,7 @@ async fn worker_loop(
         };
         let outcome = if write_guard.is_none() {
             let mut pending = history.invoke(process, Function::Read, &key);
-            match client
-                .read(key.clone(), Consistency::Linearizable)
-                .await
-            {
+            match client.read(key.clone(), Consistency::Linearizable).await {
                 Ok(read) => {
                     let mod_revision = record_read(pending.op_mut(), read);
                     seen.insert(k, mod_revision);

@@ -609,25 +609,20 @@ impl EntryWrite<'_> {
                     continue;
                 }
                 (Op::Delete { .. }, KeyState::Present { .. }) => KeyState::Absent,
-                (
-                    Op::Expire { ttl_ms, key },
-                    KeyState::Present {
-                        value, meta, ..
-                    },
-                ) => KeyState::Present {
-                    seq,
-                    expiry_ms: expiry((*ttl_ms).max(1)),
-                    meta: meta.modified(revision, meta.lease),
-                    value: Some(self.value_of(key, value)?),
-                },
-                (Op::Persist { key }, KeyState::Present { value, meta, .. }) => {
+                (Op::Expire { ttl_ms, key }, KeyState::Present { value, meta, .. }) => {
                     KeyState::Present {
                         seq,
-                        expiry_ms: 0,
+                        expiry_ms: expiry((*ttl_ms).max(1)),
                         meta: meta.modified(revision, meta.lease),
                         value: Some(self.value_of(key, value)?),
                     }
                 }
+                (Op::Persist { key }, KeyState::Present { value, meta, .. }) => KeyState::Present {
+                    seq,
+                    expiry_ms: 0,
+                    meta: meta.modified(revision, meta.lease),
+                    value: Some(self.value_of(key, value)?),
+                },
                 (Op::Expire { .. } | Op::Persist { .. }, KeyState::Absent) => {
                     return Ok(Outcome::KeyNotFound { index });
                 }
@@ -1027,7 +1022,10 @@ mod tests {
         let retry = applier
             .apply(&engine, 3, &requests(0, vec![write]), Vec::new())
             .unwrap();
-        assert_eq!(retry.answers, first.answers, "the retry returns the original answer");
+        assert_eq!(
+            retry.answers, first.answers,
+            "the retry returns the original answer"
+        );
         assert_eq!(
             engine.get(b"k", 0).unwrap().unwrap().value,
             b"second",
@@ -1292,16 +1290,30 @@ mod tests {
         let Outcome::Applied { versions, existed } = &outcomes(&response)[2] else {
             panic!("a delete of nothing applies");
         };
-        assert_eq!((versions.as_slice(), existed.as_slice()), (&[0][..], &[false][..]));
+        assert_eq!(
+            (versions.as_slice(), existed.as_slice()),
+            (&[0][..], &[false][..])
+        );
         // A tick and a merge change nothing.
         let tick = Proposal {
             time_ms: 10,
             command: Command::Tick,
         };
-        assert_eq!(applier.apply(&engine, 2, &tick, Vec::new()).unwrap().revision, 5);
+        assert_eq!(
+            applier
+                .apply(&engine, 2, &tick, Vec::new())
+                .unwrap()
+                .revision,
+            5
+        );
         // Recreated after a delete: created anew, version 1.
         applier
-            .apply(&engine, 3, &writes(20, vec![request(vec![put("b", "again")])]), Vec::new())
+            .apply(
+                &engine,
+                3,
+                &writes(20, vec![request(vec![put("b", "again")])]),
+                Vec::new(),
+            )
             .unwrap();
         assert_eq!(key_meta(&engine, "b"), Some(KeyMeta::created(6, 0)));
         // The revision is in the commit record: a reloaded applier goes on from it.
@@ -1330,7 +1342,9 @@ mod tests {
             }]),
             request(vec![Op::Persist { key: "k".into() }]),
         ];
-        let response = applier.apply(&engine, 1, &writes(0, ops), Vec::new()).unwrap();
+        let response = applier
+            .apply(&engine, 1, &writes(0, ops), Vec::new())
+            .unwrap();
         assert_eq!(answer_revisions(&response), vec![2, 3, 4]);
         assert_eq!(
             key_meta(&engine, "k"),
@@ -1389,14 +1403,25 @@ mod tests {
         assert_eq!((applier.header().revision, applier.expiring_keys()), (2, 2));
         // Overwritten without a TTL: out of the index.
         applier
-            .apply(&engine, 2, &writes(1_100, vec![request(vec![put("long", "kept")])]), Vec::new())
+            .apply(
+                &engine,
+                2,
+                &writes(1_100, vec![request(vec![put("long", "kept")])]),
+                Vec::new(),
+            )
             .unwrap();
         assert_eq!((applier.header().revision, applier.expiring_keys()), (3, 1));
         let tick = |time_ms| Proposal {
             time_ms,
             command: Command::Tick,
         };
-        assert_eq!(applier.apply(&engine, 3, &tick(1_499), Vec::new()).unwrap().revision, 3);
+        assert_eq!(
+            applier
+                .apply(&engine, 3, &tick(1_499), Vec::new())
+                .unwrap()
+                .revision,
+            3
+        );
         // A reloaded applier (a restart) knows the TTL from the key directory.
         let mut applier = Applier::load(&engine).unwrap();
         assert_eq!(applier.expiring_keys(), 1);
@@ -1415,7 +1440,11 @@ mod tests {
         assert_eq!(answer_revisions(&response), vec![5], "the delete took 4");
         assert!(matches!(outcomes(&response)[0], Outcome::Applied { .. }));
         assert_eq!(applier.expiring_keys(), 0);
-        assert_eq!(engine.meta(b"short", 0), None, "a tombstone, not a hidden record");
+        assert_eq!(
+            engine.meta(b"short", 0),
+            None,
+            "a tombstone, not a hidden record"
+        );
         assert_eq!(key_meta(&engine, "long").unwrap().mod_revision, 3);
     }
 
@@ -1474,12 +1503,19 @@ mod tests {
                     .apply(&engine, i as u64 + 1, proposal, Vec::new())
                     .unwrap();
             }
-            (applier.header(), engine.sealed_files(), engine.active_file())
+            (
+                applier.header(),
+                engine.sealed_files(),
+                engine.active_file(),
+            )
         };
         let (header_a, sealed_a, active_a) = run();
         let (header_b, sealed_b, active_b) = run();
         assert!(header_a.revision > 300, "{header_a:?}");
         assert!(sealed_a.len() >= 4);
-        assert_eq!((header_a, sealed_a, active_a), (header_b, sealed_b, active_b));
+        assert_eq!(
+            (header_a, sealed_a, active_a),
+            (header_b, sealed_b, active_b)
+        );
     }
 }

@@ -245,11 +245,11 @@ mod tests {
     #[test]
     fn rotten_key_meta_is_an_error_not_a_panic() {
         for bytes in [
-            &[0x80][..],                 // a varint cut short
-            &[1, 2, 1, 0][..],           // created after it was modified
-            &[1, 0, 1, 0, 9][..],        // trailing byte
-            &[0xff; 11][..],             // a varint past 64 bits
-            &[5, 0, 1][..],              // a field missing
+            &[0x80][..],          // a varint cut short
+            &[1, 2, 1, 0][..],    // created after it was modified
+            &[1, 0, 1, 0, 9][..], // trailing byte
+            &[0xff; 11][..],      // a varint past 64 bits
+            &[5, 0, 1][..],       // a field missing
         ] {
             let meta = RecordMeta::new(bytes).unwrap();
             assert!(KeyMeta::decode(&meta).is_err(), "{bytes:02x?}");
@@ -270,7 +270,10 @@ mod tests {
             compact_revision: 100,
         };
         let wrapped = wrap_commit_meta(header, b"node meta");
-        assert_eq!(split_commit_meta(&wrapped).unwrap(), (header, &b"node meta"[..]));
+        assert_eq!(
+            split_commit_meta(&wrapped).unwrap(),
+            (header, &b"node meta"[..])
+        );
         // Written before revisions: the node's bincode starts with a varint
         // (first byte 0..=253), never the magic.
         for first in 0..=253u8 {

@@ -117,7 +117,10 @@ async fn calls_and_errors() {
     assert_eq!(removed.revision, expired.revision + 1);
     let again = client.delete("a").await.expect("delete");
     assert!(!again.found);
-    assert_eq!(again.revision, removed.revision, "a delete of nothing changes nothing");
+    assert_eq!(
+        again.revision, removed.revision,
+        "a delete of nothing changes nothing"
+    );
 
     let applied = client
         .batch(
@@ -130,7 +133,10 @@ async fn calls_and_errors() {
         .await
         .expect("batch");
     assert_eq!(applied.results.len(), 3);
-    assert_eq!(applied.results[2].seq, 0, "deleting an absent key writes nothing");
+    assert_eq!(
+        applied.results[2].seq, 0,
+        "deleting an absent key writes nothing"
+    );
     assert!(matches!(
         client
             .batch(Batch::new().check_absent("x").check_absent("b").put("d", "1"))

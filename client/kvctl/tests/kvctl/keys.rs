@@ -90,13 +90,7 @@ fn key_commands() {
     run.expect_code(0);
     let new_version = run.json()["revision"].as_u64().expect("revision");
     assert!(new_version > version);
-    let run = cluster.kvctl(&[
-        "put",
-        "bin/file",
-        "v3",
-        "--if-mod-revision",
-        &version_arg,
-    ]);
+    let run = cluster.kvctl(&["put", "bin/file", "v3", "--if-mod-revision", &version_arg]);
     run.expect_code(4);
     assert!(
         run.stderr

@@ -271,10 +271,7 @@ mod tests {
             let entries = entries.clone();
             Box::pin(async move {
                 tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-                let outcomes = requests
-                    .iter()
-                    .map(|r| answer(vec![id_of(r)]))
-                    .collect();
+                let outcomes = requests.iter().map(|r| answer(vec![id_of(r)])).collect();
                 entries.lock().unwrap().push(requests);
                 if fail {
                     Err(ProposeError::NotApplied("not the leader".to_string()))
@@ -298,10 +295,7 @@ mod tests {
             .collect();
         for task in tasks {
             let (id, outcome) = task.await.unwrap();
-            assert_eq!(
-                outcome.unwrap(),
-                answer(vec![id])
-            );
+            assert_eq!(outcome.unwrap(), answer(vec![id]));
         }
         let entries = entries.lock().unwrap();
         let proposed: usize = entries.iter().map(Vec::len).sum();
@@ -368,10 +362,7 @@ mod tests {
                     proposed.lock().unwrap().extend(&ids);
                     // A stuck pipeline (a leader without its majority).
                     gate.acquire().await.unwrap().forget();
-                    Ok(ids
-                        .iter()
-                        .map(|&id| answer(vec![id]))
-                        .collect())
+                    Ok(ids.iter().map(|&id| answer(vec![id])).collect())
                 })
             })
         };

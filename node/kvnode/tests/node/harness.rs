@@ -320,14 +320,7 @@ impl Cluster {
         stale_scan_all(&mut kv, id, min_index)
             .await
             .into_iter()
-            .map(|e| {
-                (
-                    e.key.to_vec(),
-                    e.value.to_vec(),
-                    e.seq,
-                    e.ttl_ms_left > 0,
-                )
-            })
+            .map(|e| (e.key.to_vec(), e.value.to_vec(), e.seq, e.ttl_ms_left > 0))
             .collect()
     }
 

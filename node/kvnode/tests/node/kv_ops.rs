@@ -254,7 +254,11 @@ async fn batch_applies_all_or_nothing() {
     assert!(got.ttl_ms_left > 0 && got.ttl_ms_left <= TTL_MS, "{got:?}");
     let vb = results[1].seq;
     let rb = got.mod_revision;
-    assert_eq!(rb, reply.header.as_ref().unwrap().revision, "the batch's revision");
+    assert_eq!(
+        rb,
+        reply.header.as_ref().unwrap().revision,
+        "the batch's revision"
+    );
 
     // The second condition fails: nothing applies, and it is named.
     let reply = batch(

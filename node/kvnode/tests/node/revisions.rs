@@ -22,7 +22,10 @@ use crate::harness::{Cluster, DEADLINE, POLL};
 const TTL_MS: u64 = 1_500;
 
 fn revision(header: &Option<Header>) -> u64 {
-    header.as_ref().expect("every response has a header").revision
+    header
+        .as_ref()
+        .expect("every response has a header")
+        .revision
 }
 
 async fn put(cluster: &Cluster, key: &str, value: &str, ttl_ms: u64) -> (u64, u64) {
@@ -62,14 +65,22 @@ async fn delete(cluster: &Cluster, key: &str) -> (bool, u64) {
 
 /// (create, mod, version, lease) of a read.
 fn revisions_of(get: &GetResponse) -> (u64, u64, u64, u64) {
-    (get.create_revision, get.mod_revision, get.version, get.lease)
+    (
+        get.create_revision,
+        get.mod_revision,
+        get.version,
+        get.lease,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_changing_request_takes_one_revision_and_every_member_agrees() {
     let mut cluster = Cluster::start(|_| StateMachineOptions::default()).await;
     let (r1, _) = put(&cluster, "a", "1", 0).await;
-    assert!(r1 >= 2, "a fresh cluster is at revision 1: the first write is 2 or more");
+    assert!(
+        r1 >= 2,
+        "a fresh cluster is at revision 1: the first write is 2 or more"
+    );
     let (r2, _) = put(&cluster, "b", "1", 0).await;
     assert_eq!(r2, r1 + 1, "one revision per put");
     let (r3, _) = put(&cluster, "a", "2", 0).await;
@@ -95,7 +106,11 @@ async fn each_changing_request_takes_one_revision_and_every_member_agrees() {
         panic!("a stale mod_revision must fail: {:?}", failed.outcome);
     };
     assert_eq!(why.current_mod_revision, r3);
-    assert_eq!(revision(&failed.header), r3, "a failed condition changes nothing");
+    assert_eq!(
+        revision(&failed.header),
+        r3,
+        "a failed condition changes nothing"
+    );
     let held = cluster.write("current condition", conditional(r3)).await;
     assert!(matches!(held.outcome, Some(put_response::Outcome::Seq(_))));
     let r4 = revision(&held.header);
@@ -153,11 +168,7 @@ async fn each_changing_request_takes_one_revision_and_every_member_agrees() {
         }
     }
     // A restarted member recovers the store revision and every key's revisions.
-    let follower = cluster
-        .running()
-        .into_iter()
-        .find(|id| *id != 1)
-        .unwrap();
+    let follower = cluster.running().into_iter().find(|id| *id != 1).unwrap();
     cluster.stop(follower).await;
     cluster.restart(follower).await;
     let applied = cluster.wait_applied_equal().await;
@@ -165,7 +176,10 @@ async fn each_changing_request_takes_one_revision_and_every_member_agrees() {
     assert_eq!(revisions_of(&got), (r1, r4, 3, 0));
     assert!(revision(&got.header) >= r6);
     let (r7, _) = put(&cluster, "e", "1", 0).await;
-    assert!(r7 > r6, "the revision goes on after a restart: {r7} after {r6}");
+    assert!(
+        r7 > r6,
+        "the revision goes on after a restart: {r7} after {r6}"
+    );
     cluster.shutdown().await;
 }
 
