@@ -34,7 +34,7 @@ Exit codes (DESIGN §6):
      PERMISSION_DENIED
   3  cluster unavailable: no member answered in time (the message lists the
      endpoints tried), or the server failed the call
-  4  condition failed: --if-version / --if-absent did not hold, or the
+  4  condition failed: --if-mod-revision (--if-version) / --if-absent did not hold, or the
      cluster refused a membership change's precondition
   5  outcome unknown: the write was sent and may or may not have applied
      (it applied at most once); read the key to find out

@@ -1,6 +1,6 @@
 //! `kvctl put KEY VALUE`: the value from the argument, `@FILE` or `-`
 //! (standard input), read up to [`INPUT_VALUE_BYTES_MAX`]; optional TTL,
-//! `--if-version` and `--if-absent`.
+//! `--if-mod-revision` (old name `--if-version`) and `--if-absent`.
 
 use std::io::Read;
 
