@@ -266,6 +266,13 @@ fn timeline_events(planned: &[Planned], results: &[Completion], revisions: bool)
         );
         event.monotonic_ns = Some(time);
         event.expected_version = operation.expected_version;
+        if revisions {
+            // A cas then names the mod_revision it requires (0: absent), as
+            // the register workload records it since revisions.
+            event.expected_mod_revision = operation
+                .expected_version
+                .map(|version| mod_revision(version).unwrap_or(0));
+        }
         if phase == 0 || operation.f != Function::Read {
             event.value = operation.value.clone();
         }

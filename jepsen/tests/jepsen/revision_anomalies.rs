@@ -51,7 +51,7 @@ fn invocation_of(events: &[Event], completion: usize) -> usize {
 }
 
 /// The injected anomaly is flagged by `kind`, makes the verdict invalid,
-/// and only the revision checks see it.
+/// and the revision checks name it.
 fn assert_flagged(events: &[Event], kind: RevisionAnomalyKind, seed: u64) {
     let report = run(events);
     let revisions = report.revisions.as_ref().expect("revision checks ran");
@@ -67,11 +67,10 @@ fn assert_flagged(events: &[Event], kind: RevisionAnomalyKind, seed: u64) {
         kind.name()
     );
     assert_eq!(report.verdict, Verdict::NotLinearizable, "seed {seed}");
-    assert_eq!(
-        report.linearizability.as_ref().map(|l| l.verdict),
-        Some(Verdict::Linearizable),
-        "seed {seed}: only revisions were changed"
-    );
+    // The register model compares mod_revisions in such a history, so a
+    // moved write revision or read mod_revision may also make the register
+    // history non-linearizable; what matters here is that the revision
+    // check names it, whatever else does.
     assert!(report.anomalies.is_empty(), "seed {seed}");
 }
 

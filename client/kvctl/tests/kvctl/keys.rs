@@ -15,7 +15,7 @@ fn key_commands() {
     // put from an argument, get it back byte for byte.
     let run = cluster.kvctl(&["put", "greeting", "hello"]);
     run.expect_code(0);
-    assert!(run.out().starts_with("OK greeting version "), "{run:?}");
+    assert!(run.out().starts_with("OK greeting revision "), "{run:?}");
     let run = cluster.kvctl(&["get", "greeting"]);
     run.expect_code(0);
     assert_eq!(run.stdout, b"hello", "{run:?}");

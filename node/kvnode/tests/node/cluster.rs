@@ -210,7 +210,15 @@ async fn single_node_put_get_delete_and_restart() {
         .into_inner();
     assert!(got.found);
     assert_eq!(&got.value[..], b"one");
-    assert_eq!(got.version, version);
+    assert_eq!(got.seq, version);
+    // The first write of a fresh cluster is revision 1; a created key is at
+    // version 1 with create and mod revision both the write's.
+    assert_eq!(header.revision, 1);
+    assert_eq!(
+        (got.version, got.create_revision, got.mod_revision),
+        (1, 1, 1)
+    );
+    assert_eq!(got.header.unwrap().revision, 1);
 
     client.put(put("beta", "two")).await.unwrap();
     let deleted = client
