@@ -56,7 +56,7 @@
 //!     key: "greeting".into(),
 //!     value: "hello".into(),
 //!     ttl_ms: 10_000,
-//!     condition: Some(put_request::Condition::IfVersion(0)),
+//!     condition: Some(put_request::Condition::IfModRevision(0)),
 //! };
 //! let wire = put.encode_to_vec();
 //! assert_eq!(PutRequest::decode(wire.as_slice()).unwrap(), put);

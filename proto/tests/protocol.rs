@@ -53,6 +53,7 @@ fn kv_messages_survive_a_round_trip() {
         session,
         key: Bytes::from_static(b"k"),
         if_mod_revision: Some(0),
+        if_seq: None,
     });
     round_trip(&kv::ScanRequest {
         range: Some(kv::scan_request::Range::Between(kv::KeyRange {
@@ -70,6 +71,7 @@ fn kv_messages_survive_a_round_trip() {
         conditions: vec![kv::BatchCondition {
             key: Bytes::from_static(b"x"),
             mod_revision: 7,
+            seq: 0,
         }],
         ops: vec![
             kv::BatchOp {

@@ -353,6 +353,7 @@ impl Client {
                     session: Some(session),
                     key: key.clone(),
                     if_mod_revision,
+                    if_seq: None,
                 };
                 async move { kv(channel).delete(request).await }
             })

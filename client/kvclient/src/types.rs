@@ -181,6 +181,7 @@ impl Batch {
         self.conditions.push(pb::BatchCondition {
             key: key.into(),
             mod_revision,
+            seq: 0,
         });
         self
     }

@@ -16,6 +16,24 @@
 //! revision of its own, in (expiry, key) order, found through an in-memory
 //! expiry index (never a scan), so the change history shows a delete.
 //!
+//! Entries from before revisions: a store that has never applied an entry
+//! of a build with revisions (its last commit record has no store header)
+//! applies [`Command::Requests`], [`Command::Tick`] and [`Command::Merge`]
+//! exactly as those builds did: no revision, no key metas (kinds 1/2 on
+//! disk), a tombstone for a delete of an absent key, no expiry deletes
+//! (expired keys stay hidden until merged away) and session records in
+//! their old form. The first entry of any other command ([`Command::Writes`]
+//! or [`Command::Advance`], which builds with revisions propose) turns
+//! revisions on for good at revision [`FIRST_REVISION`] — a point fixed by
+//! the log, so replicas that stopped at different indexes of an old log
+//! count the same revisions after the upgrade.
+//!
+//! Limits per entry: at most [`EXPIRY_DELETES_PER_ENTRY_MAX`] expiry
+//! deletes and [`SESSION_EVICTIONS_PER_ENTRY_MAX`] idle-session evictions
+//! (the rest go to the next entries, in the same order), and a request is
+//! refused when its ops would not fit beside them under [`ENTRY_OPS_MAX`],
+//! so no burst of expiring keys or idle sessions makes an entry unappliable.
+//!
 //! Nothing here reads a clock, a random number or a hash-map iteration
 //! order: the same entry applied to the same state writes the same bytes
 //! on every replica.
@@ -32,7 +50,8 @@ use crate::command::{
     Request, SESSION_ANSWERS_MAX, SESSION_IDLE_MS_MAX, SessionRef,
 };
 use crate::revision::{
-    KeyMeta, RevisionError, StoreHeader, split_commit_meta, tombstone_meta, wrap_commit_meta,
+    FIRST_REVISION, KeyMeta, RevisionError, StoreHeader, split_commit_meta_exact, tombstone_meta,
+    wrap_commit_meta,
 };
 use kvcodec as codec;
 
@@ -43,6 +62,16 @@ const LOAD_PAGE_KEYS: usize = 1024;
 /// First byte of a session record written since revisions: a bincode value
 /// (the older records) starts with a varint, whose first byte is never 0xFF.
 const SESSION_RECORD_TAG: u8 = 0xFF;
+/// The revision an answer stored before revisions reports when replayed:
+/// the same on every replica whenever it loaded the record.
+const LEGACY_ANSWER_REVISION: u64 = 0;
+/// Keys whose TTL ran out deleted by one entry at most; later entries
+/// delete the rest, in the same (expiry, key) order. Until then such a key
+/// reads as absent.
+pub const EXPIRY_DELETES_PER_ENTRY_MAX: usize = 4_096;
+/// Idle sessions evicted by one entry at most; later entries evict the
+/// rest, in client-id order.
+pub const SESSION_EVICTIONS_PER_ENTRY_MAX: usize = 1_024;
 
 /// Why an entry could not be applied. Any of these stops the node: a replica
 /// that cannot apply an entry must not go on answering.
@@ -85,8 +114,9 @@ pub struct SessionRecord {
 }
 
 /// A session record as builds before revisions stored it (answers without
-/// a revision); read, never written.
-#[derive(Deserialize)]
+/// a revision); written only while the store applies entries from before
+/// revisions (see the module doc).
+#[derive(Serialize, Deserialize)]
 struct LegacySessionRecord {
     last_active_ms: u64,
     forgotten_below: u64,
@@ -101,9 +131,24 @@ impl SessionRecord {
         bytes
     }
 
+    /// The stored form builds before revisions wrote (answers lose their
+    /// revision, which is [`LEGACY_ANSWER_REVISION`] while the store applies
+    /// entries from before revisions).
+    fn encode_legacy(&self) -> Vec<u8> {
+        codec::encode(&LegacySessionRecord {
+            last_active_ms: self.last_active_ms,
+            forgotten_below: self.forgotten_below,
+            answers: self
+                .answers
+                .iter()
+                .map(|(seq, answer)| (*seq, answer.outcome.clone()))
+                .collect(),
+        })
+    }
+
     /// Reads a stored record; a record stored before revisions gets
-    /// `revision` for each of its answers.
-    fn decode(bytes: &[u8], revision: u64) -> Result<SessionRecord, codec::CodecError> {
+    /// [`LEGACY_ANSWER_REVISION`] for each of its answers.
+    fn decode(bytes: &[u8]) -> Result<SessionRecord, codec::CodecError> {
         if let Some(rest) = bytes.strip_prefix(&[SESSION_RECORD_TAG]) {
             return codec::decode(rest);
         }
@@ -114,7 +159,10 @@ impl SessionRecord {
             answers: legacy
                 .answers
                 .into_iter()
-                .map(|(seq, outcome)| (seq, Answer { outcome, revision }))
+                .map(|(seq, outcome)| {
+                    let revision = LEGACY_ANSWER_REVISION;
+                    (seq, Answer { outcome, revision })
+                })
                 .collect(),
         })
     }
@@ -177,6 +225,9 @@ pub struct Applier {
     session_idle_ms: u64,
     /// The store revision and compact revision after the last entry.
     header: StoreHeader,
+    /// Whether revisions are on (see the module doc, "Entries from before
+    /// revisions"): the last commit record carries a store header.
+    revisions_on: bool,
     /// Every user key with a TTL, by (expiry ms, key).
     expiries: BTreeSet<(u64, Vec<u8>)>,
     /// Where readers learn the store revision: set to an entry's revision
@@ -192,6 +243,7 @@ impl Default for Applier {
             sessions: BTreeMap::new(),
             session_idle_ms: SESSION_IDLE_MS_MAX,
             header: StoreHeader::default(),
+            revisions_on: false,
             expiries: BTreeSet::new(),
             published: None,
         }
@@ -203,8 +255,8 @@ impl Applier {
     /// and the expiry index from `engine`.
     pub fn load(engine: &Engine) -> Result<Applier, ApplyError> {
         let header = match engine.last_commit_meta() {
-            Some(bytes) => split_commit_meta(&bytes)?.0,
-            None => StoreHeader::default(),
+            Some(bytes) => split_commit_meta_exact(&bytes)?.0,
+            None => None,
         };
         let mut sessions = BTreeMap::new();
         let prefix = [RESERVED_KEY_PREFIX, b"session/"].concat();
@@ -224,14 +276,11 @@ impl Applier {
                             reason: "malformed session key".to_string(),
                         })?;
                 let client_id = u64::from_be_bytes(id_bytes);
-                let record = SessionRecord::decode(
-                    entry.value.as_deref().unwrap_or_default(),
-                    header.revision,
-                )
-                .map_err(|e| ApplyError::Session {
-                    client_id,
-                    reason: e.to_string(),
-                })?;
+                let record = SessionRecord::decode(entry.value.as_deref().unwrap_or_default())
+                    .map_err(|e| ApplyError::Session {
+                        client_id,
+                        reason: e.to_string(),
+                    })?;
                 sessions.insert(client_id, record);
             }
             match page.last() {
@@ -241,7 +290,8 @@ impl Applier {
         }
         Ok(Applier {
             sessions,
-            header,
+            header: header.unwrap_or_default(),
+            revisions_on: header.is_some(),
             expiries: load_expiries(engine)?,
             ..Applier::default()
         })
@@ -284,7 +334,17 @@ impl Applier {
     /// The commit record metadata of an entry that changes no key (blank,
     /// membership): the current store header before `node_meta`.
     pub fn commit_meta(&self, node_meta: &[u8]) -> Vec<u8> {
-        wrap_commit_meta(self.header, node_meta)
+        if self.revisions_on {
+            wrap_commit_meta(self.header, node_meta)
+        } else {
+            node_meta.to_vec()
+        }
+    }
+
+    /// Whether revisions are on (see the module doc, "Entries from before
+    /// revisions").
+    pub fn revisions_on(&self) -> bool {
+        self.revisions_on
     }
 
     /// Applies the entry at `index` carrying `proposal`; `meta` (the node's)
@@ -298,7 +358,16 @@ impl Applier {
     ) -> Result<EntryResponse, ApplyError> {
         let now_ms = proposal.time_ms;
         let base = index * VERSIONS_PER_INDEX;
+        let legacy = !self.revisions_on && proposal.command.is_from_before_revisions();
+        if !legacy && !self.revisions_on {
+            self.revisions_on = true;
+            self.header = StoreHeader {
+                revision: FIRST_REVISION,
+                ..self.header
+            };
+        }
         let mut entry = EntryWrite {
+            legacy,
             engine,
             base,
             now_ms,
@@ -319,6 +388,11 @@ impl Applier {
         self.expiries = expiries;
         let answers = applied?;
         // Sessions: evict idle ones, then store the touched ones, in client-id order.
+        let evictions_max = if legacy {
+            usize::MAX
+        } else {
+            SESSION_EVICTIONS_PER_ENTRY_MAX
+        };
         let idle: Vec<u64> = self
             .sessions
             .iter()
@@ -326,6 +400,7 @@ impl Applier {
                 record.last_active_ms.saturating_add(self.session_idle_ms) <= now_ms
             })
             .map(|(client_id, _)| *client_id)
+            .take(evictions_max)
             .collect();
         for client_id in idle {
             self.sessions.remove(&client_id);
@@ -334,7 +409,12 @@ impl Applier {
         }
         for client_id in &touched_sessions {
             let record = &self.sessions[client_id];
-            batch = batch.put(session_key(*client_id), record.encode());
+            let stored = if legacy {
+                record.encode_legacy()
+            } else {
+                record.encode()
+            };
+            batch = batch.put(session_key(*client_id), stored);
         }
         if batch.ops.len() > ENTRY_OPS_MAX {
             return Err(ApplyError::TooManyOps {
@@ -346,9 +426,13 @@ impl Applier {
             revision,
             ..self.header
         };
-        batch.meta = wrap_commit_meta(header, &meta);
-        if let Some(gauge) = &self.published {
-            gauge.store(revision, Ordering::SeqCst);
+        if legacy {
+            batch.meta = meta;
+        } else {
+            batch.meta = wrap_commit_meta(header, &meta);
+            if let Some(gauge) = &self.published {
+                gauge.store(revision, Ordering::SeqCst);
+            }
         }
         engine.write_batch(&batch)?;
         self.header = header;
@@ -365,7 +449,7 @@ impl Applier {
         let (requests, compared) = match &proposal.command {
             Command::Requests(requests) => (requests, Compared::Seq),
             Command::Writes(requests) => (requests, Compared::ModRevision),
-            Command::Tick | Command::Merge { .. } => return Ok(Vec::new()),
+            Command::Tick | Command::Advance | Command::Merge { .. } => return Ok(Vec::new()),
         };
         let mut answers = Vec::with_capacity(requests.len());
         for request in requests {
@@ -395,7 +479,11 @@ impl Applier {
         let outcome = entry.evaluate(request, compared)?;
         let answer = Answer {
             outcome,
-            revision: entry.revision,
+            revision: if entry.legacy {
+                LEGACY_ANSWER_REVISION
+            } else {
+                entry.revision
+            },
         };
         if let Some(session) = request.session {
             let record = self.sessions.entry(session.client_id).or_default();
@@ -419,6 +507,11 @@ impl Applier {
     /// applying the request now could apply a write a second time). `None`
     /// for a new request, whose session now exists.
     fn replay(&mut self, session: SessionRef, now_ms: u64, revision: u64) -> Option<Answer> {
+        let revision = if self.revisions_on {
+            revision
+        } else {
+            LEGACY_ANSWER_REVISION
+        };
         let expired = Answer {
             outcome: Outcome::SessionExpired,
             revision,
@@ -488,6 +581,8 @@ fn load_expiries(engine: &Engine) -> Result<BTreeSet<(u64, Vec<u8>)>, ApplyError
 /// The engine batch an entry is building, and what its earlier requests did.
 struct EntryWrite<'a> {
     engine: &'a Engine,
+    /// Applied as builds before revisions did (see the module doc).
+    legacy: bool,
     /// `index × VERSIONS_PER_INDEX`: the batch's first sequence number.
     base: u64,
     /// The entry's cluster time.
@@ -507,7 +602,12 @@ impl EntryWrite<'_> {
     /// Deletes every key whose TTL ran out by this entry's time, each at a
     /// revision of its own, in (expiry, key) order.
     fn delete_expired(&mut self) -> Result<(), ApplyError> {
-        while let Some((expiry_ms, _)) = self.expiries.first()
+        if self.legacy {
+            return Ok(());
+        }
+        let mut deleted = 0;
+        while deleted < EXPIRY_DELETES_PER_ENTRY_MAX
+            && let Some((expiry_ms, _)) = self.expiries.first()
             && *expiry_ms <= self.now_ms
         {
             let (expiry_ms, key) = self.expiries.pop_first().expect("just seen");
@@ -521,6 +621,7 @@ impl EntryWrite<'_> {
                 continue;
             }
             self.revision += 1;
+            deleted += 1;
             self.batch.ops.push(bitcask::Op::Delete {
                 key: key.clone(),
                 meta: tombstone_meta(self.revision),
@@ -543,7 +644,14 @@ impl EntryWrite<'_> {
                 reason: "keys starting with the reserved prefix are refused".to_string(),
             });
         }
-        if self.batch.ops.len() + request.ops.len() >= ENTRY_OPS_MAX {
+        // Room for the request's ops beside what the entry holds, its
+        // session records and (since revisions) the idle-session evictions.
+        let reserved_ops = if self.legacy {
+            0
+        } else {
+            self.touched_sessions.len() + 1 + SESSION_EVICTIONS_PER_ENTRY_MAX
+        };
+        if self.batch.ops.len() + reserved_ops + request.ops.len() >= ENTRY_OPS_MAX {
             return Ok(Outcome::Rejected {
                 reason: format!("the entry would exceed ENTRY_OPS_MAX ({ENTRY_OPS_MAX}) ops"),
             });
@@ -603,11 +711,13 @@ impl EntryWrite<'_> {
                     },
                     value: Some(value.clone()),
                 },
-                // Nothing to delete: no record, no revision.
-                (Op::Delete { .. }, KeyState::Absent) => {
+                // Nothing to delete: no record, no revision (builds before
+                // revisions wrote a tombstone all the same).
+                (Op::Delete { .. }, KeyState::Absent) if !self.legacy => {
                     versions.push(0);
                     continue;
                 }
+                (Op::Delete { .. }, KeyState::Absent) => KeyState::Absent,
                 (Op::Delete { .. }, KeyState::Present { .. }) => KeyState::Absent,
                 (Op::Expire { ttl_ms, key }, KeyState::Present { value, meta, .. }) => {
                     KeyState::Present {
@@ -630,7 +740,7 @@ impl EntryWrite<'_> {
             versions.push(seq);
             staged.push((op.key().to_vec(), next));
         }
-        if !staged.is_empty() {
+        if !staged.is_empty() && !self.legacy {
             self.revision = revision;
         }
         for old in old_expiries {
@@ -644,7 +754,11 @@ impl EntryWrite<'_> {
                 KeyState::Absent => {
                     self.batch.ops.push(bitcask::Op::Delete {
                         key: key.clone(),
-                        meta: tombstone_meta(revision),
+                        meta: if self.legacy {
+                            bitcask::RecordMeta::EMPTY
+                        } else {
+                            tombstone_meta(revision)
+                        },
                     });
                     KeyState::Absent
                 }
@@ -662,7 +776,11 @@ impl EntryWrite<'_> {
                         key: key.clone(),
                         value,
                         expiry_ms,
-                        meta: meta.encode(),
+                        meta: if self.legacy {
+                            bitcask::RecordMeta::EMPTY
+                        } else {
+                            meta.encode()
+                        },
                     });
                     KeyState::Present {
                         seq,
@@ -749,6 +867,7 @@ mod tests {
 
     use super::*;
     use crate::command::Condition;
+    use crate::revision::split_commit_meta;
 
     fn engine(fs: &SimFs) -> Engine {
         let opts = Options {
@@ -828,9 +947,120 @@ mod tests {
             (a.value.as_slice(), a.seq),
             (&b"2"[..], 7 * VERSIONS_PER_INDEX + 1)
         );
-        let commit = engine.last_commit_meta().unwrap();
-        let (header, node_meta) = split_commit_meta(&commit).unwrap();
-        assert_eq!((header.revision, node_meta), (3, &b"meta"[..]));
+        // A store that never applied an entry of a build with revisions
+        // applies `Requests` as builds before revisions did: the commit
+        // record is the node's meta alone, and no record carries a meta.
+        assert_eq!(engine.last_commit_meta().unwrap(), b"meta");
+        assert!(a.meta.is_empty());
+        assert!(!applier.revisions_on());
+    }
+
+    /// More keys running out at once than one entry may delete: the next
+    /// entries delete the rest, in order, each key at a revision of its own,
+    /// and nothing makes an entry unappliable.
+    #[test]
+    fn a_burst_of_expiries_spreads_over_entries() {
+        let fs = SimFs::new();
+        let engine = engine(&fs);
+        let mut applier = Applier::default();
+        let burst = EXPIRY_DELETES_PER_ENTRY_MAX + 100;
+        let ops = (0..burst)
+            .map(|i| Op::Put {
+                key: format!("k{i:05}").into_bytes(),
+                value: b"v".to_vec(),
+                ttl_ms: 10,
+            })
+            .collect();
+        let put = applier
+            .apply(&engine, 1, &writes(0, vec![request(ops)]), Vec::new())
+            .unwrap();
+        assert_eq!(put.revision, 2);
+        let advance = |time_ms| Proposal {
+            time_ms,
+            command: Command::Advance,
+        };
+        let first = applier
+            .apply(&engine, 2, &advance(100), Vec::new())
+            .unwrap();
+        assert_eq!(first.revision, 2 + EXPIRY_DELETES_PER_ENTRY_MAX as u64);
+        assert_eq!(applier.expiring_keys(), 100);
+        let second = applier
+            .apply(&engine, 3, &advance(101), Vec::new())
+            .unwrap();
+        assert_eq!(second.revision, 2 + burst as u64);
+        assert_eq!(applier.expiring_keys(), 0);
+        assert!(engine.scan(&bitcask::Scan::all(10), 0).unwrap().is_empty());
+    }
+
+    /// An upgrade: replicas that applied different prefixes of an old log
+    /// with the old build, then the rest with this one (each after a
+    /// restart), count the same revisions and write the same files; the
+    /// old entries' deletes of absent keys still write tombstones, and
+    /// revisions start at the first entry of a build with revisions.
+    #[test]
+    fn replicas_upgraded_at_different_indexes_agree() {
+        let old_log: Vec<Proposal> = vec![
+            requests(10, vec![request(vec![put("a", "1")])]),
+            requests(
+                20,
+                vec![request(vec![
+                    Op::Delete {
+                        key: b"never".to_vec(),
+                    },
+                    Op::Put {
+                        key: b"t".to_vec(),
+                        value: b"ttl".to_vec(),
+                        ttl_ms: 5,
+                    },
+                ])],
+            ),
+            Proposal {
+                time_ms: 40,
+                command: Command::Tick,
+            },
+            requests(50, vec![request(vec![put("b", "2")])]),
+        ];
+        let new_log: Vec<Proposal> = vec![
+            Proposal {
+                time_ms: 60,
+                command: Command::Advance,
+            },
+            writes(70, vec![request(vec![put("a", "3")])]),
+        ];
+        let mut files = Vec::new();
+        for upgraded_at in [0, 2, 4] {
+            let fs = SimFs::new();
+            let engine = engine(&fs);
+            let mut applier = Applier::default();
+            let mut index = 1;
+            for proposal in &old_log[..upgraded_at] {
+                applier.apply(&engine, index, proposal, Vec::new()).unwrap();
+                index += 1;
+            }
+            // The restart on the new build.
+            let mut applier = Applier::load(&engine).unwrap();
+            for proposal in &old_log[upgraded_at..] {
+                let response = applier.apply(&engine, index, proposal, Vec::new()).unwrap();
+                assert!(response.answers.iter().all(|a| a.revision == 0));
+                index += 1;
+            }
+            assert!(!applier.revisions_on());
+            assert_eq!(engine.get(b"never", 60).unwrap(), None);
+            // The first entry of the new build turns revisions on at 1 and
+            // deletes the expired key at revision 2; the put is revision 3.
+            applier
+                .apply(&engine, index, &new_log[0], Vec::new())
+                .unwrap();
+            assert!(applier.revisions_on());
+            assert_eq!(applier.header().revision, 2);
+            let response = applier
+                .apply(&engine, index + 1, &new_log[1], Vec::new())
+                .unwrap();
+            assert_eq!(response.revision, 3);
+            assert_eq!(key_meta(&engine, "a").unwrap().mod_revision, 3);
+            files.push((engine.sealed_files(), engine.active_file()));
+        }
+        assert!(files.windows(2).all(|pair| pair[0] == pair[1]));
     }
 
     #[test]
@@ -1462,17 +1692,22 @@ mod tests {
             forgotten_below: 4,
             answers: BTreeMap::from([(5, Outcome::SessionExpired)]),
         };
-        let record = SessionRecord::decode(&codec::encode(&legacy), 77).unwrap();
+        let stored = codec::encode(&legacy);
+        let record = SessionRecord::decode(&stored).unwrap();
         assert_eq!(record.last_active_ms, 123);
+        // The same revision wherever and whenever the record was loaded.
         assert_eq!(
             record.answers[&5],
             Answer {
                 outcome: Outcome::SessionExpired,
-                revision: 77
+                revision: LEGACY_ANSWER_REVISION
             }
         );
-        let again = SessionRecord::decode(&record.encode(), 1).unwrap();
+        let again = SessionRecord::decode(&record.encode()).unwrap();
         assert_eq!(again, record);
+        // Before revisions are on, records are stored in the old form, byte
+        // for byte.
+        assert_eq!(record.encode_legacy(), stored);
     }
 
     /// Revisions, metas and expiry deletes are as deterministic as the rest.

@@ -129,6 +129,23 @@ pub enum Command {
     /// Client requests gathered into one entry, applied in order, whose
     /// conditions compare `mod_revision`: what the leader proposes.
     Writes(Vec<Request>),
+    /// Only advances the cluster time, like [`Command::Tick`], which builds
+    /// before revisions proposed: keys whose TTL ran out are deleted (each
+    /// at a revision of its own) and, on a store upgraded from such a build,
+    /// the first of these turns revisions on (`apply.rs`, "Entries from
+    /// before revisions").
+    Advance,
+}
+
+impl Command {
+    /// Whether builds before revisions proposed this command: applied as
+    /// they applied it until the store has turned revisions on.
+    pub fn is_from_before_revisions(&self) -> bool {
+        matches!(
+            self,
+            Command::Requests(_) | Command::Tick | Command::Merge { .. }
+        )
+    }
 }
 
 /// The payload of a Raft entry: the leader's cluster time and a command.
@@ -150,6 +167,7 @@ impl std::fmt::Display for Proposal {
             Command::Requests(requests) => write!(f, "requests({})", requests.len())?,
             Command::Writes(requests) => write!(f, "writes({})", requests.len())?,
             Command::Tick => write!(f, "tick")?,
+            Command::Advance => write!(f, "advance")?,
             Command::Merge { inputs } => write!(f, "merge({} inputs)", inputs.len())?,
         }
         write!(f, " at {} ms", self.time_ms)

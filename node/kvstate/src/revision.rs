@@ -182,8 +182,19 @@ pub fn wrap_commit_meta(header: StoreHeader, node_meta: &[u8]) -> Vec<u8> {
 /// metadata. Metadata written before revisions existed has no header: it
 /// reads as a fresh store's ([`StoreHeader::default`]).
 pub fn split_commit_meta(bytes: &[u8]) -> Result<(StoreHeader, &[u8]), RevisionError> {
+    let (header, rest) = split_commit_meta_exact(bytes)?;
+    Ok((header.unwrap_or_default(), rest))
+}
+
+/// Like [`split_commit_meta`], but `None` for metadata without a header
+/// (written before revisions, or while the store still applied entries as
+/// builds before revisions did; see `apply.rs`, "Entries from before
+/// revisions").
+pub fn split_commit_meta_exact(
+    bytes: &[u8],
+) -> Result<(Option<StoreHeader>, &[u8]), RevisionError> {
     let Some(mut rest) = bytes.strip_prefix(&STORE_HEADER_MAGIC[..]) else {
-        return Ok((StoreHeader::default(), bytes));
+        return Ok((None, bytes));
     };
     match rest.split_first() {
         Some((&STORE_HEADER_VERSION, tail)) => rest = tail,
@@ -197,10 +208,10 @@ pub fn split_commit_meta(bytes: &[u8]) -> Result<(StoreHeader, &[u8]), RevisionE
     let revision = take_varint(&mut rest, "store revision")?;
     let compact_revision = take_varint(&mut rest, "compact revision")?;
     Ok((
-        StoreHeader {
+        Some(StoreHeader {
             revision,
             compact_revision,
-        },
+        }),
         rest,
     ))
 }

@@ -454,6 +454,7 @@ impl Kv for KvService {
                 key: key.clone(),
                 version,
             }],
+            Some(put_request::Condition::IfSeq(_)) => return Err(seq_condition_refused("if_seq")),
             Some(put_request::Condition::IfAbsent(_)) => vec![Condition {
                 key: key.clone(),
                 version: 0,
@@ -496,6 +497,9 @@ impl Kv for KvService {
         let request = request.into_inner();
         let _timer = self.request_timer(RequestOp::Delete);
         check_key(&request.key)?;
+        if request.if_seq.is_some() {
+            return Err(seq_condition_refused("if_seq"));
+        }
         let key = request.key.to_vec();
         let conditions = request
             .if_mod_revision
@@ -681,6 +685,9 @@ impl Kv for KvService {
         let mut conditions = Vec::with_capacity(request.conditions.len());
         for condition in request.conditions {
             check_key(&condition.key)?;
+            if condition.seq != 0 {
+                return Err(seq_condition_refused("conditions.seq"));
+            }
             conditions.push(Condition {
                 key: condition.key.to_vec(),
                 version: condition.mod_revision,
@@ -729,4 +736,16 @@ impl Kv for KvService {
             outcome: Some(outcome),
         }))
     }
+}
+
+/// The refusal of a condition field that compared sequence numbers before
+/// revisions (a client built before them): naming the field and its
+/// replacement, so the write is neither applied unconditionally nor compared
+/// in the wrong number space.
+fn seq_condition_refused(field: &str) -> Status {
+    Status::invalid_argument(format!(
+        "{field}: conditions on sequence numbers are no longer served; \
+         compare mod_revision (if_mod_revision / mod_revision) instead \
+         (a client built before revisions: upgrade it)"
+    ))
 }

@@ -211,14 +211,14 @@ async fn single_node_put_get_delete_and_restart() {
     assert!(got.found);
     assert_eq!(&got.value[..], b"one");
     assert_eq!(got.seq, version);
-    // The first write of a fresh cluster is revision 1; a created key is at
-    // version 1 with create and mod revision both the write's.
-    assert_eq!(header.revision, 1);
+    // A fresh cluster is at revision 1 and its first write makes it 2; a
+    // created key is at version 1 with create and mod revision the write's.
+    assert_eq!(header.revision, 2);
     assert_eq!(
         (got.version, got.create_revision, got.mod_revision),
-        (1, 1, 1)
+        (1, 2, 2)
     );
-    assert_eq!(got.header.unwrap().revision, 1);
+    assert_eq!(got.header.unwrap().revision, 2);
 
     client.put(put("beta", "two")).await.unwrap();
     let deleted = client

@@ -67,6 +67,7 @@ fn condition(key: &str, mod_revision: u64) -> BatchCondition {
     BatchCondition {
         key: key.as_bytes().to_vec().into(),
         mod_revision,
+        seq: 0,
     }
 }
 

@@ -136,7 +136,7 @@ async fn a_retry_after_its_session_was_evicted_is_refused_not_applied_again() {
         .unwrap()
         .into_inner();
     assert_eq!(
-        (&got.value[..], got.version),
+        (&got.value[..], got.seq),
         (&b"other"[..], overwritten),
         "the key keeps the later write"
     );
@@ -230,7 +230,7 @@ async fn a_lost_reply_retried_to_the_new_leader_applies_once() {
         .unwrap()
         .into_inner();
     assert!(got.found);
-    assert_eq!(got.version, version, "the stored version is the original");
+    assert_eq!(got.seq, version, "the stored version is the original");
     // A new write of the same client goes on normally.
     let next = client
         .put(PutRequest {
@@ -303,7 +303,7 @@ async fn a_cut_off_follower_answers_linearizable_reads_with_unavailable() {
             Ok(reply) => {
                 let reply = reply.into_inner();
                 assert_eq!(&reply.value[..], b"during");
-                assert!(reply.version >= second);
+                assert!(reply.seq >= second);
                 break;
             }
             Err(status) => {

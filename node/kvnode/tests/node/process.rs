@@ -386,7 +386,7 @@ async fn check_acked(members: &[(u64, SocketAddr)], leader: u64, acked: &[Acked]
                 "member {id}: acknowledged write {write:?} is missing"
             );
             assert_eq!(
-                (got.value.as_ref(), got.version),
+                (got.value.as_ref(), got.seq),
                 (write.value.as_bytes(), write.version),
                 "member {id}: {write:?}"
             );

@@ -273,10 +273,12 @@ async fn workload(cluster: &mut Cluster) {
                 BatchCondition {
                     key: key(20).into(),
                     mod_revision: r20,
+                    seq: 0,
                 },
                 BatchCondition {
                     key: key(3).into(),
                     mod_revision: 0,
+                    seq: 0,
                 },
             ],
             ops: vec![
@@ -324,6 +326,7 @@ async fn workload(cluster: &mut Cluster) {
             conditions: vec![BatchCondition {
                 key: key(3).into(),
                 mod_revision: 0,
+                seq: 0,
             }],
             ops: vec![op(batch_op::Op::Put(PutOp {
                 key: key(4).into(),

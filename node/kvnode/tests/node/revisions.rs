@@ -115,6 +115,29 @@ async fn each_changing_request_takes_one_revision_and_every_member_agrees() {
     assert!(matches!(held.outcome, Some(put_response::Outcome::Seq(_))));
     let r4 = revision(&held.header);
     assert_eq!(r4, r3 + 1);
+    // The condition fields of builds before revisions compared sequence
+    // numbers: refused by name on any member, never applied.
+    let mut kv = cluster.kv(cluster.running()[0]).await;
+    let refused = kv
+        .put(PutRequest {
+            key: b"a".to_vec().into(),
+            value: b"old client".to_vec().into(),
+            condition: Some(put_request::Condition::IfSeq(r4)),
+            ..Default::default()
+        })
+        .await
+        .expect_err("if_seq is refused");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(refused.message().contains("if_seq"), "{refused:?}");
+    let refused = kv
+        .delete(DeleteRequest {
+            key: b"a".to_vec().into(),
+            if_seq: Some(1),
+            ..Default::default()
+        })
+        .await
+        .expect_err("if_seq is refused");
+    assert!(refused.message().contains("if_seq"), "{refused:?}");
     // A batch writing two keys is one revision; its condition compares mod_revision.
     let batch = cluster
         .write("batch", |mut kv| async move {
@@ -122,6 +145,7 @@ async fn each_changing_request_takes_one_revision_and_every_member_agrees() {
                 conditions: vec![BatchCondition {
                     key: b"b".to_vec().into(),
                     mod_revision: r2,
+                    seq: 0,
                 }],
                 ops: ["c", "d"]
                     .iter()
