@@ -15,6 +15,10 @@
 //! - [`revision`]: revisions as etcd counts them: the store revision in
 //!   each commit record, each key's create / mod revision, version and
 //!   lease in its engine record's meta, and how both are encoded.
+//! - [`range`]: etcd's range reads (limit, count, sort, revision filters)
+//!   against the engine, outside the log ([`range::range`]) or under an
+//!   entry's pending writes; bounded by [`range::RANGE_KEYS_MAX`] and
+//!   [`range::RANGE_READ_BYTES_MAX`].
 //! - [`apply`]: applying one entry deterministically: one engine batch per
 //!   entry, sequence numbers `index × 65536 + position`, a revision per
 //!   changing request, conditions, TTLs deleted by cluster time through an
@@ -22,4 +26,5 @@
 
 pub mod apply;
 pub mod command;
+pub mod range;
 pub mod revision;
