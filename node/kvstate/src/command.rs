@@ -8,6 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::txn::{TxnOpResult, TxnRequest};
+
 /// Operations in one entry at most: versions are `index × 65536 + position`,
 /// so the position must fit in 16 bits.
 pub const ENTRY_OPS_MAX: usize = 65_535;
@@ -22,6 +24,15 @@ pub const RESERVED_KEY_PREFIX: &[u8] = b"\xff\xffraftcask/";
 pub const SESSION_IDLE_MS_MAX: u64 = 10 * 60 * 1000;
 /// Answers kept per session (requests in flight per client, at most).
 pub const SESSION_ANSWERS_MAX: usize = 1024;
+/// Bytes a transaction's answer may take, encoded, to be kept in its
+/// session for a retry (with [`SESSION_ANSWERS_MAX`] answers, a session
+/// record stays under 4 MiB of transaction answers). Beyond it the session
+/// keeps [`Outcome::SessionExpired`] in its place: the first reply still
+/// carries the whole answer; a retry of the same sequence is told its
+/// outcome is unknown, and is never applied a second time. Answers to
+/// [`Command::Requests`] and [`Command::Writes`] entries are kept whole, as
+/// builds before transactions kept them (replicas must write the same bytes).
+pub const SESSION_ANSWER_BYTES_MAX: usize = 4 * 1024;
 
 /// One write inside a client request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -129,6 +140,10 @@ pub enum Command {
     /// Client requests gathered into one entry, applied in order, whose
     /// conditions compare `mod_revision`: what the leader proposes.
     Writes(Vec<Request>),
+    /// etcd transactions gathered into one entry, applied in order
+    /// ([`crate::txn`]); each answered [`Outcome::Txn`] or
+    /// [`Outcome::Rejected`].
+    Txns(Vec<TxnRequest>),
 }
 
 /// The payload of a Raft entry: the leader's cluster time and a command.
@@ -149,6 +164,7 @@ impl std::fmt::Display for Proposal {
         match &self.command {
             Command::Requests(requests) => write!(f, "requests({})", requests.len())?,
             Command::Writes(requests) => write!(f, "writes({})", requests.len())?,
+            Command::Txns(txns) => write!(f, "txns({})", txns.len())?,
             Command::Tick => write!(f, "tick")?,
             Command::Merge { inputs } => write!(f, "merge({} inputs)", inputs.len())?,
         }
@@ -187,10 +203,18 @@ pub enum Outcome {
     /// it applied the first time is unknown to the server.
     SessionExpired,
     /// The request was refused before it touched state (reserved key,
-    /// too many ops); nothing applied.
+    /// too many ops; for a transaction, any [`crate::txn::TxnError`],
+    /// whose message starts with etcd's); nothing applied.
     Rejected {
         /// Why.
         reason: String,
+    },
+    /// A transaction applied one of its branches.
+    Txn {
+        /// Whether every compare held (the `success` branch applied).
+        succeeded: bool,
+        /// One per op of the branch that applied, in order.
+        results: Vec<TxnOpResult>,
     },
 }
 
@@ -208,8 +232,8 @@ pub struct Answer {
 /// The state machine's answer to one entry.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EntryResponse {
-    /// One answer per request of a `Requests` or `Writes` entry; empty
-    /// otherwise.
+    /// One answer per request of a `Requests`, `Writes` or `Txns` entry;
+    /// empty otherwise.
     pub answers: Vec<Answer>,
     /// The store revision after the entry.
     pub revision: u64,
@@ -254,6 +278,33 @@ mod tests {
         session: Option<SessionRef>,
         conditions: Vec<PlainCondition>,
         ops: Vec<PlainOp>,
+    }
+
+    /// bincode numbers enum variants: entries in logs and answers in
+    /// session records decode only while every old variant keeps its number.
+    #[test]
+    fn variants_keep_their_numbers_and_new_ones_come_last() {
+        let first_byte = |bytes: Vec<u8>| bytes[0];
+        assert_eq!(first_byte(codec::encode(&Command::Requests(Vec::new()))), 0);
+        assert_eq!(first_byte(codec::encode(&Command::Tick)), 1);
+        assert_eq!(
+            first_byte(codec::encode(&Command::Merge { inputs: Vec::new() })),
+            2
+        );
+        assert_eq!(first_byte(codec::encode(&Command::Writes(Vec::new()))), 3);
+        assert_eq!(first_byte(codec::encode(&Command::Txns(Vec::new()))), 4);
+        assert_eq!(first_byte(codec::encode(&Outcome::SessionExpired)), 3);
+        let rejected = Outcome::Rejected {
+            reason: String::new(),
+        };
+        assert_eq!(first_byte(codec::encode(&rejected)), 4);
+        let txn = Outcome::Txn {
+            succeeded: true,
+            results: Vec::new(),
+        };
+        assert_eq!(first_byte(codec::encode(&txn)), 5);
+        let decoded: Outcome = codec::decode(&codec::encode(&txn)).unwrap();
+        assert_eq!(decoded, txn);
     }
 
     #[test]

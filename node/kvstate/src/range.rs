@@ -163,7 +163,8 @@ pub struct KeyValue {
 }
 
 impl KeyValue {
-    fn new(key: Vec<u8>, value: Vec<u8>, meta: &KeyMeta) -> KeyValue {
+    /// A key, its value and its revisions.
+    pub(crate) fn from_meta(key: Vec<u8>, value: Vec<u8>, meta: &KeyMeta) -> KeyValue {
         KeyValue {
             key,
             value,
@@ -324,7 +325,7 @@ impl Budget {
         Ok(())
     }
 
-    fn take_bytes(&mut self, bytes: usize) -> Result<(), RangeError> {
+    pub(crate) fn take_bytes(&mut self, bytes: usize) -> Result<(), RangeError> {
         self.bytes_left = self
             .bytes_left
             .checked_sub(bytes)
@@ -360,7 +361,6 @@ impl KeyBounds {
     }
 
     /// Whether `key` is within the bounds.
-    #[allow(dead_code)] // used by the apply of transactions (next commit)
     pub(crate) fn contains(&self, key: &[u8]) -> bool {
         key >= self.start.as_slice() && below_end(key, &self.end)
     }
@@ -407,7 +407,6 @@ pub(crate) enum Pending {
     /// Deleted (or expired).
     Deleted,
     /// Written, with these revisions.
-    #[allow(dead_code)] // used by the apply of transactions (next commit)
     Written(KeyMeta),
 }
 
@@ -526,7 +525,6 @@ fn read_value(
 
 /// The keys [`visit`] found as [`KeyValue`]s, with their values when
 /// `with_values` (charged to `budget`), else with empty ones.
-#[allow(dead_code)] // used by the apply of transactions (next commit)
 pub(crate) fn key_values(
     engine: &Engine,
     overlay: Option<&dyn Overlay>,
@@ -543,7 +541,7 @@ pub(crate) fn key_values(
             } else {
                 Vec::new()
             };
-            Ok(KeyValue::new(found.key, value, &found.meta))
+            Ok(KeyValue::from_meta(found.key, value, &found.meta))
         })
         .collect()
 }
@@ -652,7 +650,7 @@ pub(crate) fn evaluate(
             (false, Some(value)) => value,
             (false, None) => read_value(engine, overlay, &found, now_ms, budget)?,
         };
-        kvs.push(KeyValue::new(found.key, value, &found.meta));
+        kvs.push(KeyValue::from_meta(found.key, value, &found.meta));
     }
     Ok(RangeResult { kvs, more, count })
 }
