@@ -753,8 +753,9 @@ fn a_transaction_that_would_overflow_its_entry_is_refused() {
     let fs = SimFs::new();
     let mut store = Store::new(&fs);
     store.writes(vec![op_put("g1", ""), op_put("g2", ""), op_put("g3", "")]);
-    // Transactions that fill the entry to ENTRY_OPS_MAX - 3 records ...
-    let fill = ENTRY_OPS_MAX - 3;
+    // Transactions that fill the entry to three records below what it may
+    // hold beside its session records and idle-session evictions ...
+    let fill = ENTRY_OPS_MAX - 3 - (1 + kvstate::apply::SESSION_EVICTIONS_PER_ENTRY_MAX);
     let mut txns: Vec<TxnRequest> = (0..fill.div_ceil(TXN_OPS_MAX))
         .map(|t| {
             let ops = (0..TXN_OPS_MAX.min(fill - t * TXN_OPS_MAX))
