@@ -4,7 +4,8 @@
 //! - `cas-register`, `kv`: per-key linearizability (plus, for `kv`, lost
 //!   appends when the history ends with final reads);
 //! - `register` (raftcask's own histories): linearizability, the cheap index
-//!   checks and lost acknowledged writes;
+//!   checks, the revision checks (when the history carries revisions) and
+//!   lost acknowledged writes;
 //! - `set`: the set checker.
 
 use serde::Serialize;
@@ -15,6 +16,7 @@ use crate::index_checks::{self, Anomaly};
 use crate::linearizability::{self, Settings, Verdict};
 use crate::lost_writes::{self, LostWrites};
 use crate::model::{CasRegister, Kv, Register};
+use crate::revision_checks::{self, RevisionReport};
 use crate::set::{self, SetResult};
 
 /// Exit code: the history is valid.
@@ -51,6 +53,10 @@ pub struct CheckReport {
     pub linearizability: Option<linearizability::Report>,
     /// The cheap index checks (`register` only).
     pub anomalies: Vec<Anomaly>,
+    /// The revision checks (`register` histories that carry revisions;
+    /// left out of the JSON otherwise, so older reports read the same).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revisions: Option<RevisionReport>,
     /// Lost acknowledged writes (`register`, `kv`).
     pub lost_writes: Option<LostWrites>,
     /// The set checker (`set` only).
@@ -122,6 +128,30 @@ impl CheckReport {
                 out.push_str(&format!("    {operation}\n"));
             }
         }
+        if let Some(revisions) = &self.revisions {
+            out.push_str(&format!(
+                "revisions: {} operations checked, {} anomalies\n",
+                revisions.operations_checked,
+                revisions.anomaly_count()
+            ));
+            for (kind, count) in revisions.anomalies_by_kind.iter().filter(|(_, n)| **n > 0) {
+                out.push_str(&format!("  {kind}: {count}\n"));
+            }
+            for anomaly in &revisions.examples {
+                out.push_str(&format!("  {}: {}\n", anomaly.kind.name(), anomaly.message));
+                for witness in &anomaly.operations {
+                    out.push_str(&format!(
+                        "    #{} p{} {:?} key={:?} revision={:?} mod_revision={:?}\n",
+                        witness.id,
+                        witness.process,
+                        witness.f,
+                        witness.key,
+                        witness.revision,
+                        witness.mod_revision
+                    ));
+                }
+            }
+        }
         if let Some(lost) = &self.lost_writes {
             out.push_str(&format!(
                 "lost writes: {} keys checked, {} unchecked, {} lost\n",
@@ -159,6 +189,7 @@ pub fn check(model: ModelName, events: &[Event], settings: Settings) -> Result<C
         operations: operations.len(),
         linearizability: None,
         anomalies: Vec::new(),
+        revisions: None,
         lost_writes: None,
         sets: Vec::new(),
     };
@@ -179,6 +210,8 @@ pub fn check(model: ModelName, events: &[Event], settings: Settings) -> Result<C
                 Some(linearizability::check(&Register, &operations, settings)?);
             report.anomalies = index_checks::check(&operations);
             invalid |= !report.anomalies.is_empty();
+            report.revisions = revision_checks::check(&operations);
+            invalid |= report.revisions.as_ref().is_some_and(|r| !r.valid());
             let lost = lost_writes::check(&operations);
             invalid |= !lost.lost.is_empty();
             report.lost_writes = Some(lost);

@@ -85,6 +85,21 @@ pub struct Event {
     /// Completion of a raftcask operation: the applied index returned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index: Option<u64>,
+    /// Ok completion: the store revision the answer reflects (a read: the
+    /// response header's revision; a write or cas: the revision it was
+    /// applied at). Absent in histories recorded before revisions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
+    /// Ok read that found the key: the key's `mod_revision` (the revision
+    /// of the write that last changed it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mod_revision: Option<u64>,
+    /// raftcask compare-and-set since revisions: the `mod_revision` it
+    /// compared with (0 = absent). Such a history's writes carry the
+    /// `revision` they applied at and its reads the `mod_revision` they
+    /// found, and the register model compares in that space.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_mod_revision: Option<u64>,
     /// Wall-clock time of the event, Unix milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wall_time_unix_ms: Option<u64>,
@@ -110,6 +125,9 @@ impl Event {
             values: None,
             version: None,
             index: None,
+            revision: None,
+            mod_revision: None,
+            expected_mod_revision: None,
             wall_time_unix_ms: None,
             monotonic_ns: None,
             error: None,
@@ -153,6 +171,16 @@ pub struct Operation {
     pub version: Option<u64>,
     /// The applied index returned (ok completions).
     pub index: Option<u64>,
+    /// The store revision the answer reflects (ok completions: a read's
+    /// header revision, a write's applied revision).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
+    /// The key's `mod_revision` an ok read returned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mod_revision: Option<u64>,
+    /// raftcask cas since revisions: the `mod_revision` compared with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_mod_revision: Option<u64>,
     /// Ok, fail or unknown.
     pub outcome: Outcome,
     /// Event position of the invocation.
@@ -192,6 +220,9 @@ impl Operation {
         if let Some(expected_version) = self.expected_version {
             text.push_str(&format!(" expected_version={expected_version}"));
         }
+        if let Some(expected) = self.expected_mod_revision {
+            text.push_str(&format!(" expected_mod_revision={expected}"));
+        }
         match &self.value {
             Some(value) => text.push_str(&format!(" value={value:?}")),
             None if self.is_read() => text.push_str(" value=nil"),
@@ -202,6 +233,12 @@ impl Operation {
         }
         if let Some(index) = self.index {
             text.push_str(&format!(" index={index}"));
+        }
+        if let Some(revision) = self.revision {
+            text.push_str(&format!(" revision={revision}"));
+        }
+        if let Some(mod_revision) = self.mod_revision {
+            text.push_str(&format!(" mod_revision={mod_revision}"));
         }
         let done = self
             .complete_position
@@ -236,6 +273,9 @@ pub fn pair(events: &[Event]) -> Result<Vec<Operation>, Error> {
                     values: None,
                     version: None,
                     index: None,
+                    revision: None,
+                    mod_revision: None,
+                    expected_mod_revision: event.expected_mod_revision,
                     outcome: Outcome::Unknown,
                     invoke_position: position,
                     complete_position: None,
@@ -274,6 +314,8 @@ pub fn pair(events: &[Event]) -> Result<Vec<Operation>, Error> {
                         operation.values = event.values.clone();
                         operation.version = event.version;
                         operation.index = event.index;
+                        operation.revision = event.revision;
+                        operation.mod_revision = event.mod_revision;
                     }
                     EventType::Fail => {
                         operation.outcome = Outcome::Fail;

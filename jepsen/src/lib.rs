@@ -17,6 +17,9 @@
 //!   keys in parallel, a step budget, shortest failing prefix.
 //! - [`index_checks`]: stale read, phantom value, duplicate apply, index
 //!   behind version (histories with versions and indexes).
+//! - [`revision_checks`]: revision regression, read ahead of its header,
+//!   duplicate revision, revision order, mod_revision mismatch (histories
+//!   with store revisions; skipped without).
 //! - [`set`]: every acknowledged add present at the end, nothing unexpected.
 //! - [`lost_writes`]: acknowledged writes missing from a final healed read.
 //! - [`check`]: the checkers a model calls for, one verdict, the exit code.
@@ -87,6 +90,7 @@ pub mod lost_writes;
 pub mod model;
 pub mod nemesis;
 pub mod report;
+pub mod revision_checks;
 pub mod run;
 pub mod set;
 pub mod simulate;

@@ -313,7 +313,16 @@ impl Model for Register {
         values: &mut Interner,
     ) -> Result<Option<Self::Input>, Error> {
         let value = values.id(operation.value.as_deref());
+        // Histories recorded since revisions compare in mod_revision space:
+        // an ok write carries the revision it applied at (the key's new
+        // mod_revision), an ok read the mod_revision it found (none: absent,
+        // 0), and a cas the mod_revision it required. Older histories
+        // compare sequence numbers (`version`, `expected_version`).
         let version = match operation.outcome {
+            Outcome::Ok if operation.revision.is_some() => match operation.f {
+                Function::Read | Function::Get => Some(operation.mod_revision.unwrap_or(0)),
+                _ => operation.revision,
+            },
             Outcome::Ok => operation.version,
             _ => None,
         };
@@ -324,7 +333,8 @@ impl Model for Register {
             }
             Function::Cas => RegisterInput::Cas(
                 operation
-                    .expected_version
+                    .expected_mod_revision
+                    .or(operation.expected_version)
                     .ok_or_else(|| missing(operation, "expected_version"))?,
                 value.ok_or_else(|| missing(operation, "value"))?,
                 version,

@@ -7,8 +7,8 @@
 //!
 //! The checker's report is read as JSON (`checker.json`), so one table
 //! serves every checker: the register / set checkers' `anomalies`,
-//! `linearizability`, `lost_writes` and `sets`, and the TTL checker's
-//! `anomalies_by_kind`.
+//! `linearizability`, `lost_writes`, `sets` and `revisions`, and the TTL
+//! checker's `anomalies_by_kind`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -106,6 +106,13 @@ impl Table {
             self.add_anomaly("set-unexpected", len(&set["unexpected"]));
         }
         if let Some(kinds) = checker["anomalies_by_kind"].as_object() {
+            for (kind, count) in kinds {
+                self.add_anomaly(kind, count.as_u64().unwrap_or(0) as usize);
+            }
+        }
+        // The revision checks count every kind (zeros too) and keep only
+        // the first examples, so the counts are read, not the examples.
+        if let Some(kinds) = checker["revisions"]["anomalies_by_kind"].as_object() {
             for (kind, count) in kinds {
                 self.add_anomaly(kind, count.as_u64().unwrap_or(0) as usize);
             }
@@ -344,6 +351,9 @@ mod tests {
             outcome,
             version: None,
             index: None,
+            revision: None,
+            mod_revision: None,
+            expected_mod_revision: None,
             error: None,
             invoke_wall_us: at_ms * 1000,
             invoke_ns: at_ms * 1_000_000,
@@ -380,6 +390,8 @@ mod tests {
             "anomalies": [{"kind": "stale-read"}, {"kind": "stale-read"}],
             "linearizability": {"keys": [{"verdict": "not-linearizable"}, {"verdict": "linearizable"}]},
             "lost_writes": {"lost": [{"kind": "lost-write"}]},
+            "revisions": {"anomalies_by_kind": {"revision-order": 3, "duplicate-revision": 0},
+                          "examples": [{"kind": "revision-order"}]},
         });
         let table = Table::new(&records, &checker);
         assert_eq!(
@@ -389,6 +401,8 @@ mod tests {
         assert_eq!(table.faults.get("kill"), Some(&1));
         assert_eq!(table.anomalies.get("stale-read"), Some(&2));
         assert_eq!(table.anomalies.get("not-linearizable-key"), Some(&1));
+        assert_eq!(table.anomalies.get("revision-order"), Some(&3));
+        assert_eq!(table.anomalies.get("duplicate-revision"), None);
         assert_eq!(table.lost_writes, 1);
         let ttl = serde_json::json!({"anomalies": [{"kind": "resurrection"}], "anomalies_by_kind": {"resurrection": 1}});
         assert_eq!(

@@ -5,6 +5,12 @@
 //! versions), some writes end with an unknown outcome (applied or not),
 //! and after the run one final read per key observes the healed state.
 //! Written values are unique, so checkers can tell writes apart.
+//!
+//! With [`Settings::revisions`], completions also carry etcd-style store
+//! revisions: the store starts at revision 1 and every applied write (one
+//! per log entry here) adds one, so the store revision is the last log
+//! index + 1; a read carries the revision it was answered at and the key's
+//! `mod_revision`, an ok write the revision it was applied at.
 
 use std::collections::BTreeMap;
 
@@ -24,6 +30,9 @@ pub struct Settings {
     pub operations_per_process: usize,
     /// Per mille of writes whose outcome is unknown.
     pub unknown_per_mille: u64,
+    /// Whether completions carry store revisions (`revision`,
+    /// `mod_revision`); off, the history is the one recorded before them.
+    pub revisions: bool,
 }
 
 impl Default for Settings {
@@ -34,6 +43,7 @@ impl Default for Settings {
             keys: 3,
             operations_per_process: 40,
             unknown_per_mille: 100,
+            revisions: false,
         }
     }
 }
@@ -86,9 +96,20 @@ type Completion = (EventType, Option<String>, Option<u64>, Option<u64>);
 pub fn simulate(settings: Settings) -> Vec<Event> {
     let (mut planned, end_ns) = plan(settings);
     let (results, state, index) = apply_in_order(&mut planned);
-    let mut events = timeline_events(&planned, &results);
+    let mut events = timeline_events(&planned, &results, settings.revisions);
     push_final_reads(settings, &state, index, end_ns, &mut events);
     events
+}
+
+/// The store revision after the writes of log indexes up to `index`
+/// (the store starts at revision 1; one write per log entry here).
+fn store_revision(index: u64) -> u64 {
+    index + 1
+}
+
+/// The `mod_revision` of a key at `version` (`None`: absent).
+fn mod_revision(version: u64) -> Option<u64> {
+    (version != 0).then(|| store_revision(version >> VERSION_INDEX_SHIFT))
 }
 
 /// The final state: key -> (value, version).
@@ -222,7 +243,7 @@ fn apply_in_order(planned: &mut [Planned]) -> (Vec<Completion>, State, u64) {
 }
 
 /// The invocation and completion events, in time order.
-fn timeline_events(planned: &[Planned], results: &[Completion]) -> Vec<Event> {
+fn timeline_events(planned: &[Planned], results: &[Completion], revisions: bool) -> Vec<Event> {
     // Events in time order: invocations, completions (unknown: an `info`).
     let mut timeline: Vec<(u64, u8, usize)> = Vec::new();
     for (i, operation) in planned.iter().enumerate() {
@@ -245,6 +266,13 @@ fn timeline_events(planned: &[Planned], results: &[Completion]) -> Vec<Event> {
         );
         event.monotonic_ns = Some(time);
         event.expected_version = operation.expected_version;
+        if revisions {
+            // A cas then names the mod_revision it requires (0: absent), as
+            // the register workload records it since revisions.
+            event.expected_mod_revision = operation
+                .expected_version
+                .map(|version| mod_revision(version).unwrap_or(0));
+        }
         if phase == 0 || operation.f != Function::Read {
             event.value = operation.value.clone();
         }
@@ -255,6 +283,14 @@ fn timeline_events(planned: &[Planned], results: &[Completion]) -> Vec<Event> {
             }
             event.version = *version;
             event.index = *applied;
+            if revisions && *event_type == EventType::Ok {
+                // A read's applied index is the store's last log index; a
+                // write's is its own entry.
+                event.revision = applied.map(store_revision);
+                if operation.f == Function::Read {
+                    event.mod_revision = version.and_then(mod_revision);
+                }
+            }
             if *event_type == EventType::Info {
                 event.error = Some("timed-out".to_string());
             }
@@ -286,6 +322,10 @@ fn push_final_reads(
         ok.value = value;
         ok.version = Some(version);
         ok.index = Some(index);
+        if settings.revisions {
+            ok.revision = Some(store_revision(index));
+            ok.mod_revision = mod_revision(version);
+        }
         events.push(invoke);
         events.push(ok);
     }

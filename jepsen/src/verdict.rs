@@ -4,7 +4,8 @@
 //!
 //! - `register`: reads, writes and version compare-and-sets map one to one
 //!   onto the `register` model (linearizability per key, plus the cheap
-//!   version checks: stale read, phantom value, duplicate apply).
+//!   version checks: stale read, phantom value, duplicate apply; and the
+//!   revision checks when the operations carry revisions).
 //! - `set`: every element is its own key in the cluster, but the checker
 //!   sees one set: each add is an `add` of the element to the set, the final
 //!   prefix scan (`read-all`) is the set's final read with the elements it
@@ -71,15 +72,22 @@ fn events_of(op: &Op, workload: WorkloadKind) -> Option<[(u64, u8, Event); 2]> {
             done.value = op.value.clone();
             done.version = op.version;
             done.index = op.index;
+            if op.outcome == Outcome::Ok {
+                done.revision = op.revision;
+                done.mod_revision = op.mod_revision;
+            }
         }
         _ => {
             invoke.value = op.value.clone();
             invoke.expected_version = op.expected_version;
+            invoke.expected_mod_revision = op.expected_mod_revision;
             done.value = op.value.clone();
             done.expected_version = op.expected_version;
+            done.expected_mod_revision = op.expected_mod_revision;
             if op.outcome == Outcome::Ok {
                 done.version = op.version;
                 done.index = op.index;
+                done.revision = op.revision;
             }
         }
     }
@@ -105,4 +113,99 @@ pub fn check_run(records: &[Record], workload: WorkloadKind) -> anyhow::Result<C
     let events = to_events(records, workload);
     check(model_of(workload), &events, Settings::default())
         .map_err(|err| anyhow::anyhow!("checking the history: {err}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::revision_checks::RevisionAnomalyKind;
+
+    /// One register operation of its own process, at `at` (invoke) to
+    /// `at + 1` (completion), in µs and ns alike.
+    fn op(id: u64, f: Function, value: &str, at: u64) -> Op {
+        Op {
+            id,
+            process: id,
+            f,
+            key: "r/000000".into(),
+            value: Some(value.into()),
+            expected_version: None,
+            values: None,
+            outcome: Outcome::Ok,
+            version: Some((id + 1) << 16),
+            index: Some(id + 1),
+            revision: None,
+            mod_revision: None,
+            expected_mod_revision: None,
+            error: None,
+            invoke_wall_us: at,
+            invoke_ns: at,
+            complete_wall_us: at + 1,
+            complete_ns: at + 1,
+            ttl_ms: None,
+            stale_min_index: None,
+            member: None,
+            versions: None,
+            final_read: false,
+        }
+    }
+
+    /// A write, then a read of it, filled the way the register workload
+    /// will fill them; `read_header` is the read's header revision.
+    fn write_then_read(read_header: u64) -> Vec<Record> {
+        let mut write = op(0, Function::Write, "p0-1", 10);
+        write.record_write_revision(2);
+        let mut read = op(1, Function::Read, "p0-1", 20);
+        read.version = write.version;
+        read.record_read_revisions(read_header, Some(2));
+        vec![Record::Op(write), Record::Op(read)]
+    }
+
+    #[test]
+    fn revisions_recorded_by_the_workload_reach_the_revision_checks() {
+        let report = check_run(&write_then_read(2), WorkloadKind::Register).unwrap();
+        let revisions = report.revisions.as_ref().expect("revision checks ran");
+        assert_eq!(revisions.operations_checked, 2);
+        assert!(revisions.valid(), "{}", report.summary());
+        assert_eq!(report.exit_code(), crate::check::EXIT_VALID);
+
+        let report = check_run(&write_then_read(1), WorkloadKind::Register).unwrap();
+        let revisions = report.revisions.as_ref().expect("revision checks ran");
+        assert_eq!(revisions.count(RevisionAnomalyKind::ReadAheadOfHeader), 1);
+        assert_eq!(report.exit_code(), crate::check::EXIT_INVALID);
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(
+            json["revisions"]["anomalies_by_kind"]["read-ahead-of-header"],
+            1
+        );
+        assert_eq!(json["revisions"]["examples"][0]["operations"][0]["id"], 1);
+    }
+
+    #[test]
+    fn records_without_revisions_are_not_revision_checked() {
+        let records: Vec<Record> = write_then_read(1)
+            .into_iter()
+            .map(|record| match record {
+                Record::Op(mut op) => {
+                    op.revision = None;
+                    op.mod_revision = None;
+                    Record::Op(op)
+                }
+                other => other,
+            })
+            .collect();
+        let report = check_run(&records, WorkloadKind::Register).unwrap();
+        assert!(report.revisions.is_none());
+        assert_eq!(report.exit_code(), crate::check::EXIT_VALID);
+    }
+
+    #[test]
+    fn an_absent_key_read_at_mod_revision_zero_has_none() {
+        let mut read = op(0, Function::Read, "", 0);
+        read.record_read_revisions(7, Some(0));
+        assert_eq!((read.revision, read.mod_revision), (Some(7), None));
+        let mut write = op(1, Function::Cas, "v", 0);
+        write.record_write_revision(8);
+        assert_eq!((write.revision, write.mod_revision), (Some(8), None));
+    }
 }

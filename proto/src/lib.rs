@@ -56,7 +56,7 @@
 //!     key: "greeting".into(),
 //!     value: "hello".into(),
 //!     ttl_ms: 10_000,
-//!     condition: Some(put_request::Condition::IfVersion(0)),
+//!     condition: Some(put_request::Condition::IfModRevision(0)),
 //! };
 //! let wire = put.encode_to_vec();
 //! assert_eq!(PutRequest::decode(wire.as_slice()).unwrap(), put);
@@ -78,9 +78,10 @@ pub const VALUE_SIZE_BYTES_MAX: usize = 1024 * 1024;
 /// raft.proto): 2 since openraft 0.10 (its Vote request gained a field and
 /// its errors changed shape, so a 0.9 member cannot decode them). A request
 /// that says 0 comes from a build before the field existed: version 1.
-/// Members refuse a request of another version with FAILED_PRECONDITION
-/// naming both versions.
-pub const PEER_PROTOCOL_VERSION: u32 = 2;
+/// 3 since revisions: entries carry a command (`Writes`) a version 2 member
+/// cannot decode. Members refuse a request of another version with
+/// FAILED_PRECONDITION naming both versions.
+pub const PEER_PROTOCOL_VERSION: u32 = 3;
 
 /// Cluster time (ms) a session may stay idle before the state machine
 /// evicts it and forgets its answers (DESIGN §3). A client must not retry a

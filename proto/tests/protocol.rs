@@ -52,7 +52,8 @@ fn kv_messages_survive_a_round_trip() {
     round_trip(&kv::DeleteRequest {
         session,
         key: Bytes::from_static(b"k"),
-        if_version: Some(0),
+        if_mod_revision: Some(0),
+        if_seq: None,
     });
     round_trip(&kv::ScanRequest {
         range: Some(kv::scan_request::Range::Between(kv::KeyRange {
@@ -69,7 +70,8 @@ fn kv_messages_survive_a_round_trip() {
         session,
         conditions: vec![kv::BatchCondition {
             key: Bytes::from_static(b"x"),
-            version: 65_537,
+            mod_revision: 7,
+            seq: 0,
         }],
         ops: vec![
             kv::BatchOp {
@@ -93,11 +95,12 @@ fn kv_messages_survive_a_round_trip() {
             raft_term: 3,
             applied_index: 5,
             leader_id: 1,
+            revision: 12,
         }),
         outcome: Some(kv::batch_response::Outcome::ConditionFailed(
             kv::ConditionFailed {
                 condition_index: 1,
-                current_version: 0,
+                current_mod_revision: 0,
             },
         )),
     });
@@ -112,6 +115,7 @@ fn cluster_and_raft_messages_survive_a_round_trip() {
             raft_term: 4,
             applied_index: 10,
             leader_id: 1,
+            revision: 3,
         }),
         committed_index: 10,
         snapshot_index: None,
@@ -198,7 +202,7 @@ fn defaults_are_the_documented_ones() {
     assert_eq!(kv::PutRequest::default().condition, None);
     // An empty message decodes to the defaults; absent optionals stay absent.
     let delete = kv::DeleteRequest::decode(&[][..]).expect("an empty message is valid");
-    assert_eq!(delete.if_version, None);
+    assert_eq!(delete.if_mod_revision, None);
     assert_eq!(delete.session, None);
 }
 

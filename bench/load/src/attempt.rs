@@ -123,7 +123,7 @@ async fn put_at(
             };
             let response = KvClient::new(channel).put(request).await?.into_inner();
             match response.outcome {
-                Some(put_response::Outcome::Version(version)) => Ok(Some(version)),
+                Some(put_response::Outcome::Seq(seq)) => Ok(Some(seq)),
                 other => Err(tonic::Status::internal(format!(
                     "unconditional put answered {other:?}"
                 ))),

@@ -25,8 +25,8 @@ use crate::error::{Error, Result};
 use crate::router::{Router, Target};
 use crate::session::Sessions;
 use crate::types::{
-    Batch, BatchApplied, Condition, Consistency, Entry, KeyValue, OpResult, PutOptions, Removed,
-    Scan, Written, ttl_left, ttl_ms,
+    Batch, BatchApplied, Condition, Consistency, Entry, KeyValue, OpResult, PutOptions, Read,
+    Removed, Revisions, Scan, Written, ttl_left, ttl_ms,
 };
 
 /// Largest response the client accepts, in bytes (a scan page or a value of
@@ -64,6 +64,10 @@ fn cluster(channel: Channel) -> ClusterClient<Channel> {
 
 fn applied(header: Option<&pb::Header>) -> u64 {
     header.map_or(0, |h| h.applied_index)
+}
+
+fn revision(header: Option<&pb::Header>) -> u64 {
+    header.map_or(0, |h| h.revision)
 }
 
 impl Client {
@@ -212,7 +216,7 @@ impl Client {
 
     /// Reads `key` with the default consistency; `Ok(None)` if absent.
     pub async fn get(&self, key: impl Into<Bytes>) -> Result<Option<Entry>> {
-        Ok(self.get_inner(key.into(), None).await?.0)
+        Ok(self.get_inner(key.into(), None).await?.entry)
     }
 
     /// Reads `key` with the given consistency; `Ok(None)` if absent.
@@ -221,7 +225,7 @@ impl Client {
         key: impl Into<Bytes>,
         consistency: Consistency,
     ) -> Result<Option<Entry>> {
-        Ok(self.get_inner(key.into(), Some(consistency)).await?.0)
+        Ok(self.get_inner(key.into(), Some(consistency)).await?.entry)
     }
 
     /// Reads `key` like [`Client::get_with`] and also returns the applied
@@ -232,14 +236,17 @@ impl Client {
         key: impl Into<Bytes>,
         consistency: Consistency,
     ) -> Result<(Option<Entry>, u64)> {
+        let read = self.get_inner(key.into(), Some(consistency)).await?;
+        Ok((read.entry, read.applied_index))
+    }
+
+    /// Reads `key` like [`Client::get_with`], with what the answer's header
+    /// said (applied index and store revision) also when the key is absent.
+    pub async fn read(&self, key: impl Into<Bytes>, consistency: Consistency) -> Result<Read> {
         self.get_inner(key.into(), Some(consistency)).await
     }
 
-    async fn get_inner(
-        &self,
-        key: Bytes,
-        consistency: Option<Consistency>,
-    ) -> Result<(Option<Entry>, u64)> {
+    async fn get_inner(&self, key: Bytes, consistency: Option<Consistency>) -> Result<Read> {
         let (consistency, min_index) = self.consistency(consistency);
         let response = self
             .inner
@@ -254,16 +261,32 @@ impl Client {
             })
             .await?;
         let applied_index = applied(response.header.as_ref());
+        let header_revision = revision(response.header.as_ref());
         if !response.found {
-            return Ok((None, applied_index));
+            return Ok(Read {
+                entry: None,
+                applied_index,
+                revision: header_revision,
+            });
         }
         let entry = Entry {
             value: response.value,
-            version: response.version,
+            revisions: Revisions {
+                create_revision: response.create_revision,
+                mod_revision: response.mod_revision,
+                version: response.version,
+                lease: response.lease,
+            },
+            seq: response.seq,
             ttl_left: ttl_left(response.ttl_ms_left),
             applied_index,
+            revision: header_revision,
         };
-        Ok((Some(entry), applied_index))
+        Ok(Read {
+            entry: Some(entry),
+            applied_index,
+            revision: header_revision,
+        })
     }
 
     /// Writes `key` unconditionally, without a TTL.
@@ -282,7 +305,7 @@ impl Client {
         let (key, value) = (key.into(), value.into());
         let ttl_ms = options.ttl.map_or(0, ttl_ms);
         let condition = options.condition.map(|c| match c {
-            Condition::IfVersion(v) => pb::put_request::Condition::IfVersion(v),
+            Condition::IfModRevision(v) => pb::put_request::Condition::IfModRevision(v),
             Condition::IfAbsent => pb::put_request::Condition::IfAbsent(pb::IfAbsent {}),
         });
         let response = self
@@ -299,8 +322,9 @@ impl Client {
             .await?;
         let applied_index = self.note_write(response.header.as_ref());
         match response.outcome {
-            Some(pb::put_response::Outcome::Version(version)) => Ok(Written {
-                version,
+            Some(pb::put_response::Outcome::Seq(seq)) => Ok(Written {
+                revision: revision(response.header.as_ref()),
+                seq,
                 applied_index,
             }),
             Some(pb::put_response::Outcome::ConditionFailed(c)) => Err(mismatch(c)),
@@ -313,18 +337,23 @@ impl Client {
         self.delete_inner(key.into(), None).await
     }
 
-    /// Deletes `key` only if its version is `version` (0 = absent).
-    pub async fn delete_if_version(&self, key: impl Into<Bytes>, version: u64) -> Result<Removed> {
-        self.delete_inner(key.into(), Some(version)).await
+    /// Deletes `key` only if its `mod_revision` is `mod_revision` (0 = absent).
+    pub async fn delete_if_mod_revision(
+        &self,
+        key: impl Into<Bytes>,
+        mod_revision: u64,
+    ) -> Result<Removed> {
+        self.delete_inner(key.into(), Some(mod_revision)).await
     }
 
-    async fn delete_inner(&self, key: Bytes, if_version: Option<u64>) -> Result<Removed> {
+    async fn delete_inner(&self, key: Bytes, if_mod_revision: Option<u64>) -> Result<Removed> {
         let response = self
             .write(|channel, session| {
                 let request = pb::DeleteRequest {
                     session: Some(session),
                     key: key.clone(),
-                    if_version,
+                    if_mod_revision,
+                    if_seq: None,
                 };
                 async move { kv(channel).delete(request).await }
             })
@@ -333,6 +362,7 @@ impl Client {
         match response.outcome {
             Some(pb::delete_response::Outcome::Deleted(d)) => Ok(Removed {
                 found: d.found,
+                revision: revision(response.header.as_ref()),
                 applied_index,
             }),
             Some(pb::delete_response::Outcome::ConditionFailed(c)) => Err(mismatch(c)),
@@ -356,7 +386,8 @@ impl Client {
             .await?;
         let applied_index = self.note_write(response.header.as_ref());
         Ok(response.found.then_some(Written {
-            version: response.version,
+            revision: revision(response.header.as_ref()),
+            seq: response.seq,
             applied_index,
         }))
     }
@@ -375,7 +406,8 @@ impl Client {
             .await?;
         let applied_index = self.note_write(response.header.as_ref());
         Ok(response.found.then_some(Written {
-            version: response.version,
+            revision: revision(response.header.as_ref()),
+            seq: response.seq,
             applied_index,
         }))
     }
@@ -401,10 +433,11 @@ impl Client {
                     .results
                     .into_iter()
                     .map(|r| OpResult {
-                        version: r.version,
+                        seq: r.seq,
                         found: r.found,
                     })
                     .collect(),
+                revision: revision(response.header.as_ref()),
                 applied_index,
             }),
             Some(pb::batch_response::Outcome::ConditionFailed(c)) => Err(mismatch(c)),
@@ -455,12 +488,19 @@ impl Client {
                 .map(|e| KeyValue {
                     key: e.key,
                     value: e.value,
-                    version: e.version,
+                    revisions: Revisions {
+                        create_revision: e.create_revision,
+                        mod_revision: e.mod_revision,
+                        version: e.version,
+                        lease: e.lease,
+                    },
+                    seq: e.seq,
                     ttl_left: ttl_left(e.ttl_ms_left),
                 })
                 .collect(),
             next_after,
             applied_index: applied(response.header.as_ref()),
+            revision: revision(response.header.as_ref()),
         })
     }
 
@@ -628,7 +668,7 @@ impl Client {
 fn mismatch(c: pb::ConditionFailed) -> Error {
     Error::VersionMismatch {
         condition_index: c.condition_index,
-        current_version: c.current_version,
+        current_mod_revision: c.current_mod_revision,
     }
 }
 
@@ -641,6 +681,9 @@ pub struct ScanPage {
     pub next_after: Option<Bytes>,
     /// The applied index of the member that answered.
     pub applied_index: u64,
+    /// The store revision the page reflects (at or above the
+    /// `mod_revision` of every entry in it).
+    pub revision: u64,
 }
 
 type PageFuture = Pin<Box<dyn Future<Output = Result<ScanPage>> + Send>>;

@@ -33,16 +33,16 @@ pub enum Error {
         /// The exceeded limit, when the refusal was about one.
         limit: Option<LimitExceeded>,
     },
-    /// A version condition did not hold; nothing was written.
+    /// A `mod_revision` condition did not hold; nothing was written.
     #[error(
-        "version mismatch: condition {condition_index} failed, the key's current version is {current_version}"
+        "revision mismatch: condition {condition_index} failed, the key's current mod_revision is {current_mod_revision}"
     )]
     VersionMismatch {
         /// Which condition failed (0 for put and delete; the index into the
         /// batch's conditions for a batch).
         condition_index: u32,
-        /// The key's version when the condition was checked; 0 = absent.
-        current_version: u64,
+        /// The key's `mod_revision` when the condition was checked; 0 = absent.
+        current_mod_revision: u64,
     },
     /// A batch's expire or persist named a missing key; nothing was applied.
     #[error("batch op {op_index} names a key that does not exist; nothing was applied")]

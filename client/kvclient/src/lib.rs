@@ -57,9 +57,10 @@
 //! # async fn demo() -> kvclient::Result<()> {
 //! let client = Client::connect(["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"]).await?;
 //! let written = client.put("greeting", "hello").await?;
-//! // Conditional update: fails with Error::VersionMismatch if someone else wrote.
+//! // Conditional update: fails with Error::VersionMismatch if someone else wrote
+//! // (compares the key's mod_revision with the revision of our write).
 //! client
-//!     .put_with("greeting", "hi", PutOptions::default().if_version(written.version))
+//!     .put_with("greeting", "hi", PutOptions::default().if_mod_revision(written.revision))
 //!     .await?;
 //! // Read your own writes from any member, without a trip to the leader.
 //! let entry = client.get_with("greeting", client.read_your_writes()).await?;
@@ -87,6 +88,6 @@ pub use client::{Client, ScanPage, ScanStream};
 pub use error::{Error, LimitExceeded, Result};
 pub use kvproto;
 pub use types::{
-    Batch, BatchApplied, Condition, Consistency, Entry, KeyValue, OpResult, PutOptions, Removed,
-    Scan, Written,
+    Batch, BatchApplied, Condition, Consistency, Entry, KeyValue, OpResult, PutOptions, Read,
+    Removed, Revisions, Scan, Written,
 };

@@ -31,17 +31,46 @@ impl Consistency {
     }
 }
 
+/// A key's revisions, as etcd names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Revisions {
+    /// The revision that created the key.
+    pub create_revision: u64,
+    /// The revision that last changed it: what conditions compare.
+    pub mod_revision: u64,
+    /// Changes since the key was created (1 on create).
+    pub version: u64,
+    /// The lease it is attached to; 0 = none.
+    pub lease: u64,
+}
+
 /// A key's value and metadata, as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     /// The value.
     pub value: Bytes,
-    /// The key's version (`log index × 65536 + position`).
-    pub version: u64,
+    /// The key's create / mod revision, version and lease.
+    pub revisions: Revisions,
+    /// The sequence number of the key's record (`log index × 65536 +
+    /// position`; `seq >> 16` is the log index of the entry that wrote it).
+    pub seq: u64,
     /// Time to live left (cluster time, rounded up); `None` = no TTL.
     pub ttl_left: Option<Duration>,
     /// The applied index of the member that answered.
     pub applied_index: u64,
+    /// The store revision the answer reflects (at or above `mod_revision`).
+    pub revision: u64,
+}
+
+/// A read of one key with what the answer's header said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Read {
+    /// The key's value and metadata; `None` = absent.
+    pub entry: Option<Entry>,
+    /// The applied index of the member that answered.
+    pub applied_index: u64,
+    /// The store revision the answer reflects.
+    pub revision: u64,
 }
 
 /// One key listed by a scan.
@@ -51,8 +80,10 @@ pub struct KeyValue {
     pub key: Bytes,
     /// The value (empty for a keys-only scan).
     pub value: Bytes,
-    /// The key's version.
-    pub version: u64,
+    /// The key's create / mod revision, version and lease.
+    pub revisions: Revisions,
+    /// The sequence number of the key's record.
+    pub seq: u64,
     /// Time to live left; `None` = no TTL.
     pub ttl_left: Option<Duration>,
 }
@@ -60,8 +91,10 @@ pub struct KeyValue {
 /// An acknowledged write of one key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Written {
-    /// The key's new version.
-    pub version: u64,
+    /// The revision the write applied at: the key's new `mod_revision`.
+    pub revision: u64,
+    /// The sequence number of the key's new record.
+    pub seq: u64,
     /// The leader's applied index, covering this write (use it as a
     /// `min_index` for read-your-writes).
     pub applied_index: u64,
@@ -72,15 +105,18 @@ pub struct Written {
 pub struct Removed {
     /// Whether a live key was removed (false: it was already absent).
     pub found: bool,
+    /// The delete's revision if it removed a key, else the store revision
+    /// it saw.
+    pub revision: u64,
     /// The leader's applied index, covering this delete.
     pub applied_index: u64,
 }
 
-/// A version condition of a put.
+/// A condition of a put.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Condition {
-    /// The key's current version must be this (0 = absent).
-    IfVersion(u64),
+    /// The key's current `mod_revision` must be this (0 = absent).
+    IfModRevision(u64),
     /// The key must be absent.
     IfAbsent,
 }
@@ -101,9 +137,9 @@ impl PutOptions {
         self
     }
 
-    /// Only if the key's version is `version` (0 = absent).
-    pub fn if_version(mut self, version: u64) -> Self {
-        self.condition = Some(Condition::IfVersion(version));
+    /// Only if the key's `mod_revision` is `revision` (0 = absent).
+    pub fn if_mod_revision(mut self, revision: u64) -> Self {
+        self.condition = Some(Condition::IfModRevision(revision));
         self
     }
 
@@ -140,18 +176,19 @@ impl Batch {
         Batch::default()
     }
 
-    /// Requires `key` to have `version` (0 = absent) before the batch.
-    pub fn check_version(mut self, key: impl Into<Bytes>, version: u64) -> Self {
+    /// Requires `key` to be at `mod_revision` (0 = absent) before the batch.
+    pub fn check_mod_revision(mut self, key: impl Into<Bytes>, mod_revision: u64) -> Self {
         self.conditions.push(pb::BatchCondition {
             key: key.into(),
-            version,
+            mod_revision,
+            seq: 0,
         });
         self
     }
 
     /// Requires `key` to be absent before the batch.
     pub fn check_absent(self, key: impl Into<Bytes>) -> Self {
-        self.check_version(key, 0)
+        self.check_mod_revision(key, 0)
     }
 
     /// Sets `key` (no TTL).
@@ -217,8 +254,9 @@ impl Batch {
 /// What one op of an applied batch did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OpResult {
-    /// The version the op wrote.
-    pub version: u64,
+    /// The sequence number of the record the op wrote (0: a delete of an
+    /// absent key, which writes nothing).
+    pub seq: u64,
     /// Whether the key existed just before the op.
     pub found: bool,
 }
@@ -228,6 +266,9 @@ pub struct OpResult {
 pub struct BatchApplied {
     /// One result per op, in op order.
     pub results: Vec<OpResult>,
+    /// The revision the batch applied at (every key it wrote has it as its
+    /// `mod_revision`).
+    pub revision: u64,
     /// The leader's applied index, covering the batch.
     pub applied_index: u64,
 }

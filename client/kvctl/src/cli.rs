@@ -34,7 +34,7 @@ Exit codes (DESIGN §6):
      PERMISSION_DENIED
   3  cluster unavailable: no member answered in time (the message lists the
      endpoints tried), or the server failed the call
-  4  condition failed: --if-version / --if-absent did not hold, or the
+  4  condition failed: --if-mod-revision (--if-version) / --if-absent did not hold, or the
      cluster refused a membership change's precondition
   5  outcome unknown: the write was sent and may or may not have applied
      (it applied at most once); read the key to find out
@@ -129,9 +129,10 @@ pub enum Command {
     Del {
         /// The key.
         key: String,
-        /// Only if the key's version is N (0 = absent); else exit 4.
-        #[arg(long, value_name = "N")]
-        if_version: Option<u64>,
+        /// Only if the key's mod_revision is N (0 = absent); else exit 4.
+        /// `--if-version` is the same flag under its old name.
+        #[arg(long, value_name = "N", visible_alias = "if-version")]
+        if_mod_revision: Option<u64>,
     },
     /// Give an existing key a time to live (exit 1 if absent).
     Expire {
@@ -194,9 +195,15 @@ pub struct PutArgs {
     /// Time to live (`10s`, `500ms`, `2m`, `1h`).
     #[arg(long, value_parser = parse_duration)]
     pub ttl: Option<Duration>,
-    /// Only if the key's version is N (0 = absent); else exit 4.
-    #[arg(long, value_name = "N", conflicts_with = "if_absent")]
-    pub if_version: Option<u64>,
+    /// Only if the key's mod_revision is N (0 = absent); else exit 4.
+    /// `--if-version` is the same flag under its old name.
+    #[arg(
+        long,
+        value_name = "N",
+        conflicts_with = "if_absent",
+        visible_alias = "if-version"
+    )]
+    pub if_mod_revision: Option<u64>,
     /// Only if the key is absent; else exit 4.
     #[arg(long)]
     pub if_absent: bool,

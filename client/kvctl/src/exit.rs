@@ -91,12 +91,13 @@ impl Failure {
                 Failure::usage(message)
             }
             Error::VersionMismatch {
-                current_version, ..
+                current_mod_revision,
+                ..
             } => Failure::new(
                 Exit::ConditionFailed,
                 format!(
-                    "condition failed: the key's current version is {current_version}{}; nothing was written",
-                    if current_version == 0 {
+                    "condition failed: the key's current mod_revision is {current_mod_revision}{}; nothing was written",
+                    if current_mod_revision == 0 {
                         " (absent)"
                     } else {
                         ""
@@ -178,7 +179,7 @@ mod tests {
         assert_eq!(
             exit(Error::VersionMismatch {
                 condition_index: 0,
-                current_version: 3
+                current_mod_revision: 3
             }),
             Exit::ConditionFailed
         );

@@ -222,6 +222,15 @@ pub fn insert_bytes(object: &mut Map<String, Value>, name: &str, bytes: &[u8]) {
     );
 }
 
+/// Adds a key's `create_revision`, `mod_revision`, `version` and `lease`
+/// under etcd's names.
+pub fn insert_revisions(object: &mut Map<String, Value>, revisions: &kvclient::Revisions) {
+    object.insert("create_revision".into(), revisions.create_revision.into());
+    object.insert("mod_revision".into(), revisions.mod_revision.into());
+    object.insert("version".into(), revisions.version.into());
+    object.insert("lease".into(), revisions.lease.into());
+}
+
 /// A duration in ms for JSON (`null` for none).
 pub fn millis(duration: Option<std::time::Duration>) -> Value {
     duration.map_or(Value::Null, |d| {

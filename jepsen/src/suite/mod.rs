@@ -454,6 +454,19 @@ fn read_verdict(out: &Path) -> Option<Verdict> {
             None => anomalies.push((kind, 1)),
         }
     }
+    // The revision checks count every kind, zeros included.
+    for (kind, count) in json
+        .get("revisions")
+        .and_then(|r| r.get("anomalies_by_kind"))
+        .and_then(|k| k.as_object())
+        .into_iter()
+        .flatten()
+    {
+        let count = count.as_u64().unwrap_or(0) as usize;
+        if count > 0 {
+            anomalies.push((kind.clone(), count));
+        }
+    }
     let lost_writes = json
         .get("lost_writes")
         .and_then(|l| l.get("lost"))
@@ -507,6 +520,17 @@ mod tests {
         .unwrap();
         let verdict = read_verdict(&dir).unwrap();
         assert_eq!(verdict.describe(), "not-valid (ttl), 57 early-expiry");
+        std::fs::write(
+            dir.join("checker.json"),
+            r#"{"verdict": "not-linearizable", "anomalies": [{"kind": "stale-read"}],
+                "revisions": {"anomalies_by_kind": {"revision-order": 2, "duplicate-revision": 0}}}"#,
+        )
+        .unwrap();
+        let verdict = read_verdict(&dir).unwrap();
+        assert_eq!(
+            verdict.describe(),
+            "not-linearizable, 1 stale-read, 2 revision-order"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -146,7 +146,7 @@ async fn worker_loop(
             match reader.get_with(key, Consistency::Linearizable).await {
                 Ok(entry) => {
                     let op = pending.op_mut();
-                    op.version = Some(entry.as_ref().map_or(0, |e| e.version));
+                    op.version = Some(entry.as_ref().map_or(0, |e| e.seq));
                     op.index = entry.as_ref().map(|e| e.applied_index);
                     op.value = entry.map(|e| String::from_utf8_lossy(&e.value).into_owned());
                     history.complete(pending, Outcome::Ok)?;
@@ -169,7 +169,7 @@ async fn worker_loop(
             .await
         {
             Ok(w) => {
-                pending.op_mut().version = Some(w.version);
+                pending.op_mut().version = Some(w.seq);
                 pending.op_mut().index = Some(w.applied_index);
                 history.complete(pending, Outcome::Ok)?.outcome
             }
@@ -217,7 +217,7 @@ async fn open_session(
         pending.op_mut().value = Some(format!("open-{process}"));
         match client.put(key.clone(), format!("open-{process}")).await {
             Ok(w) => {
-                pending.op_mut().version = Some(w.version);
+                pending.op_mut().version = Some(w.seq);
                 pending.op_mut().index = Some(w.applied_index);
                 history.complete(pending, Outcome::Ok)?;
                 return Ok(());
@@ -258,7 +258,7 @@ pub async fn final_read(endpoints: &[String], history: &History) -> anyhow::Resu
                 for kv in page.entries {
                     if values.len() < ELEMENTS_MAX {
                         values.push(String::from_utf8_lossy(&kv.value).into_owned());
-                        versions.push(kv.version);
+                        versions.push(kv.seq);
                     }
                 }
                 match page.next_after {

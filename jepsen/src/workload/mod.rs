@@ -78,8 +78,12 @@ pub struct Op {
     pub key: String,
     /// Written value (write, cas, add), or the value read (`None` = absent).
     pub value: Option<String>,
-    /// The version a `cas` required (0 = absent).
+    /// The version a `cas` required (0 = absent), in histories before
+    /// revisions.
     pub expected_version: Option<u64>,
+    /// The `mod_revision` a `cas` required (0 = absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_mod_revision: Option<u64>,
     /// Elements a `read-all` returned.
     pub values: Option<Vec<String>>,
     /// How it ended.
@@ -88,6 +92,14 @@ pub struct Op {
     pub version: Option<u64>,
     /// Applied index the answer carried.
     pub index: Option<u64>,
+    /// The store revision the answer reflects: an ok read's header
+    /// revision, an ok write's applied revision (see
+    /// [`Op::record_read_revisions`], [`Op::record_write_revision`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
+    /// The key's `mod_revision` an ok read returned (absent key: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mod_revision: Option<u64>,
     /// The client's error, for fail / info.
     pub error: Option<String>,
     /// Invoke time, microseconds since the Unix epoch.
@@ -115,6 +127,24 @@ pub struct Op {
     /// healed: it does not count towards the run's minimum work.
     #[serde(default, skip_serializing_if = "is_false")]
     pub final_read: bool,
+}
+
+impl Op {
+    /// Records the revisions an ok read returned: the store revision of
+    /// the response header, and the key's `mod_revision` (`None` or 0: the
+    /// key is absent — no write ever has revision 0, the store starts at 1).
+    /// The register workload calls it beside `version` / `index` once
+    /// kvclient returns revisions.
+    pub fn record_read_revisions(&mut self, header_revision: u64, mod_revision: Option<u64>) {
+        self.revision = Some(header_revision);
+        self.mod_revision = mod_revision.filter(|&revision| revision != 0);
+    }
+
+    /// Records the store revision an ok write (or cas) was applied at.
+    pub fn record_write_revision(&mut self, revision: u64) {
+        self.revision = Some(revision);
+        self.mod_revision = None;
+    }
 }
 
 fn is_false(value: &bool) -> bool {
@@ -147,6 +177,10 @@ pub struct NemesisEvent {
 }
 
 /// One line of `history.jsonl`.
+// Nearly every record is an `Op` (nemesis events are a handful per run), so
+// boxing the large variant would add an allocation per operation and save
+// nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
 pub enum Record {
@@ -225,6 +259,9 @@ impl History {
                 outcome: Outcome::Info,
                 version: None,
                 index: None,
+                revision: None,
+                mod_revision: None,
+                expected_mod_revision: None,
                 error: None,
                 invoke_wall_us: wall_us(),
                 invoke_ns: self.now_ns(),

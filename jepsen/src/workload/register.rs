@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kvclient::{Consistency, Entry, PutOptions};
+use kvclient::{Consistency, PutOptions, Read};
 use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
 
@@ -111,13 +111,10 @@ async fn worker_loop(
         };
         let outcome = if write_guard.is_none() {
             let mut pending = history.invoke(process, Function::Read, &key);
-            match client
-                .get_with(key.clone(), Consistency::Linearizable)
-                .await
-            {
-                Ok(entry) => {
-                    let version = record_read(pending.op_mut(), entry);
-                    seen.insert(k, version);
+            match client.read(key.clone(), Consistency::Linearizable).await {
+                Ok(read) => {
+                    let mod_revision = record_read(pending.op_mut(), read);
+                    seen.insert(k, mod_revision);
                     history.complete(pending, Outcome::Ok)?.outcome
                 }
                 Err(err) => {
@@ -135,22 +132,24 @@ async fn worker_loop(
             let mut options = PutOptions::default();
             if cas {
                 let expected = seen.get(&k).copied().unwrap_or(0);
-                pending.op_mut().expected_version = Some(expected);
-                options = options.if_version(expected);
+                pending.op_mut().expected_mod_revision = Some(expected);
+                options = options.if_mod_revision(expected);
             }
             match client.put_with(key.clone(), value, options).await {
                 Ok(w) => {
-                    pending.op_mut().version = Some(w.version);
+                    pending.op_mut().version = Some(w.seq);
                     pending.op_mut().index = Some(w.applied_index);
-                    seen.insert(k, w.version);
+                    pending.op_mut().record_write_revision(w.revision);
+                    seen.insert(k, w.revision);
                     history.complete(pending, Outcome::Ok)?.outcome
                 }
                 Err(err) => {
                     if let kvclient::Error::VersionMismatch {
-                        current_version, ..
+                        current_mod_revision,
+                        ..
                     } = &err
                     {
-                        seen.insert(k, *current_version);
+                        seen.insert(k, *current_mod_revision);
                     }
                     pending.op_mut().error = Some(err.to_string());
                     history
@@ -168,13 +167,17 @@ async fn worker_loop(
     Ok(())
 }
 
-/// Records what an ok read returned (`None`: the key is absent, version
-/// 0); returns the version read.
-fn record_read(op: &mut Op, entry: Option<Entry>) -> u64 {
-    op.version = Some(entry.as_ref().map_or(0, |e| e.version));
+/// Records what an ok read returned (an absent key: seq and mod_revision
+/// 0) and its header's revision; returns the key's `mod_revision` read,
+/// what a compare-and-set compares.
+fn record_read(op: &mut Op, read: Read) -> u64 {
+    let entry = read.entry;
+    op.version = Some(entry.as_ref().map_or(0, |e| e.seq));
     op.index = entry.as_ref().map(|e| e.applied_index);
+    let mod_revision = entry.as_ref().map_or(0, |e| e.revisions.mod_revision);
+    op.record_read_revisions(read.revision, Some(mod_revision));
     op.value = entry.map(|e| String::from_utf8_lossy(&e.value).into_owned());
-    op.version.unwrap_or(0)
+    mod_revision
 }
 
 /// The final reads: once every fault is healed, one linearizable read of
@@ -199,12 +202,9 @@ pub async fn final_reads(endpoints: &[String], history: &History) -> anyhow::Res
         for attempt in 1..=FINAL_READ_ATTEMPTS_MAX {
             let mut pending = history.invoke(process, Function::Read, &key);
             pending.op_mut().final_read = true;
-            match client
-                .get_with(key.clone(), Consistency::Linearizable)
-                .await
-            {
-                Ok(entry) => {
-                    record_read(pending.op_mut(), entry);
+            match client.read(key.clone(), Consistency::Linearizable).await {
+                Ok(answer) => {
+                    record_read(pending.op_mut(), answer);
                     history.complete(pending, Outcome::Ok)?;
                     read = true;
                     break;

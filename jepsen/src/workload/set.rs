@@ -67,7 +67,7 @@ async fn worker_loop(
             match client.get_with(key, Consistency::Linearizable).await {
                 Ok(entry) => {
                     let op = pending.op_mut();
-                    op.version = Some(entry.as_ref().map_or(0, |e| e.version));
+                    op.version = Some(entry.as_ref().map_or(0, |e| e.seq));
                     op.index = entry.as_ref().map(|e| e.applied_index);
                     op.value = entry.map(|e| String::from_utf8_lossy(&e.value).into_owned());
                     history.complete(pending, Outcome::Ok)?;
@@ -90,7 +90,7 @@ async fn worker_loop(
         pending.op_mut().value = Some(element.clone());
         let outcome = match client.put(key, element).await {
             Ok(w) => {
-                pending.op_mut().version = Some(w.version);
+                pending.op_mut().version = Some(w.seq);
                 pending.op_mut().index = Some(w.applied_index);
                 history.complete(pending, Outcome::Ok)?.outcome
             }

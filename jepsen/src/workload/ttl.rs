@@ -183,7 +183,7 @@ async fn worker_loop(
                         shared.note_index(index);
                         let op = pending.op_mut();
                         op.index = Some(index);
-                        op.version = Some(entry.as_ref().map_or(0, |e| e.version));
+                        op.version = Some(entry.as_ref().map_or(0, |e| e.seq));
                         op.value = entry.map(|e| String::from_utf8_lossy(&e.value).into_owned());
                         history.complete(pending, Outcome::Ok)?.outcome
                     }
@@ -235,7 +235,7 @@ async fn write(
     {
         Ok(w) => {
             shared.note_index(w.applied_index);
-            pending.op_mut().version = Some(w.version);
+            pending.op_mut().version = Some(w.seq);
             pending.op_mut().index = Some(w.applied_index);
             let op = history.complete(pending, Outcome::Ok)?;
             shared.add(Written {

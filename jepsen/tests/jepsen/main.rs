@@ -10,6 +10,7 @@ mod membership_run;
 mod properties;
 mod proxy_mode;
 mod report_svg;
+mod revision_anomalies;
 mod set_and_lost;
 mod testdata;
 mod ttl_clock;

@@ -46,6 +46,14 @@ pub enum Error {
         /// The limit.
         max: usize,
     },
+    /// A per-record meta is longer than the limit.
+    #[error("record meta is {len} bytes; the limit RECORD_META_BYTES_MAX is {max} bytes")]
+    RecordMetaTooLarge {
+        /// Size of the rejected meta.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
     /// A caller-supplied sequence number does not increase.
     #[error("sequence number {given} is not above the highest stored sequence {last}")]
     SequenceNotIncreasing {

@@ -6,6 +6,7 @@
 //! back, so it is the one place that knows the layout.
 
 use crate::error::{Error, Result};
+use crate::options::RECORD_META_BYTES_MAX;
 
 // ---------------------------------------------------------------------------
 // File header: the first `FILE_HEADER_SIZE_BYTES` of every data and hint file.
@@ -125,30 +126,80 @@ pub const RECORD_EXPIRY_OFFSET: usize = 19; // u64: expiry, ms (caller's clock);
 /// Size of the fixed part of a record; the key follows, then the value.
 pub const RECORD_HEADER_SIZE_BYTES: usize = 27;
 const _: () = assert!(RECORD_EXPIRY_OFFSET + 8 == RECORD_HEADER_SIZE_BYTES);
+/// Records with meta (kinds 4 and 5) only: after the fixed part, the meta
+/// length (u8, 1..=RECORD_META_BYTES_MAX), then the meta, then the key and value.
+pub const RECORD_META_LEN_OFFSET: usize = 27; // u8: meta length (kinds 4 and 5 only)
+pub const RECORD_META_OFFSET: usize = 28; // meta bytes (kinds 4 and 5 only)
+/// Size of the fixed part of a record with meta; the meta follows, then the
+/// key, then the value.
+pub const RECORD_WITH_META_HEADER_SIZE_BYTES: usize = 28;
+const _: () = assert!(RECORD_META_LEN_OFFSET + 1 == RECORD_WITH_META_HEADER_SIZE_BYTES);
+const _: () = assert!(RECORD_META_OFFSET == RECORD_WITH_META_HEADER_SIZE_BYTES);
+
+/// Record kind bytes (byte 4 of a record, byte 0 of a hint entry). A put or
+/// tombstone with an empty meta is written as kind 1 or 2, byte for byte as
+/// before metas existed; one with a meta as kind 4 or 5.
+pub const KIND_PUT: u8 = 1; // put, no meta
+pub const KIND_TOMBSTONE: u8 = 2; // tombstone, no meta
+pub const KIND_COMMIT: u8 = 3; // batch commit (never has a meta)
+pub const KIND_PUT_WITH_META: u8 = 4; // put with a meta of 1..=RECORD_META_BYTES_MAX bytes
+pub const KIND_TOMBSTONE_WITH_META: u8 = 5; // tombstone with a meta
+const _: () = assert!(RECORD_META_BYTES_MAX <= u8::MAX as usize);
 
 /// The largest key the format can hold (the key length is a u16).
 pub const KEY_SIZE_BYTES_FORMAT_MAX: usize = u16::MAX as usize;
 
-/// What a record means; byte 4 of the record.
+/// What a record means. Byte 4 of the record says it together with whether
+/// a meta follows the fixed part (see [`RecordKind::byte`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
 pub enum RecordKind {
     /// Key now has this value.
-    Put = 1,
+    Put,
     /// Key is deleted; the value is empty.
-    Tombstone = 2,
+    Tombstone,
     /// Ends a batch; the key is empty and the value is the caller's metadata.
-    Commit = 3,
+    Commit,
 }
 
 impl RecordKind {
-    fn from_byte(byte: u8) -> Option<RecordKind> {
+    /// The kind byte of a record of this kind with (`has_meta`) or without
+    /// a meta. A commit never has one.
+    pub fn byte(self, has_meta: bool) -> u8 {
+        match (self, has_meta) {
+            (RecordKind::Put, false) => KIND_PUT,
+            (RecordKind::Tombstone, false) => KIND_TOMBSTONE,
+            (RecordKind::Put, true) => KIND_PUT_WITH_META,
+            (RecordKind::Tombstone, true) => KIND_TOMBSTONE_WITH_META,
+            (RecordKind::Commit, _) => {
+                debug_assert!(!has_meta, "a commit record has no meta");
+                KIND_COMMIT
+            }
+        }
+    }
+
+    /// The kind and whether a meta follows, from a kind byte.
+    fn from_byte(byte: u8) -> Option<(RecordKind, bool)> {
         match byte {
-            1 => Some(RecordKind::Put),
-            2 => Some(RecordKind::Tombstone),
-            3 => Some(RecordKind::Commit),
+            KIND_PUT => Some((RecordKind::Put, false)),
+            KIND_TOMBSTONE => Some((RecordKind::Tombstone, false)),
+            KIND_COMMIT => Some((RecordKind::Commit, false)),
+            KIND_PUT_WITH_META => Some((RecordKind::Put, true)),
+            KIND_TOMBSTONE_WITH_META => Some((RecordKind::Tombstone, true)),
             _ => None,
         }
+    }
+}
+
+/// Why a meta length read from a record or hint is not acceptable, if it is not.
+fn meta_len_fault(meta_len: usize) -> Option<String> {
+    if meta_len == 0 {
+        Some("record kind with meta but a meta length of 0".to_string())
+    } else if meta_len > RECORD_META_BYTES_MAX {
+        Some(format!(
+            "meta length {meta_len} exceeds RECORD_META_BYTES_MAX ({RECORD_META_BYTES_MAX})"
+        ))
+    } else {
+        None
     }
 }
 
@@ -161,44 +212,85 @@ pub struct RecordHeader {
     pub kind: RecordKind,
     /// Key length in bytes.
     pub key_len: u16,
-    /// Value length in bytes.
+    /// Value length in bytes (the caller's value only, never the meta).
     pub value_len: u32,
     /// Sequence number.
     pub seq: u64,
     /// Expiry in ms of the caller's clock; 0 = never.
     pub expiry_ms: u64,
+    /// Meta length in bytes: 0 for kinds 1 to 3, 1..=RECORD_META_BYTES_MAX
+    /// for kinds 4 and 5.
+    pub meta_len: u8,
 }
 
 impl RecordHeader {
     /// Total size of the record this header starts.
     pub fn record_size(&self) -> usize {
-        record_size(self.key_len as usize, self.value_len as usize)
+        record_size(
+            self.key_len as usize,
+            self.value_len as usize,
+            self.meta_len as usize,
+        )
+    }
+
+    /// Offset of the key in the record (the meta, if any, sits before it).
+    pub fn key_offset(&self) -> usize {
+        fixed_size(self.meta_len as usize) + self.meta_len as usize
+    }
+
+    /// The meta, key and value of `record`, a whole record this header was
+    /// decoded from (as [`verify_record`] checked it).
+    pub fn split<'a>(&self, record: &'a [u8]) -> (&'a [u8], &'a [u8], &'a [u8]) {
+        let key_offset = self.key_offset();
+        let value_offset = key_offset + self.key_len as usize;
+        (
+            &record[RECORD_META_OFFSET.min(key_offset)..key_offset],
+            &record[key_offset..value_offset],
+            &record[value_offset..self.record_size()],
+        )
     }
 }
 
-/// Size on disk of a record with these key and value lengths.
-pub fn record_size(key_len: usize, value_len: usize) -> usize {
-    RECORD_HEADER_SIZE_BYTES + key_len + value_len
+/// Size of the fixed part of a record whose meta has `meta_len` bytes.
+fn fixed_size(meta_len: usize) -> usize {
+    if meta_len == 0 {
+        RECORD_HEADER_SIZE_BYTES
+    } else {
+        RECORD_WITH_META_HEADER_SIZE_BYTES
+    }
 }
 
-/// Appends one record to `out`.
+/// Size on disk of a record with these key, value and meta lengths (a meta
+/// of 0 bytes: the record has no meta field at all).
+pub fn record_size(key_len: usize, value_len: usize, meta_len: usize) -> usize {
+    fixed_size(meta_len) + meta_len + key_len + value_len
+}
+
+/// Appends one record to `out`. An empty `meta` writes kind 1, 2 or 3 (the
+/// layout from before metas existed), a non-empty one kind 4 or 5.
 pub fn encode_record(
     out: &mut Vec<u8>,
     kind: RecordKind,
     seq: u64,
     expiry_ms: u64,
+    meta: &[u8],
     key: &[u8],
     value: &[u8],
 ) {
     debug_assert!(key.len() <= KEY_SIZE_BYTES_FORMAT_MAX);
     debug_assert!(value.len() <= u32::MAX as usize);
+    debug_assert!(meta.len() <= RECORD_META_BYTES_MAX);
     let start = out.len();
     out.extend_from_slice(&[0u8; 4]);
-    out.push(kind as u8);
+    out.push(kind.byte(!meta.is_empty()));
     out.extend_from_slice(&(key.len() as u16).to_le_bytes());
     out.extend_from_slice(&(value.len() as u32).to_le_bytes());
     out.extend_from_slice(&seq.to_le_bytes());
     out.extend_from_slice(&expiry_ms.to_le_bytes());
+    if !meta.is_empty() {
+        out.push(meta.len() as u8);
+        out.extend_from_slice(meta);
+    }
     out.extend_from_slice(key);
     out.extend_from_slice(value);
     let crc = crc32fast::hash(&out[start + 4..]);
@@ -216,6 +308,8 @@ pub enum RecordFault {
 
 /// Decodes the fixed part of a record; `remaining` is how many bytes of the
 /// file follow its start (so lengths that run past the end are caught).
+/// `bytes` must hold [`RECORD_WITH_META_HEADER_SIZE_BYTES`] when that many
+/// remain: a record with meta has its meta length there.
 pub fn decode_record_header(
     bytes: &[u8],
     remaining: u64,
@@ -223,9 +317,21 @@ pub fn decode_record_header(
     if bytes.len() < RECORD_HEADER_SIZE_BYTES {
         return Err(RecordFault::Truncated);
     }
-    let kind = RecordKind::from_byte(bytes[RECORD_KIND_OFFSET]).ok_or_else(|| {
+    let (kind, has_meta) = RecordKind::from_byte(bytes[RECORD_KIND_OFFSET]).ok_or_else(|| {
         RecordFault::Invalid(format!("unknown record kind {}", bytes[RECORD_KIND_OFFSET]))
     })?;
+    let meta_len = if has_meta {
+        if bytes.len() < RECORD_WITH_META_HEADER_SIZE_BYTES {
+            return Err(RecordFault::Truncated);
+        }
+        let meta_len = bytes[RECORD_META_LEN_OFFSET];
+        if let Some(fault) = meta_len_fault(meta_len as usize) {
+            return Err(RecordFault::Invalid(fault));
+        }
+        meta_len
+    } else {
+        0
+    };
     let header = RecordHeader {
         crc: u32_at(bytes, RECORD_CRC_OFFSET),
         kind,
@@ -233,6 +339,7 @@ pub fn decode_record_header(
         value_len: u32_at(bytes, RECORD_VALUE_LEN_OFFSET),
         seq: u64_at(bytes, RECORD_SEQ_OFFSET),
         expiry_ms: u64_at(bytes, RECORD_EXPIRY_OFFSET),
+        meta_len,
     };
     if header.record_size() as u64 > remaining {
         return Err(RecordFault::Truncated);
@@ -256,7 +363,7 @@ pub fn verify_record(record: &[u8]) -> std::result::Result<RecordHeader, RecordF
 // Hint files: the header (HINT_MAGIC), entries, then a trailer.
 // ---------------------------------------------------------------------------
 
-pub const HINT_KIND_OFFSET: usize = 0; // u8: RecordKind of the data record
+pub const HINT_KIND_OFFSET: usize = 0; // u8: kind byte of the data record (KIND_*)
 pub const HINT_KEY_LEN_OFFSET: usize = 1; // u32: key length (commit: metadata length)
 pub const HINT_VALUE_LEN_OFFSET: usize = 5; // u32: value length of the data record
 pub const HINT_RECORD_OFFSET_OFFSET: usize = 9; // u32: offset of the record in the data file
@@ -265,6 +372,14 @@ pub const HINT_EXPIRY_OFFSET: usize = 21; // u64: expiry ms, 0 = never
 /// Size of the fixed part of a hint entry; the key (or metadata) follows.
 pub const HINT_ENTRY_HEADER_SIZE_BYTES: usize = 29;
 const _: () = assert!(HINT_EXPIRY_OFFSET + 8 == HINT_ENTRY_HEADER_SIZE_BYTES);
+/// Entries of kinds 4 and 5 only: after the fixed part, the meta length (u8,
+/// 1..=RECORD_META_BYTES_MAX), then the meta, then the key.
+pub const HINT_META_LEN_OFFSET: usize = 29; // u8: meta length (kinds 4 and 5 only)
+pub const HINT_META_OFFSET: usize = 30; // meta bytes (kinds 4 and 5 only)
+/// Size of the fixed part of a hint entry with meta; the meta follows, then the key.
+pub const HINT_ENTRY_WITH_META_HEADER_SIZE_BYTES: usize = 30;
+const _: () = assert!(HINT_META_LEN_OFFSET + 1 == HINT_ENTRY_WITH_META_HEADER_SIZE_BYTES);
+const _: () = assert!(HINT_META_OFFSET == HINT_ENTRY_WITH_META_HEADER_SIZE_BYTES);
 
 pub const TRAILER_ENTRY_COUNT_OFFSET: usize = 0; // u64: number of entries
 pub const TRAILER_DATA_LEN_OFFSET: usize = 8; // u64: length of the data file described
@@ -289,13 +404,21 @@ pub struct HintEntry<'a> {
     pub seq: u64,
     /// Expiry ms, 0 = never.
     pub expiry_ms: u64,
+    /// The record's meta (empty for commits and records without one).
+    pub meta: &'a [u8],
 }
 
 impl<'a> HintEntry<'a> {
-    /// The entry of a data record whose header is `header`, key `key`, at
-    /// `offset`. Tombstones get offset 0: nothing reads a tombstone back, and
-    /// a fixed value keeps hints identical however they were produced.
-    pub fn of_record(header: &RecordHeader, key: &'a [u8], offset: u64) -> HintEntry<'a> {
+    /// The entry of a data record whose header is `header`, meta `meta`,
+    /// key `key`, at `offset`. Tombstones get offset 0: nothing reads a
+    /// tombstone back, and a fixed value keeps hints identical however they
+    /// were produced.
+    pub fn of_record(
+        header: &RecordHeader,
+        meta: &'a [u8],
+        key: &'a [u8],
+        offset: u64,
+    ) -> HintEntry<'a> {
         let offset = match header.kind {
             RecordKind::Tombstone => 0,
             _ => offset as u32,
@@ -307,11 +430,12 @@ impl<'a> HintEntry<'a> {
             offset,
             seq: header.seq,
             expiry_ms: header.expiry_ms,
+            meta,
         }
     }
 
-    /// The entry of a tombstone for `key` with `seq`.
-    pub fn tombstone(key: &'a [u8], seq: u64) -> HintEntry<'a> {
+    /// The entry of a tombstone for `key` with `seq` and `meta`.
+    pub fn tombstone(key: &'a [u8], meta: &'a [u8], seq: u64) -> HintEntry<'a> {
         HintEntry {
             kind: RecordKind::Tombstone,
             key,
@@ -319,40 +443,60 @@ impl<'a> HintEntry<'a> {
             offset: 0,
             seq,
             expiry_ms: 0,
+            meta,
         }
     }
 }
 
-/// Appends one hint entry to `out`.
+/// Appends one hint entry to `out`. An empty meta writes kind 1, 2 or 3 (the
+/// layout from before metas existed), a non-empty one kind 4 or 5.
 pub fn encode_hint_entry(out: &mut Vec<u8>, entry: &HintEntry<'_>) {
-    out.push(entry.kind as u8);
+    debug_assert!(entry.meta.len() <= RECORD_META_BYTES_MAX);
+    out.push(entry.kind.byte(!entry.meta.is_empty()));
     out.extend_from_slice(&(entry.key.len() as u32).to_le_bytes());
     out.extend_from_slice(&entry.value_len.to_le_bytes());
     out.extend_from_slice(&entry.offset.to_le_bytes());
     out.extend_from_slice(&entry.seq.to_le_bytes());
     out.extend_from_slice(&entry.expiry_ms.to_le_bytes());
+    if !entry.meta.is_empty() {
+        out.push(entry.meta.len() as u8);
+        out.extend_from_slice(entry.meta);
+    }
     out.extend_from_slice(entry.key);
 }
 
 /// Decodes the hint entry at the start of `bytes`; returns it and its size.
+/// `None` for anything malformed (unknown kind, a meta length of 0 or above
+/// [`RECORD_META_BYTES_MAX`], lengths running past the end).
 pub fn decode_hint_entry(bytes: &[u8]) -> Option<(HintEntry<'_>, usize)> {
     if bytes.len() < HINT_ENTRY_HEADER_SIZE_BYTES {
         return None;
     }
-    let kind = RecordKind::from_byte(bytes[HINT_KIND_OFFSET])?;
+    let (kind, has_meta) = RecordKind::from_byte(bytes[HINT_KIND_OFFSET])?;
+    let (meta_start, meta_len) = if has_meta {
+        let meta_len = *bytes.get(HINT_META_LEN_OFFSET)? as usize;
+        if meta_len_fault(meta_len).is_some() {
+            return None;
+        }
+        (HINT_META_OFFSET, meta_len)
+    } else {
+        (HINT_ENTRY_HEADER_SIZE_BYTES, 0)
+    };
+    let key_start = meta_start + meta_len;
     let key_len = u32_at(bytes, HINT_KEY_LEN_OFFSET) as usize;
-    let size = HINT_ENTRY_HEADER_SIZE_BYTES.checked_add(key_len)?;
+    let size = key_start.checked_add(key_len)?;
     if bytes.len() < size {
         return None;
     }
     Some((
         HintEntry {
             kind,
-            key: &bytes[HINT_ENTRY_HEADER_SIZE_BYTES..size],
+            key: &bytes[key_start..size],
             value_len: u32_at(bytes, HINT_VALUE_LEN_OFFSET),
             offset: u32_at(bytes, HINT_RECORD_OFFSET_OFFSET),
             seq: u64_at(bytes, HINT_SEQ_OFFSET),
             expiry_ms: u64_at(bytes, HINT_EXPIRY_OFFSET),
+            meta: &bytes[meta_start..key_start],
         },
         size,
     ))
@@ -499,7 +643,7 @@ mod tests {
     #[test]
     fn record_round_trip_and_every_flipped_byte_is_caught() {
         let mut buf = Vec::new();
-        encode_record(&mut buf, RecordKind::Put, 42, 7, b"key", b"value");
+        encode_record(&mut buf, RecordKind::Put, 42, 7, &[], b"key", b"value");
         let header = verify_record(&buf).expect("valid record");
         assert_eq!(header.kind, RecordKind::Put);
         assert_eq!(header.seq, 42);
@@ -543,6 +687,7 @@ mod tests {
             offset: 77,
             seq: 5,
             expiry_ms: 0,
+            meta: &[],
         };
         encode_hint_entry(&mut buf, &entry);
         let (entry, size) = decode_hint_entry(&buf).unwrap();
@@ -551,6 +696,158 @@ mod tests {
         assert_eq!(entry.offset, 77);
         assert_eq!(entry.kind, RecordKind::Tombstone);
         assert!(decode_hint_entry(&buf[..buf.len() - 1]).is_none());
+    }
+
+    /// The record encoder as it was before metas existed, kept verbatim.
+    fn encode_record_before_metas(
+        out: &mut Vec<u8>,
+        kind_byte: u8,
+        seq: u64,
+        expiry_ms: u64,
+        key: &[u8],
+        value: &[u8],
+    ) {
+        let start = out.len();
+        out.extend_from_slice(&[0u8; 4]);
+        out.push(kind_byte);
+        out.extend_from_slice(&(key.len() as u16).to_le_bytes());
+        out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        out.extend_from_slice(&seq.to_le_bytes());
+        out.extend_from_slice(&expiry_ms.to_le_bytes());
+        out.extend_from_slice(key);
+        out.extend_from_slice(value);
+        let crc = crc32fast::hash(&out[start + 4..]);
+        out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// The hint entry encoder as it was before metas existed, kept verbatim.
+    fn encode_hint_entry_before_metas(out: &mut Vec<u8>, kind_byte: u8, entry: &HintEntry<'_>) {
+        out.push(kind_byte);
+        out.extend_from_slice(&(entry.key.len() as u32).to_le_bytes());
+        out.extend_from_slice(&entry.value_len.to_le_bytes());
+        out.extend_from_slice(&entry.offset.to_le_bytes());
+        out.extend_from_slice(&entry.seq.to_le_bytes());
+        out.extend_from_slice(&entry.expiry_ms.to_le_bytes());
+        out.extend_from_slice(entry.key);
+    }
+
+    #[test]
+    fn an_empty_meta_encodes_exactly_the_bytes_from_before_metas() {
+        for (kind, byte) in [
+            (RecordKind::Put, 1u8),
+            (RecordKind::Tombstone, 2),
+            (RecordKind::Commit, 3),
+        ] {
+            let mut new = Vec::new();
+            encode_record(&mut new, kind, 9, 11, &[], b"k", b"val");
+            let mut old = Vec::new();
+            encode_record_before_metas(&mut old, byte, 9, 11, b"k", b"val");
+            assert_eq!(new, old, "{kind:?}");
+            let entry = HintEntry {
+                kind,
+                key: b"k",
+                value_len: 3,
+                offset: 32,
+                seq: 9,
+                expiry_ms: 11,
+                meta: &[],
+            };
+            let mut new = Vec::new();
+            encode_hint_entry(&mut new, &entry);
+            let mut old = Vec::new();
+            encode_hint_entry_before_metas(&mut old, byte, &entry);
+            assert_eq!(new, old, "{kind:?}");
+        }
+        // And a literal, so the helper above cannot drift with the encoder.
+        let mut buf = Vec::new();
+        encode_record(&mut buf, RecordKind::Put, 1, 0, &[], b"a", b"b");
+        assert_eq!(
+            &buf[4..],
+            &[
+                1, 1, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, b'a', b'b'
+            ]
+        );
+    }
+
+    #[test]
+    fn a_record_with_meta_round_trips_and_every_flipped_byte_is_caught() {
+        for kind in [RecordKind::Put, RecordKind::Tombstone] {
+            let mut buf = Vec::new();
+            let value: &[u8] = if kind == RecordKind::Put {
+                b"value"
+            } else {
+                b""
+            };
+            encode_record(&mut buf, kind, 42, 7, b"\x01\x02\x03", b"key", value);
+            assert_eq!(buf[RECORD_KIND_OFFSET], kind.byte(true));
+            assert_eq!(buf[RECORD_META_LEN_OFFSET], 3);
+            let header = verify_record(&buf).expect("valid record");
+            assert_eq!(header.kind, kind);
+            assert_eq!(header.meta_len, 3);
+            assert_eq!(header.value_len as usize, value.len());
+            assert_eq!(header.record_size(), buf.len());
+            assert_eq!(header.record_size(), record_size(3, value.len(), 3));
+            let (meta, key, found) = header.split(&buf);
+            assert_eq!(
+                (meta, key, found),
+                (&b"\x01\x02\x03"[..], &b"key"[..], value)
+            );
+            for i in 0..buf.len() {
+                let mut bad = buf.clone();
+                bad[i] ^= 0x40;
+                assert!(
+                    verify_record(&bad).is_err(),
+                    "flip at byte {i} went unnoticed"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_meta_length_beyond_the_limit_or_zero_is_invalid_not_a_panic() {
+        let mut buf = Vec::new();
+        encode_record(&mut buf, RecordKind::Put, 1, 0, &[9; 4], b"k", b"v");
+        for bad_len in [0u8, RECORD_META_BYTES_MAX as u8 + 1, u8::MAX] {
+            let mut bad = buf.clone();
+            bad[RECORD_META_LEN_OFFSET] = bad_len;
+            match decode_record_header(&bad, bad.len() as u64) {
+                Err(RecordFault::Invalid(reason)) => assert!(reason.contains("meta length")),
+                other => panic!("meta length {bad_len}: {other:?}"),
+            }
+        }
+        // A record with meta cut right after its fixed 27 bytes is torn.
+        assert_eq!(
+            decode_record_header(&buf[..RECORD_HEADER_SIZE_BYTES], 1000),
+            Err(RecordFault::Truncated)
+        );
+    }
+
+    #[test]
+    fn hint_entry_with_meta_round_trips_and_a_bad_meta_length_is_refused() {
+        for kind in [RecordKind::Put, RecordKind::Tombstone] {
+            let entry = HintEntry {
+                kind,
+                key: b"abc",
+                value_len: 4,
+                offset: 77,
+                seq: 5,
+                expiry_ms: 3,
+                meta: b"\xaa\xbb",
+            };
+            let mut buf = Vec::new();
+            encode_hint_entry(&mut buf, &entry);
+            assert_eq!(buf[HINT_KIND_OFFSET], kind.byte(true));
+            let (found, size) = decode_hint_entry(&buf).unwrap();
+            assert_eq!(size, buf.len());
+            assert_eq!(found, entry);
+            assert!(decode_hint_entry(&buf[..buf.len() - 1]).is_none());
+            for bad_len in [0u8, RECORD_META_BYTES_MAX as u8 + 1, u8::MAX] {
+                let mut bad = buf.clone();
+                bad[HINT_META_LEN_OFFSET] = bad_len;
+                bad.extend_from_slice(&[0u8; 300]);
+                assert!(decode_hint_entry(&bad).is_none(), "meta length {bad_len}");
+            }
+        }
     }
 
     #[test]

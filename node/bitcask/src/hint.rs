@@ -1,5 +1,5 @@
-//! Hint files: for each sealed data file, the key, sequence, expiry and
-//! position of every record, so a restart rebuilds the key directory without
+//! Hint files: for each sealed data file, the key, sequence, expiry, record
+//! meta and position of every record, so a restart rebuilds the key directory without
 //! reading values.
 //!
 //! A hint is written while its segment is active, streamed into
@@ -97,6 +97,7 @@ impl HintWriter {
                 offset,
                 seq,
                 expiry_ms: 0,
+                meta: &[],
             };
             encode_hint_entry(&mut self.buf, &entry);
             self.count += 1;

@@ -18,7 +18,10 @@
 //! - [`format`](mod@format): byte layout of headers, records and hint entries; file names.
 //! - Every file access goes through the [`vfs`] crate's [`vfs::Vfs`] (the
 //!   real disk in production; its simulated disks in tests).
-//! - `keydir`: the ordered key directory (one allocation per key).
+//! - `keydir`: the ordered key directory (one allocation per key: key,
+//!   varint location and record meta inline).
+//! - `record_meta`: [`RecordMeta`], the opaque per-record bytes a put or
+//!   tombstone may carry (kept in records, hints and the key directory).
 //! - `hint`: writing and loading hint files.
 //! - `recovery`: opening a directory (list, plan, load), torn-tail repair,
 //!   merge leftovers.
@@ -42,21 +45,26 @@
 //! ## Limits (defaults, configurable in [`Options`])
 //! Key 4 KiB ([`KEY_SIZE_BYTES_MAX`]), value 16 MiB ([`VALUE_SIZE_BYTES_MAX`]),
 //! batch 64 MiB ([`BATCH_SIZE_BYTES_MAX`]), commit metadata 64 KiB
-//! ([`METADATA_SIZE_BYTES_MAX`]), segment rotation at 64 MiB
+//! ([`METADATA_SIZE_BYTES_MAX`]), record meta 48 bytes
+//! ([`RECORD_META_BYTES_MAX`], fixed), segment rotation at 64 MiB
 //! ([`SEGMENT_SIZE_BYTES_DEFAULT`]).
 //!
 //! ## Example
 //! ```
-//! use bitcask::{Batch, Engine, Options, Scan, SyncPolicy};
+//! use bitcask::{Batch, Engine, Options, RecordMeta, Scan, SyncPolicy};
 //!
 //! let dir = tempfile::tempdir().unwrap();
 //! let engine = Engine::open(dir.path(), Options { sync: SyncPolicy::Never, ..Options::default() })?;
 //! engine.put(b"user/1", b"ada")?;
+//! // A record meta: opaque bytes kept with the record and in the key directory.
+//! let revision = RecordMeta::new(&[7, 1])?;
+//! engine.write_batch(&Batch::new().put_with_meta("user/3", "alan", 0, revision))?;
 //! engine.write_batch(&Batch::new().put("user/2", "grace").delete("user/1").meta("log index 7"))?;
 //! let now_ms = 0; // the engine owns no clock: expiry is judged against the caller's "now"
 //! assert_eq!(engine.get(b"user/1", now_ms)?, None);
 //! assert_eq!(engine.get(b"user/2", now_ms)?.unwrap().value, b"grace");
-//! assert_eq!(engine.scan(&Scan::prefix("user/", 10), now_ms)?.len(), 1);
+//! assert_eq!(engine.scan(&Scan::prefix("user/", 10), now_ms)?.len(), 2);
+//! assert_eq!(engine.meta(b"user/3", now_ms).unwrap().meta.as_bytes(), &[7, 1]); // no disk read
 //! engine.close()?;
 //!
 //! let engine = Engine::open(dir.path(), Options::default())?;
@@ -72,16 +80,18 @@ mod engine;
 mod hint;
 mod keydir;
 mod merge;
+mod record_meta;
 mod recovery;
 
 pub use engine::{
     Batch, Engine, Entry, FileInfo, FileStats, Item, ItemMeta, KeyRange, MergeReport, Op, Pin,
-    Scan, Stats, Written,
+    RecordMeta, Scan, Stats, Written,
 };
 pub use error::{Error, Result};
 pub use keydir::SLOT_HEADER_SIZE_BYTES;
 pub use merge::MergeJob;
 pub use options::{
     AutoMerge, BATCH_SIZE_BYTES_MAX, KEY_SIZE_BYTES_MAX, METADATA_SIZE_BYTES_MAX, Options,
-    PublishedPrefix, SEGMENT_SIZE_BYTES_DEFAULT, SyncPolicy, VALUE_SIZE_BYTES_MAX,
+    PublishedPrefix, RECORD_META_BYTES_MAX, SEGMENT_SIZE_BYTES_DEFAULT, SyncPolicy,
+    VALUE_SIZE_BYTES_MAX,
 };

@@ -329,7 +329,8 @@ fn write_parts(
         let part_index = parts.len() - 1;
         let part = parts.last_mut().expect("one part at least");
         let offset = part.len as u32;
-        let copied = shared.with_record(key.len(), location, |record| {
+        // Byte for byte: a record with meta (kind 4) carries it along.
+        let copied = shared.with_record(key.len(), location, |_, record| {
             part.buf.extend_from_slice(record);
             record.len() as u64
         })?;
@@ -349,6 +350,7 @@ fn write_parts(
             offset,
             seq: location.seq,
             expiry_ms: location.expiry_ms,
+            meta: location.meta.as_bytes(),
         })?;
         moved.push(Moved {
             index,
@@ -367,6 +369,7 @@ fn write_parts(
         RecordKind::Commit,
         *last_commit_seq,
         0,
+        &[],
         &[],
         last_commit_meta,
     );

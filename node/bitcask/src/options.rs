@@ -18,6 +18,11 @@ pub const BATCH_SIZE_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Largest batch metadata (the value of a commit record): 64 KiB. Hint
 /// files copy it, and restart reads it, so it stays small.
 pub const METADATA_SIZE_BYTES_MAX: usize = 64 * 1024;
+/// Largest per-record meta ([`crate::RecordMeta`]): 48 bytes. The key
+/// directory keeps one inline per key, so it must stay small; the layer
+/// above needs at most 40 (four LEB128 varints). Not configurable: it is the
+/// size of the inline array, and a record or hint claiming more is corrupt.
+pub const RECORD_META_BYTES_MAX: usize = 48;
 /// Default segment rotation threshold: 64 MiB.
 pub const SEGMENT_SIZE_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
 /// Largest rotation threshold. Record offsets are u32, and a segment can

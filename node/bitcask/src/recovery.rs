@@ -26,12 +26,13 @@ use crate::engine::{Active, FileMeta, FileSet, Writer, checksum_file};
 use crate::error::{Error, Result};
 use crate::format::{
     DATA_MAGIC, DATA_SUFFIX, FILE_HEADER_SIZE_BYTES, FileHeader, FileId, HINT_SUFFIX, HintEntry,
-    RECORD_HEADER_SIZE_BYTES, RecordFault, RecordHeader, RecordKind, TEMP_SUFFIX,
+    RECORD_WITH_META_HEADER_SIZE_BYTES, RecordFault, RecordHeader, RecordKind, TEMP_SUFFIX,
     decode_record_header, path_in,
 };
 use crate::hint::{self, HintWriter};
 use crate::keydir::{KeyDir, Location};
 use crate::options::Options;
+use crate::record_meta::RecordMeta;
 use vfs::{Vfs, VfsFile};
 
 /// Bytes read at a time when scanning a data file.
@@ -384,19 +385,17 @@ impl<'a> Scanner<'a> {
         Ok(&self.window[from..from + (end - pos) as usize])
     }
 
-    /// The next record (offset, header, key) or the fault at `pos`.
-    #[allow(clippy::type_complexity)]
-    fn next(
-        &mut self,
-    ) -> std::io::Result<
-        Option<std::result::Result<(u64, RecordHeader, Vec<u8>, Vec<u8>), RecordFault>>,
-    > {
+    /// The next record or the fault at `pos`.
+    fn next(&mut self) -> std::io::Result<Option<std::result::Result<Scanned, RecordFault>>> {
         if self.pos >= self.len {
             return Ok(None);
         }
         let pos = self.pos;
         let remaining = self.len - pos;
-        let head = self.bytes(pos, RECORD_HEADER_SIZE_BYTES)?.to_vec();
+        // Enough for the meta length of a record with meta (fewer at the end).
+        let head = self
+            .bytes(pos, RECORD_WITH_META_HEADER_SIZE_BYTES)?
+            .to_vec();
         let header = match decode_record_header(&head, remaining) {
             Ok(header) => header,
             Err(fault) => return Ok(Some(Err(fault))),
@@ -408,29 +407,56 @@ impl<'a> Scanner<'a> {
                 "record checksum mismatch".to_string(),
             ))));
         }
-        let key = record
-            [RECORD_HEADER_SIZE_BYTES..RECORD_HEADER_SIZE_BYTES + header.key_len as usize]
-            .to_vec();
+        let (meta, key, value) = header.split(record);
+        let meta = match RecordMeta::new(meta) {
+            Ok(meta) => meta,
+            Err(e) => return Ok(Some(Err(RecordFault::Invalid(e.to_string())))),
+        };
+        let key = key.to_vec();
         let value = if header.kind == RecordKind::Commit {
-            record[RECORD_HEADER_SIZE_BYTES + header.key_len as usize..].to_vec()
+            value.to_vec()
         } else {
             Vec::new()
         };
         self.pos += size as u64;
-        Ok(Some(Ok((pos, header, key, value))))
+        Ok(Some(Ok(Scanned {
+            offset: pos,
+            header,
+            meta,
+            key,
+            value,
+        })))
     }
 }
 
-fn apply_record(keydir: &mut KeyDir, num: u32, offset: u64, header: &RecordHeader, key: &[u8]) {
+/// A record a [`Scanner`] read (its value only for commit records).
+struct Scanned {
+    offset: u64,
+    header: RecordHeader,
+    meta: RecordMeta,
+    key: Vec<u8>,
+    /// Commit: the batch metadata; otherwise empty (values are never read).
+    value: Vec<u8>,
+}
+
+fn apply_record(keydir: &mut KeyDir, num: u32, record: &Scanned) {
+    let Scanned {
+        offset,
+        header,
+        meta,
+        key,
+        ..
+    } = record;
     match header.kind {
         RecordKind::Put => keydir.put(
             key,
             Location {
                 file: num,
-                offset: offset as u32,
+                offset: *offset as u32,
                 value_len: header.value_len,
                 seq: header.seq,
                 expiry_ms: header.expiry_ms,
+                meta: *meta,
             },
         ),
         RecordKind::Tombstone => keydir.delete(key, header.seq),
@@ -475,6 +501,9 @@ fn load_sealed(
                         value_len: entry.value_len,
                         seq: entry.seq,
                         expiry_ms: entry.expiry_ms,
+                        // `decode_hint_entry` refused any longer meta.
+                        meta: RecordMeta::new(entry.meta)
+                            .expect("a decoded hint meta fits RECORD_META_BYTES_MAX"),
                     },
                 ),
                 RecordKind::Tombstone => keydir.delete(entry.key, entry.seq),
@@ -497,19 +526,25 @@ fn load_sealed(
     let mut writer = HintWriter::create(vfs, dir, id, &header)?;
     let mut scanner = Scanner::new(file.as_ref(), len);
     while let Some(next) = scanner.next().map_err(|e| Error::io(&path, e))? {
-        let (offset, record, key, value) = next.map_err(|fault| Error::Corruption {
+        let scanned = next.map_err(|fault| Error::Corruption {
             file: id.data_name(),
             offset: scanner.pos,
             reason: format!("bad record in a sealed file: {fault:?}"),
         })?;
-        max_seq = max_seq.max(record.seq);
-        apply_record(keydir, num, offset, &record, &key);
-        match record.kind {
+        let header = &scanned.header;
+        max_seq = max_seq.max(header.seq);
+        apply_record(keydir, num, &scanned);
+        match header.kind {
             RecordKind::Commit => {
-                writer.commit(&value, offset as u32, record.seq);
-                last_commit = Some((record.seq, value));
+                writer.commit(&scanned.value, scanned.offset as u32, header.seq);
+                last_commit = Some((header.seq, scanned.value));
             }
-            _ => writer.add(&HintEntry::of_record(&record, &key, offset))?,
+            _ => writer.add(&HintEntry::of_record(
+                header,
+                scanned.meta.as_bytes(),
+                &scanned.key,
+                scanned.offset,
+            ))?,
         }
     }
     if needs_commit && last_commit.is_none() {
@@ -570,31 +605,37 @@ fn recover_active(
     };
     let mut hint = HintWriter::create(vfs, dir, id, &header)?;
     let mut scanner = Scanner::new(file.as_ref(), len);
-    let mut batch: Vec<(u64, RecordHeader, Vec<u8>)> = Vec::new();
+    let mut batch: Vec<Scanned> = Vec::new();
     let mut committed_end = FILE_HEADER_SIZE_BYTES as u64;
     let mut max_seq = 0;
     let mut last_commit = None;
     let mut fault = None;
     while let Some(next) = scanner.next().map_err(|e| Error::io(&path, e))? {
-        let (offset, record, key, value) = match next {
+        let scanned = match next {
             Ok(found) => found,
             Err(why) => {
                 fault = Some((scanner.pos, why));
                 break;
             }
         };
-        if record.kind != RecordKind::Commit {
-            batch.push((offset, record, key));
+        if scanned.header.kind != RecordKind::Commit {
+            batch.push(scanned);
             continue;
         }
-        for (offset, record, key) in batch.drain(..) {
-            apply_record(keydir, num, offset, &record, &key);
-            hint.add(&HintEntry::of_record(&record, &key, offset))?;
+        for record in batch.drain(..) {
+            apply_record(keydir, num, &record);
+            hint.add(&HintEntry::of_record(
+                &record.header,
+                record.meta.as_bytes(),
+                &record.key,
+                record.offset,
+            ))?;
         }
-        keydir.note_seq(record.seq);
-        hint.commit(&value, offset as u32, record.seq);
-        max_seq = record.seq;
-        last_commit = Some((record.seq, value));
+        let seq = scanned.header.seq;
+        keydir.note_seq(seq);
+        hint.commit(&scanned.value, scanned.offset as u32, seq);
+        max_seq = seq;
+        last_commit = Some((seq, scanned.value));
         committed_end = scanner.pos;
     }
     if committed_end < len {

@@ -2,28 +2,76 @@
 //!
 //! Every entry becomes exactly one engine batch (so it survives or vanishes
 //! whole), whose first sequence number is `index × 65536` and whose commit
-//! record carries the caller's metadata (log id, cluster time, membership).
-//! A user op's version is `index × 65536 + its position among the ops the
-//! entry applied`, which is the sequence number the engine gives its record;
-//! session bookkeeping records follow the user ops in the same batch.
+//! record carries the store header (revision, compact revision) and the
+//! caller's metadata (log id, cluster time, membership). A user op's
+//! sequence number (`seq`) is `index × 65536 + its position among the
+//! records the entry wrote`; session bookkeeping records follow the user
+//! ops in the same batch.
+//!
+//! Revisions (`revision.rs`): each request that changes something advances
+//! the store revision by one, and every record it writes carries the key's
+//! [`KeyMeta`] (tombstones: the delete's revision). A delete of an absent
+//! key writes nothing and changes nothing. Before the requests, every key
+//! whose TTL ran out by the entry's cluster time is deleted, each at a
+//! revision of its own, in (expiry, key) order, found through an in-memory
+//! expiry index (never a scan), so the change history shows a delete.
+//!
+//! Entries from before revisions: a store that has never applied an entry
+//! of a build with revisions (its last commit record has no store header)
+//! applies [`Command::Requests`], [`Command::Tick`] and [`Command::Merge`]
+//! exactly as those builds did: no revision, no key metas (kinds 1/2 on
+//! disk), a tombstone for a delete of an absent key, no expiry deletes
+//! (expired keys stay hidden until merged away) and session records in
+//! their old form. The first entry of any other command ([`Command::Writes`]
+//! or [`Command::Advance`], which builds with revisions propose) turns
+//! revisions on for good at revision [`FIRST_REVISION`] — a point fixed by
+//! the log, so replicas that stopped at different indexes of an old log
+//! count the same revisions after the upgrade.
+//!
+//! Limits per entry: at most [`EXPIRY_DELETES_PER_ENTRY_MAX`] expiry
+//! deletes and [`SESSION_EVICTIONS_PER_ENTRY_MAX`] idle-session evictions
+//! (the rest go to the next entries, in the same order), and a request is
+//! refused when its ops would not fit beside them under [`ENTRY_OPS_MAX`],
+//! so no burst of expiring keys or idle sessions makes an entry unappliable.
 //!
 //! Nothing here reads a clock, a random number or a hash-map iteration
 //! order: the same entry applied to the same state writes the same bytes
 //! on every replica.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bitcask::{Batch, Engine};
 use serde::{Deserialize, Serialize};
 
 use crate::command::{
-    Command, ENTRY_OPS_MAX, EntryResponse, Op, Outcome, Proposal, RESERVED_KEY_PREFIX, Request,
-    SESSION_ANSWERS_MAX, SESSION_IDLE_MS_MAX, SessionRef,
+    Answer, Command, ENTRY_OPS_MAX, EntryResponse, Op, Outcome, Proposal, RESERVED_KEY_PREFIX,
+    Request, SESSION_ANSWERS_MAX, SESSION_IDLE_MS_MAX, SessionRef,
+};
+use crate::revision::{
+    FIRST_REVISION, KeyMeta, RevisionError, StoreHeader, split_commit_meta_exact, tombstone_meta,
+    wrap_commit_meta,
 };
 use kvcodec as codec;
 
-/// Sequence numbers per log index: versions are `index × VERSIONS_PER_INDEX + position`.
+/// Sequence numbers per log index: `seq` is `index × VERSIONS_PER_INDEX + position`.
 pub const VERSIONS_PER_INDEX: u64 = 65_536;
+/// Keys read per page while loading the expiry index at open.
+const LOAD_PAGE_KEYS: usize = 1024;
+/// First byte of a session record written since revisions: a bincode value
+/// (the older records) starts with a varint, whose first byte is never 0xFF.
+const SESSION_RECORD_TAG: u8 = 0xFF;
+/// The revision an answer stored before revisions reports when replayed:
+/// the same on every replica whenever it loaded the record.
+const LEGACY_ANSWER_REVISION: u64 = 0;
+/// Keys whose TTL ran out deleted by one entry at most; later entries
+/// delete the rest, in the same (expiry, key) order. Until then such a key
+/// reads as absent.
+pub const EXPIRY_DELETES_PER_ENTRY_MAX: usize = 4_096;
+/// Idle sessions evicted by one entry at most; later entries evict the
+/// rest, in client-id order.
+pub const SESSION_EVICTIONS_PER_ENTRY_MAX: usize = 1_024;
 
 /// Why an entry could not be applied. Any of these stops the node: a replica
 /// that cannot apply an entry must not go on answering.
@@ -40,6 +88,9 @@ pub enum ApplyError {
         /// What is wrong.
         reason: String,
     },
+    /// A record's or a commit record's revision metadata does not decode.
+    #[error(transparent)]
+    Revision(#[from] RevisionError),
     /// The entry is malformed (more ops than versions allow).
     #[error("entry at index {index} holds {ops} ops; the limit ENTRY_OPS_MAX is {ENTRY_OPS_MAX}")]
     TooManyOps {
@@ -59,7 +110,62 @@ pub struct SessionRecord {
     /// Answers to sequences below this were forgotten (count limit).
     pub forgotten_below: u64,
     /// Answers of requests not yet acknowledged to the client.
-    pub answers: BTreeMap<u64, Outcome>,
+    pub answers: BTreeMap<u64, Answer>,
+}
+
+/// A session record as builds before revisions stored it (answers without
+/// a revision); written only while the store applies entries from before
+/// revisions (see the module doc).
+#[derive(Serialize, Deserialize)]
+struct LegacySessionRecord {
+    last_active_ms: u64,
+    forgotten_below: u64,
+    answers: BTreeMap<u64, Outcome>,
+}
+
+impl SessionRecord {
+    /// The stored form: [`SESSION_RECORD_TAG`], then the record.
+    fn encode(&self) -> Vec<u8> {
+        let mut bytes = vec![SESSION_RECORD_TAG];
+        bytes.extend_from_slice(&codec::encode(self));
+        bytes
+    }
+
+    /// The stored form builds before revisions wrote (answers lose their
+    /// revision, which is [`LEGACY_ANSWER_REVISION`] while the store applies
+    /// entries from before revisions).
+    fn encode_legacy(&self) -> Vec<u8> {
+        codec::encode(&LegacySessionRecord {
+            last_active_ms: self.last_active_ms,
+            forgotten_below: self.forgotten_below,
+            answers: self
+                .answers
+                .iter()
+                .map(|(seq, answer)| (*seq, answer.outcome.clone()))
+                .collect(),
+        })
+    }
+
+    /// Reads a stored record; a record stored before revisions gets
+    /// [`LEGACY_ANSWER_REVISION`] for each of its answers.
+    fn decode(bytes: &[u8]) -> Result<SessionRecord, codec::CodecError> {
+        if let Some(rest) = bytes.strip_prefix(&[SESSION_RECORD_TAG]) {
+            return codec::decode(rest);
+        }
+        let legacy: LegacySessionRecord = codec::decode(bytes)?;
+        Ok(SessionRecord {
+            last_active_ms: legacy.last_active_ms,
+            forgotten_below: legacy.forgotten_below,
+            answers: legacy
+                .answers
+                .into_iter()
+                .map(|(seq, outcome)| {
+                    let revision = LEGACY_ANSWER_REVISION;
+                    (seq, Answer { outcome, revision })
+                })
+                .collect(),
+        })
+    }
 }
 
 /// The engine key of a client's session record.
@@ -76,14 +182,23 @@ pub fn session_key(client_id: u64) -> Vec<u8> {
 enum KeyState {
     Absent,
     Present {
-        version: u64,
+        seq: u64,
         expiry_ms: u64,
+        meta: KeyMeta,
         /// `None` until an op needs it: a put or a delete only needs to
         /// know the key exists, so the old value is never read from disk
         /// for them (only expire and persist, which rewrite it, read it;
         /// see [`EntryWrite::value_of`]).
         value: Option<Vec<u8>>,
     },
+}
+
+/// What a condition compares: sequence numbers in entries proposed before
+/// revisions ([`Command::Requests`]), `mod_revision` since ([`Command::Writes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Compared {
+    Seq,
+    ModRevision,
 }
 
 /// The cluster time an entry applies at: the time it was stamped with, but
@@ -100,13 +215,26 @@ pub fn entry_time_ms(applied_ms: u64, stamped_ms: u64) -> u64 {
     applied_ms.max(stamped_ms)
 }
 
-/// Applies entries to one engine; holds the sessions in memory (they are
-/// also in the engine, so a restart or a snapshot carries them).
+/// Applies entries to one engine; holds the sessions, the store revision
+/// and the expiry index in memory (the engine holds all three too, so a
+/// restart or a snapshot carries them).
 #[derive(Debug)]
 pub struct Applier {
     sessions: BTreeMap<u64, SessionRecord>,
     /// Cluster time a session may stay idle before it is evicted.
     session_idle_ms: u64,
+    /// The store revision and compact revision after the last entry.
+    header: StoreHeader,
+    /// Whether revisions are on (see the module doc, "Entries from before
+    /// revisions"): the last commit record carries a store header.
+    revisions_on: bool,
+    /// Every user key with a TTL, by (expiry ms, key).
+    expiries: BTreeSet<(u64, Vec<u8>)>,
+    /// Where readers learn the store revision: set to an entry's revision
+    /// just before the entry's engine write, so a reader that loads it
+    /// after reading the engine gets a revision at or above everything it
+    /// read (see [`Applier::with_published_revision`]).
+    published: Option<Arc<AtomicU64>>,
 }
 
 impl Default for Applier {
@@ -114,20 +242,29 @@ impl Default for Applier {
         Applier {
             sessions: BTreeMap::new(),
             session_idle_ms: SESSION_IDLE_MS_MAX,
+            header: StoreHeader::default(),
+            revisions_on: false,
+            expiries: BTreeSet::new(),
+            published: None,
         }
     }
 }
 
 impl Applier {
-    /// Loads the sessions stored in `engine`.
+    /// Loads the store header (from the last commit record), the sessions
+    /// and the expiry index from `engine`.
     pub fn load(engine: &Engine) -> Result<Applier, ApplyError> {
+        let header = match engine.last_commit_meta() {
+            Some(bytes) => split_commit_meta_exact(&bytes)?.0,
+            None => None,
+        };
         let mut sessions = BTreeMap::new();
         let prefix = [RESERVED_KEY_PREFIX, b"session/"].concat();
         let mut after = None;
         loop {
             let scan = bitcask::Scan {
                 after: after.clone(),
-                ..bitcask::Scan::prefix(prefix.clone(), 1024)
+                ..bitcask::Scan::prefix(prefix.clone(), LOAD_PAGE_KEYS)
             };
             let page = engine.scan(&scan, 0)?;
             for entry in &page {
@@ -139,22 +276,23 @@ impl Applier {
                             reason: "malformed session key".to_string(),
                         })?;
                 let client_id = u64::from_be_bytes(id_bytes);
-                let record: SessionRecord =
-                    codec::decode(entry.value.as_deref().unwrap_or_default()).map_err(|e| {
-                        ApplyError::Session {
-                            client_id,
-                            reason: e.to_string(),
-                        }
+                let record = SessionRecord::decode(entry.value.as_deref().unwrap_or_default())
+                    .map_err(|e| ApplyError::Session {
+                        client_id,
+                        reason: e.to_string(),
                     })?;
                 sessions.insert(client_id, record);
             }
             match page.last() {
-                Some(last) if page.len() == 1024 => after = Some(last.key.clone()),
+                Some(last) if page.len() == LOAD_PAGE_KEYS => after = Some(last.key.clone()),
                 _ => break,
             }
         }
         Ok(Applier {
             sessions,
+            header: header.unwrap_or_default(),
+            revisions_on: header.is_some(),
+            expiries: load_expiries(engine)?,
             ..Applier::default()
         })
     }
@@ -168,13 +306,49 @@ impl Applier {
         self
     }
 
+    /// Publishes the store revision to `gauge`: now, and before each
+    /// entry's engine write from now on. A reader that loads the gauge
+    /// after its engine read reports a revision at or above the
+    /// `mod_revision` of anything it read (at most one entry ahead of it).
+    pub fn with_published_revision(mut self, gauge: Arc<AtomicU64>) -> Applier {
+        gauge.store(self.header.revision, Ordering::SeqCst);
+        self.published = Some(gauge);
+        self
+    }
+
     /// Number of live sessions.
     pub fn session_count(&self) -> usize {
         self.sessions.len()
     }
 
-    /// Applies the entry at `index` carrying `proposal`; `meta` goes into the
-    /// engine batch's commit record.
+    /// The store revision and compact revision after the last applied entry.
+    pub fn header(&self) -> StoreHeader {
+        self.header
+    }
+
+    /// Keys with a TTL (the expiry index's size).
+    pub fn expiring_keys(&self) -> usize {
+        self.expiries.len()
+    }
+
+    /// The commit record metadata of an entry that changes no key (blank,
+    /// membership): the current store header before `node_meta`.
+    pub fn commit_meta(&self, node_meta: &[u8]) -> Vec<u8> {
+        if self.revisions_on {
+            wrap_commit_meta(self.header, node_meta)
+        } else {
+            node_meta.to_vec()
+        }
+    }
+
+    /// Whether revisions are on (see the module doc, "Entries from before
+    /// revisions").
+    pub fn revisions_on(&self) -> bool {
+        self.revisions_on
+    }
+
+    /// Applies the entry at `index` carrying `proposal`; `meta` (the node's)
+    /// goes into the engine batch's commit record after the store header.
     pub fn apply(
         &mut self,
         engine: &Engine,
@@ -184,27 +358,41 @@ impl Applier {
     ) -> Result<EntryResponse, ApplyError> {
         let now_ms = proposal.time_ms;
         let base = index * VERSIONS_PER_INDEX;
+        let legacy = !self.revisions_on && proposal.command.is_from_before_revisions();
+        if !legacy && !self.revisions_on {
+            self.revisions_on = true;
+            self.header = StoreHeader {
+                revision: FIRST_REVISION,
+                ..self.header
+            };
+        }
         let mut entry = EntryWrite {
+            legacy,
             engine,
             base,
             now_ms,
-            batch: Batch::new().seq(base).meta(meta),
+            batch: Batch::new().seq(base),
             overlay: BTreeMap::new(),
             touched_sessions: BTreeSet::new(),
+            revision: self.header.revision,
+            expiries: std::mem::take(&mut self.expiries),
         };
-        let mut response = EntryResponse::default();
-        if let Command::Requests(requests) = &proposal.command {
-            for request in requests {
-                let outcome = self.apply_request(&mut entry, request)?;
-                response.outcomes.push(outcome);
-            }
-        }
+        let applied = self.apply_commands(&mut entry, proposal);
         let EntryWrite {
             mut batch,
             mut touched_sessions,
+            revision,
+            expiries,
             ..
         } = entry;
+        self.expiries = expiries;
+        let answers = applied?;
         // Sessions: evict idle ones, then store the touched ones, in client-id order.
+        let evictions_max = if legacy {
+            usize::MAX
+        } else {
+            SESSION_EVICTIONS_PER_ENTRY_MAX
+        };
         let idle: Vec<u64> = self
             .sessions
             .iter()
@@ -212,6 +400,7 @@ impl Applier {
                 record.last_active_ms.saturating_add(self.session_idle_ms) <= now_ms
             })
             .map(|(client_id, _)| *client_id)
+            .take(evictions_max)
             .collect();
         for client_id in idle {
             self.sessions.remove(&client_id);
@@ -220,7 +409,12 @@ impl Applier {
         }
         for client_id in &touched_sessions {
             let record = &self.sessions[client_id];
-            batch = batch.put(session_key(*client_id), codec::encode(record));
+            let stored = if legacy {
+                record.encode_legacy()
+            } else {
+                record.encode()
+            };
+            batch = batch.put(session_key(*client_id), stored);
         }
         if batch.ops.len() > ENTRY_OPS_MAX {
             return Err(ApplyError::TooManyOps {
@@ -228,20 +422,53 @@ impl Applier {
                 ops: batch.ops.len(),
             });
         }
+        let header = StoreHeader {
+            revision,
+            ..self.header
+        };
+        if legacy {
+            batch.meta = meta;
+        } else {
+            batch.meta = wrap_commit_meta(header, &meta);
+            if let Some(gauge) = &self.published {
+                gauge.store(revision, Ordering::SeqCst);
+            }
+        }
         engine.write_batch(&batch)?;
-        Ok(response)
+        self.header = header;
+        Ok(EntryResponse { answers, revision })
+    }
+
+    /// Expiry deletes, then the entry's requests.
+    fn apply_commands(
+        &mut self,
+        entry: &mut EntryWrite<'_>,
+        proposal: &Proposal,
+    ) -> Result<Vec<Answer>, ApplyError> {
+        entry.delete_expired()?;
+        let (requests, compared) = match &proposal.command {
+            Command::Requests(requests) => (requests, Compared::Seq),
+            Command::Writes(requests) => (requests, Compared::ModRevision),
+            Command::Tick | Command::Advance | Command::Merge { .. } => return Ok(Vec::new()),
+        };
+        let mut answers = Vec::with_capacity(requests.len());
+        for request in requests {
+            answers.push(self.apply_request(entry, request, compared)?);
+        }
+        Ok(answers)
     }
 
     fn apply_request(
         &mut self,
         entry: &mut EntryWrite<'_>,
         request: &Request,
-    ) -> Result<Outcome, ApplyError> {
+        compared: Compared,
+    ) -> Result<Answer, ApplyError> {
         // NEGATIVE CONTROL (feature nc-forget-sessions): no look-up of the
         // session's answers, so a retried write applies again.
         if !cfg!(feature = "nc-forget-sessions")
             && let Some(session) = request.session
-            && let Some(answer) = self.replay(session, entry.now_ms)
+            && let Some(answer) = self.replay(session, entry.now_ms, entry.revision)
         {
             // An unknown session stays unknown: nothing to store.
             if self.sessions.contains_key(&session.client_id) {
@@ -249,10 +476,18 @@ impl Applier {
             }
             return Ok(answer);
         }
-        let outcome = self.evaluate(entry, request)?;
+        let outcome = entry.evaluate(request, compared)?;
+        let answer = Answer {
+            outcome,
+            revision: if entry.legacy {
+                LEGACY_ANSWER_REVISION
+            } else {
+                entry.revision
+            },
+        };
         if let Some(session) = request.session {
             let record = self.sessions.entry(session.client_id).or_default();
-            record.answers.insert(session.sequence, outcome.clone());
+            record.answers.insert(session.sequence, answer.clone());
             while record.answers.len() > SESSION_ANSWERS_MAX {
                 let (oldest, _) = record
                     .answers
@@ -262,16 +497,25 @@ impl Applier {
             }
             entry.touched_sessions.insert(session.client_id);
         }
-        Ok(outcome)
+        Ok(answer)
     }
 
     /// For a request already seen: its stored answer, or `SessionExpired`
-    /// when that answer was forgotten. `SessionExpired` too for a session
-    /// this state machine does not hold, unless the request opens it (it was
-    /// evicted, or never existed: applying the request now could apply a
-    /// write a second time). `None` for a new request, whose session now
-    /// exists.
-    fn replay(&mut self, session: SessionRef, now_ms: u64) -> Option<Outcome> {
+    /// (at the current `revision`) when that answer was forgotten.
+    /// `SessionExpired` too for a session this state machine does not
+    /// hold, unless the request opens it (it was evicted, or never existed:
+    /// applying the request now could apply a write a second time). `None`
+    /// for a new request, whose session now exists.
+    fn replay(&mut self, session: SessionRef, now_ms: u64, revision: u64) -> Option<Answer> {
+        let revision = if self.revisions_on {
+            revision
+        } else {
+            LEGACY_ANSWER_REVISION
+        };
+        let expired = Answer {
+            outcome: Outcome::SessionExpired,
+            revision,
+        };
         let record = match self.sessions.entry(session.client_id) {
             std::collections::btree_map::Entry::Occupied(known) => known.into_mut(),
             std::collections::btree_map::Entry::Vacant(unknown) => {
@@ -279,7 +523,7 @@ impl Applier {
                 // opens a fresh session, so a retry whose session was evicted
                 // applies again.
                 if !session.opens && !cfg!(feature = "nc-unknown-sessions") {
-                    return Some(Outcome::SessionExpired);
+                    return Some(expired);
                 }
                 unknown.insert(SessionRecord::default())
             }
@@ -298,17 +542,97 @@ impl Applier {
             return Some(answer.clone());
         }
         if session.sequence < record.forgotten_below {
-            return Some(Outcome::SessionExpired);
+            return Some(expired);
         }
         None
     }
+}
 
-    fn evaluate(
-        &self,
-        entry: &mut EntryWrite<'_>,
-        request: &Request,
-    ) -> Result<Outcome, ApplyError> {
-        let (base, now_ms) = (entry.base, entry.now_ms);
+/// Every user key with a TTL in `engine`, by (expiry, key): one keys-only
+/// pass over the key directory at open, skipped when no record with a TTL
+/// was ever loaded.
+fn load_expiries(engine: &Engine) -> Result<BTreeSet<(u64, Vec<u8>)>, ApplyError> {
+    let mut expiries = BTreeSet::new();
+    if engine.expiry_high_water_ms() == 0 {
+        return Ok(expiries);
+    }
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let scan = bitcask::Scan {
+            after: after.clone(),
+            keys_only: true,
+            ..bitcask::Scan::all(LOAD_PAGE_KEYS)
+        };
+        // "now" 0: no key counts as expired, so every TTL is seen.
+        let page = engine.scan(&scan, 0)?;
+        for entry in &page {
+            if entry.expiry_ms != 0 && !entry.key.starts_with(RESERVED_KEY_PREFIX) {
+                expiries.insert((entry.expiry_ms, entry.key.clone()));
+            }
+        }
+        match page.last() {
+            Some(last) if page.len() == LOAD_PAGE_KEYS => after = Some(last.key.clone()),
+            _ => break,
+        }
+    }
+    Ok(expiries)
+}
+
+/// The engine batch an entry is building, and what its earlier requests did.
+struct EntryWrite<'a> {
+    engine: &'a Engine,
+    /// Applied as builds before revisions did (see the module doc).
+    legacy: bool,
+    /// `index × VERSIONS_PER_INDEX`: the batch's first sequence number.
+    base: u64,
+    /// The entry's cluster time.
+    now_ms: u64,
+    batch: Batch,
+    /// State each key was left in by earlier ops of this entry.
+    overlay: BTreeMap<Vec<u8>, KeyState>,
+    /// Clients whose session record this entry changes.
+    touched_sessions: BTreeSet<u64>,
+    /// The store revision so far.
+    revision: u64,
+    /// The applier's expiry index, kept current as keys are written.
+    expiries: BTreeSet<(u64, Vec<u8>)>,
+}
+
+impl EntryWrite<'_> {
+    /// Deletes every key whose TTL ran out by this entry's time, each at a
+    /// revision of its own, in (expiry, key) order.
+    fn delete_expired(&mut self) -> Result<(), ApplyError> {
+        if self.legacy {
+            return Ok(());
+        }
+        let mut deleted = 0;
+        while deleted < EXPIRY_DELETES_PER_ENTRY_MAX
+            && let Some((expiry_ms, _)) = self.expiries.first()
+            && *expiry_ms <= self.now_ms
+        {
+            let (expiry_ms, key) = self.expiries.pop_first().expect("just seen");
+            // The index follows every write, so the key is there at this
+            // expiry; checked all the same ("now" 0 counts nothing expired).
+            let still = self
+                .engine
+                .meta(&key, 0)
+                .is_some_and(|meta| meta.expiry_ms == expiry_ms);
+            if !still || self.overlay.contains_key(&key) {
+                continue;
+            }
+            self.revision += 1;
+            deleted += 1;
+            self.batch.ops.push(bitcask::Op::Delete {
+                key: key.clone(),
+                meta: tombstone_meta(self.revision),
+            });
+            self.overlay.insert(key, KeyState::Absent);
+        }
+        Ok(())
+    }
+
+    fn evaluate(&mut self, request: &Request, compared: Compared) -> Result<Outcome, ApplyError> {
+        let (base, now_ms) = (self.base, self.now_ms);
         let reserved = request
             .conditions
             .iter()
@@ -320,15 +644,23 @@ impl Applier {
                 reason: "keys starting with the reserved prefix are refused".to_string(),
             });
         }
-        if entry.batch.ops.len() + request.ops.len() >= ENTRY_OPS_MAX {
+        // Room for the request's ops beside what the entry holds, its
+        // session records and (since revisions) the idle-session evictions.
+        let reserved_ops = if self.legacy {
+            0
+        } else {
+            self.touched_sessions.len() + 1 + SESSION_EVICTIONS_PER_ENTRY_MAX
+        };
+        if self.batch.ops.len() + reserved_ops + request.ops.len() >= ENTRY_OPS_MAX {
             return Ok(Outcome::Rejected {
                 reason: format!("the entry would exceed ENTRY_OPS_MAX ({ENTRY_OPS_MAX}) ops"),
             });
         }
         for (index, condition) in request.conditions.iter().enumerate() {
-            let current_version = match entry.state_of(&condition.key)? {
-                KeyState::Absent => 0,
-                KeyState::Present { version, .. } => version,
+            let current_version = match (self.state_of(&condition.key)?, compared) {
+                (KeyState::Absent, _) => 0,
+                (KeyState::Present { seq, .. }, Compared::Seq) => seq,
+                (KeyState::Present { meta, .. }, Compared::ModRevision) => meta.mod_revision,
             };
             if current_version != condition.version {
                 return Ok(Outcome::ConditionFailed {
@@ -338,12 +670,16 @@ impl Applier {
             }
         }
         // Work out every op's effect first: an expire of a missing key
-        // fails the whole request before anything is written.
+        // fails the whole request before anything is written. The request
+        // changes something unless it only deletes absent keys; if it does,
+        // it writes at the next revision.
+        let revision = self.revision + 1;
         let mut staged: Vec<(Vec<u8>, KeyState)> = Vec::with_capacity(request.ops.len());
+        let mut old_expiries: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut versions = Vec::with_capacity(request.ops.len());
         let mut existed = Vec::with_capacity(request.ops.len());
         for (index, op) in request.ops.iter().enumerate() {
-            let version = base + (entry.batch.ops.len() + index) as u64;
+            let seq = base + (self.batch.ops.len() + staged.len()) as u64;
             let expiry = |ttl_ms: u64| {
                 if ttl_ms == 0 {
                     0
@@ -357,34 +693,58 @@ impl Applier {
                 .find(|(key, _)| key.as_slice() == op.key())
             {
                 Some((_, state)) => state.clone(),
-                None => entry.state_of(op.key())?,
+                None => self.state_of(op.key())?,
             };
             existed.push(matches!(current, KeyState::Present { .. }));
+            if let KeyState::Present { expiry_ms, .. } = current
+                && expiry_ms != 0
+            {
+                old_expiries.push((expiry_ms, op.key().to_vec()));
+            }
             let next = match (op, current) {
-                (Op::Put { value, ttl_ms, .. }, _) => KeyState::Present {
-                    version,
+                (Op::Put { value, ttl_ms, .. }, current) => KeyState::Present {
+                    seq,
                     expiry_ms: expiry(*ttl_ms),
+                    meta: match current {
+                        KeyState::Present { meta, .. } => meta.modified(revision, 0),
+                        KeyState::Absent => KeyMeta::created(revision, 0),
+                    },
                     value: Some(value.clone()),
                 },
-                (Op::Delete { .. }, _) => KeyState::Absent,
-                (Op::Expire { ttl_ms, key }, KeyState::Present { value, .. }) => {
+                // Nothing to delete: no record, no revision (builds before
+                // revisions wrote a tombstone all the same).
+                (Op::Delete { .. }, KeyState::Absent) if !self.legacy => {
+                    versions.push(0);
+                    continue;
+                }
+                (Op::Delete { .. }, KeyState::Absent) => KeyState::Absent,
+                (Op::Delete { .. }, KeyState::Present { .. }) => KeyState::Absent,
+                (Op::Expire { ttl_ms, key }, KeyState::Present { value, meta, .. }) => {
                     KeyState::Present {
-                        version,
+                        seq,
                         expiry_ms: expiry((*ttl_ms).max(1)),
-                        value: Some(entry.value_of(key, value)?),
+                        meta: meta.modified(revision, meta.lease),
+                        value: Some(self.value_of(key, value)?),
                     }
                 }
-                (Op::Persist { key }, KeyState::Present { value, .. }) => KeyState::Present {
-                    version,
+                (Op::Persist { key }, KeyState::Present { value, meta, .. }) => KeyState::Present {
+                    seq,
                     expiry_ms: 0,
-                    value: Some(entry.value_of(key, value)?),
+                    meta: meta.modified(revision, meta.lease),
+                    value: Some(self.value_of(key, value)?),
                 },
                 (Op::Expire { .. } | Op::Persist { .. }, KeyState::Absent) => {
                     return Ok(Outcome::KeyNotFound { index });
                 }
             };
-            versions.push(version);
+            versions.push(seq);
             staged.push((op.key().to_vec(), next));
+        }
+        if !staged.is_empty() && !self.legacy {
+            self.revision = revision;
+        }
+        for old in old_expiries {
+            self.expiries.remove(&old);
         }
         for (key, state) in staged {
             // The value moves into the batch; the overlay remembers only
@@ -392,51 +752,49 @@ impl Applier {
             // entry finds the value in the batch).
             let remembered = match state {
                 KeyState::Absent => {
-                    entry
-                        .batch
-                        .ops
-                        .push(bitcask::Op::Delete { key: key.clone() });
+                    self.batch.ops.push(bitcask::Op::Delete {
+                        key: key.clone(),
+                        meta: if self.legacy {
+                            bitcask::RecordMeta::EMPTY
+                        } else {
+                            tombstone_meta(revision)
+                        },
+                    });
                     KeyState::Absent
                 }
                 KeyState::Present {
-                    version,
+                    seq,
                     expiry_ms,
+                    meta,
                     value,
                 } => {
-                    let value = entry.value_of(&key, value)?;
-                    entry.batch.ops.push(bitcask::Op::Put {
+                    let value = self.value_of(&key, value)?;
+                    if expiry_ms != 0 {
+                        self.expiries.insert((expiry_ms, key.clone()));
+                    }
+                    self.batch.ops.push(bitcask::Op::Put {
                         key: key.clone(),
                         value,
                         expiry_ms,
+                        meta: if self.legacy {
+                            bitcask::RecordMeta::EMPTY
+                        } else {
+                            meta.encode()
+                        },
                     });
                     KeyState::Present {
-                        version,
+                        seq,
                         expiry_ms,
+                        meta,
                         value: None,
                     }
                 }
             };
-            entry.overlay.insert(key, remembered);
+            self.overlay.insert(key, remembered);
         }
         Ok(Outcome::Applied { versions, existed })
     }
-}
 
-/// The engine batch an entry is building, and what its earlier requests did.
-struct EntryWrite<'a> {
-    engine: &'a Engine,
-    /// `index × VERSIONS_PER_INDEX`: the batch's first sequence number.
-    base: u64,
-    /// The entry's cluster time.
-    now_ms: u64,
-    batch: Batch,
-    /// State each key was left in by earlier ops of this entry.
-    overlay: BTreeMap<Vec<u8>, KeyState>,
-    /// Clients whose session record this entry changes.
-    touched_sessions: BTreeSet<u64>,
-}
-
-impl EntryWrite<'_> {
     /// The key's state as earlier ops of this entry left it, else the engine's.
     fn state_of(&self, key: &[u8]) -> Result<KeyState, ApplyError> {
         let now_ms = self.now_ms;
@@ -449,9 +807,10 @@ impl EntryWrite<'_> {
             });
         }
         Ok(match self.engine.meta(key, now_ms) {
-            Some(meta) => KeyState::Present {
-                version: meta.seq,
-                expiry_ms: meta.expiry_ms,
+            Some(item) => KeyState::Present {
+                seq: item.seq,
+                expiry_ms: item.expiry_ms,
+                meta: KeyMeta::decode(&item.meta)?,
                 value: None,
             },
             None => KeyState::Absent,
@@ -508,6 +867,7 @@ mod tests {
 
     use super::*;
     use crate::command::Condition;
+    use crate::revision::split_commit_meta;
 
     fn engine(fs: &SimFs) -> Engine {
         let opts = Options {
@@ -534,6 +894,10 @@ mod tests {
             conditions: Vec::new(),
             ops,
         }
+    }
+
+    fn outcomes(response: &EntryResponse) -> Vec<Outcome> {
+        response.answers.iter().map(|a| a.outcome.clone()).collect()
     }
 
     fn requests(time_ms: u64, requests: Vec<Request>) -> Proposal {
@@ -566,7 +930,7 @@ mod tests {
             )
             .unwrap();
         assert_eq!(
-            response.outcomes,
+            outcomes(&response),
             vec![
                 Outcome::Applied {
                     versions: vec![7 * VERSIONS_PER_INDEX, 7 * VERSIONS_PER_INDEX + 1],
@@ -583,7 +947,120 @@ mod tests {
             (a.value.as_slice(), a.seq),
             (&b"2"[..], 7 * VERSIONS_PER_INDEX + 1)
         );
+        // A store that never applied an entry of a build with revisions
+        // applies `Requests` as builds before revisions did: the commit
+        // record is the node's meta alone, and no record carries a meta.
         assert_eq!(engine.last_commit_meta().unwrap(), b"meta");
+        assert!(a.meta.is_empty());
+        assert!(!applier.revisions_on());
+    }
+
+    /// More keys running out at once than one entry may delete: the next
+    /// entries delete the rest, in order, each key at a revision of its own,
+    /// and nothing makes an entry unappliable.
+    #[test]
+    fn a_burst_of_expiries_spreads_over_entries() {
+        let fs = SimFs::new();
+        let engine = engine(&fs);
+        let mut applier = Applier::default();
+        let burst = EXPIRY_DELETES_PER_ENTRY_MAX + 100;
+        let ops = (0..burst)
+            .map(|i| Op::Put {
+                key: format!("k{i:05}").into_bytes(),
+                value: b"v".to_vec(),
+                ttl_ms: 10,
+            })
+            .collect();
+        let put = applier
+            .apply(&engine, 1, &writes(0, vec![request(ops)]), Vec::new())
+            .unwrap();
+        assert_eq!(put.revision, 2);
+        let advance = |time_ms| Proposal {
+            time_ms,
+            command: Command::Advance,
+        };
+        let first = applier
+            .apply(&engine, 2, &advance(100), Vec::new())
+            .unwrap();
+        assert_eq!(first.revision, 2 + EXPIRY_DELETES_PER_ENTRY_MAX as u64);
+        assert_eq!(applier.expiring_keys(), 100);
+        let second = applier
+            .apply(&engine, 3, &advance(101), Vec::new())
+            .unwrap();
+        assert_eq!(second.revision, 2 + burst as u64);
+        assert_eq!(applier.expiring_keys(), 0);
+        assert!(engine.scan(&bitcask::Scan::all(10), 0).unwrap().is_empty());
+    }
+
+    /// An upgrade: replicas that applied different prefixes of an old log
+    /// with the old build, then the rest with this one (each after a
+    /// restart), count the same revisions and write the same files; the
+    /// old entries' deletes of absent keys still write tombstones, and
+    /// revisions start at the first entry of a build with revisions.
+    #[test]
+    fn replicas_upgraded_at_different_indexes_agree() {
+        let old_log: Vec<Proposal> = vec![
+            requests(10, vec![request(vec![put("a", "1")])]),
+            requests(
+                20,
+                vec![request(vec![
+                    Op::Delete {
+                        key: b"never".to_vec(),
+                    },
+                    Op::Put {
+                        key: b"t".to_vec(),
+                        value: b"ttl".to_vec(),
+                        ttl_ms: 5,
+                    },
+                ])],
+            ),
+            Proposal {
+                time_ms: 40,
+                command: Command::Tick,
+            },
+            requests(50, vec![request(vec![put("b", "2")])]),
+        ];
+        let new_log: Vec<Proposal> = vec![
+            Proposal {
+                time_ms: 60,
+                command: Command::Advance,
+            },
+            writes(70, vec![request(vec![put("a", "3")])]),
+        ];
+        let mut files = Vec::new();
+        for upgraded_at in [0, 2, 4] {
+            let fs = SimFs::new();
+            let engine = engine(&fs);
+            let mut applier = Applier::default();
+            let mut index = 1;
+            for proposal in &old_log[..upgraded_at] {
+                applier.apply(&engine, index, proposal, Vec::new()).unwrap();
+                index += 1;
+            }
+            // The restart on the new build.
+            let mut applier = Applier::load(&engine).unwrap();
+            for proposal in &old_log[upgraded_at..] {
+                let response = applier.apply(&engine, index, proposal, Vec::new()).unwrap();
+                assert!(response.answers.iter().all(|a| a.revision == 0));
+                index += 1;
+            }
+            assert!(!applier.revisions_on());
+            assert_eq!(engine.get(b"never", 60).unwrap(), None);
+            // The first entry of the new build turns revisions on at 1 and
+            // deletes the expired key at revision 2; the put is revision 3.
+            applier
+                .apply(&engine, index, &new_log[0], Vec::new())
+                .unwrap();
+            assert!(applier.revisions_on());
+            assert_eq!(applier.header().revision, 2);
+            let response = applier
+                .apply(&engine, index + 1, &new_log[1], Vec::new())
+                .unwrap();
+            assert_eq!(response.revision, 3);
+            assert_eq!(key_meta(&engine, "a").unwrap().mod_revision, 3);
+            files.push((engine.sealed_files(), engine.active_file()));
+        }
+        assert!(files.windows(2).all(|pair| pair[0] == pair[1]));
     }
 
     #[test]
@@ -610,7 +1087,7 @@ mod tests {
             .apply(&engine, 2, &requests(0, vec![guarded]), Vec::new())
             .unwrap();
         assert_eq!(
-            response.outcomes,
+            outcomes(&response),
             vec![Outcome::ConditionFailed {
                 index: 0,
                 current_version: VERSIONS_PER_INDEX
@@ -646,7 +1123,7 @@ mod tests {
         let response = applier
             .apply(&engine, 2, &requests(5_500, vec![persist]), Vec::new())
             .unwrap();
-        assert!(matches!(response.outcomes[0], Outcome::Applied { .. }));
+        assert!(matches!(outcomes(&response)[0], Outcome::Applied { .. }));
         assert!(
             engine.get(b"t", u64::MAX - 1).unwrap().is_some(),
             "persist removed the TTL"
@@ -675,7 +1152,7 @@ mod tests {
         let response = applier
             .apply(&engine, 4, &requests(6_010, vec![expire]), Vec::new())
             .unwrap();
-        assert_eq!(response.outcomes, vec![Outcome::KeyNotFound { index: 1 }]);
+        assert_eq!(outcomes(&response), vec![Outcome::KeyNotFound { index: 1 }]);
         assert_eq!(engine.get(b"other", 6_010).unwrap(), None);
     }
 
@@ -717,14 +1194,14 @@ mod tests {
             )
             .unwrap();
         assert!(matches!(
-            &response.outcomes[..3],
+            &outcomes(&response)[..3],
             [
                 Outcome::Applied { .. },
                 Outcome::Applied { .. },
                 Outcome::Applied { .. }
             ]
         ));
-        assert_eq!(response.outcomes[3], Outcome::KeyNotFound { index: 0 });
+        assert_eq!(outcomes(&response)[3], Outcome::KeyNotFound { index: 0 });
         for (key, value, expiry_ms) in [
             ("in-engine", "e", 1_000),
             ("in-batch", "b", 1_000),
@@ -775,7 +1252,10 @@ mod tests {
         let retry = applier
             .apply(&engine, 3, &requests(0, vec![write]), Vec::new())
             .unwrap();
-        assert_eq!(retry, first, "the retry returns the original version");
+        assert_eq!(
+            retry.answers, first.answers,
+            "the retry returns the original answer"
+        );
         assert_eq!(
             engine.get(b"k", 0).unwrap().unwrap().value,
             b"second",
@@ -796,7 +1276,7 @@ mod tests {
         let response = applier
             .apply(&engine, 5, &requests(0, vec![late]), Vec::new())
             .unwrap();
-        assert_eq!(response.outcomes, vec![Outcome::SessionExpired]);
+        assert_eq!(outcomes(&response), vec![Outcome::SessionExpired]);
         // Sessions are in the engine: a reloaded applier knows them.
         let reloaded = Applier::load(&engine).unwrap();
         assert_eq!(reloaded.sessions, applier.sessions);
@@ -843,7 +1323,7 @@ mod tests {
                 Vec::new(),
             )
             .unwrap();
-        assert_eq!(never.outcomes, vec![Outcome::SessionExpired]);
+        assert_eq!(outcomes(&never), vec![Outcome::SessionExpired]);
         assert_eq!(applier.session_count(), 0, "no session was created");
         assert_eq!(engine.get(b"counter", 0).unwrap(), None);
         // Opened, applied; then idle past the window: evicted.
@@ -855,7 +1335,7 @@ mod tests {
                 Vec::new(),
             )
             .unwrap();
-        assert!(matches!(first.outcomes[0], Outcome::Applied { .. }));
+        assert!(matches!(outcomes(&first)[0], Outcome::Applied { .. }));
         applier
             .apply(&engine, 3, &requests(2_000, vec![]), Vec::new())
             .unwrap();
@@ -878,7 +1358,7 @@ mod tests {
                 Vec::new(),
             )
             .unwrap();
-        assert_eq!(retry.outcomes, vec![Outcome::SessionExpired]);
+        assert_eq!(outcomes(&retry), vec![Outcome::SessionExpired]);
         assert_eq!(engine.get(b"counter", 0).unwrap().unwrap().value, b"other");
         assert_eq!(applier.session_count(), 0);
         assert_eq!(Applier::load(&engine).unwrap().session_count(), 0);
@@ -907,7 +1387,7 @@ mod tests {
         let response = applier
             .apply(&engine, 1, &requests(0, vec![bad]), Vec::new())
             .unwrap();
-        assert!(matches!(response.outcomes[0], Outcome::Rejected { .. }));
+        assert!(matches!(outcomes(&response)[0], Outcome::Rejected { .. }));
         assert_eq!(engine.get(&key, 0).unwrap(), None);
     }
 
@@ -962,5 +1442,315 @@ mod tests {
         assert!(sealed_a.len() >= 4, "the workload seals segments");
         assert_eq!(sealed_a, sealed_b);
         assert_eq!(active_a, active_b);
+    }
+
+    fn writes(time_ms: u64, requests: Vec<Request>) -> Proposal {
+        Proposal {
+            time_ms,
+            command: Command::Writes(requests),
+        }
+    }
+
+    fn key_meta(engine: &Engine, key: &str) -> Option<KeyMeta> {
+        engine
+            .meta(key.as_bytes(), 0)
+            .map(|item| KeyMeta::decode(&item.meta).unwrap())
+    }
+
+    fn answer_revisions(response: &EntryResponse) -> Vec<u64> {
+        response.answers.iter().map(|a| a.revision).collect()
+    }
+
+    /// Revisions as etcd counts them: one per request that changes
+    /// something; a failed condition, a delete of nothing and a tick leave
+    /// the store revision alone.
+    #[test]
+    fn the_store_revision_advances_once_per_changing_request() {
+        let fs = SimFs::new();
+        let engine = engine(&fs);
+        let mut applier = Applier::default();
+        assert_eq!(applier.header().revision, 1, "a fresh store is at 1");
+        let delete = |key: &str| Op::Delete { key: key.into() };
+        let if_at = |key: &str, revision: u64, ops| Request {
+            conditions: vec![Condition {
+                key: key.into(),
+                version: revision,
+            }],
+            ..request(ops)
+        };
+        let response = applier
+            .apply(
+                &engine,
+                1,
+                &writes(
+                    0,
+                    vec![
+                        request(vec![put("a", "1"), put("b", "1")]), // 2: two keys, one revision
+                        request(vec![put("a", "2")]),                // 3
+                        request(vec![delete("nothing")]),            // stays 3
+                        if_at("a", 2, vec![put("a", "x")]),          // fails: a is at 3
+                        if_at("a", 3, vec![delete("b")]),            // 4
+                        request(vec![delete("b"), put("c", "1")]),   // 5: the put changes
+                    ],
+                ),
+                Vec::new(),
+            )
+            .unwrap();
+        assert_eq!(answer_revisions(&response), vec![2, 3, 3, 3, 4, 5]);
+        assert_eq!(response.revision, 5);
+        assert_eq!(
+            outcomes(&response)[3],
+            Outcome::ConditionFailed {
+                index: 0,
+                current_version: 3
+            },
+            "a Writes condition compares mod_revision"
+        );
+        assert_eq!(
+            key_meta(&engine, "a"),
+            Some(KeyMeta {
+                create_revision: 2,
+                mod_revision: 3,
+                version: 2,
+                lease: 0
+            })
+        );
+        assert_eq!(key_meta(&engine, "b"), None);
+        assert_eq!(key_meta(&engine, "c"), Some(KeyMeta::created(5, 0)));
+        let Outcome::Applied { versions, existed } = &outcomes(&response)[2] else {
+            panic!("a delete of nothing applies");
+        };
+        assert_eq!(
+            (versions.as_slice(), existed.as_slice()),
+            (&[0][..], &[false][..])
+        );
+        // A tick and a merge change nothing.
+        let tick = Proposal {
+            time_ms: 10,
+            command: Command::Tick,
+        };
+        assert_eq!(
+            applier
+                .apply(&engine, 2, &tick, Vec::new())
+                .unwrap()
+                .revision,
+            5
+        );
+        // Recreated after a delete: created anew, version 1.
+        applier
+            .apply(
+                &engine,
+                3,
+                &writes(20, vec![request(vec![put("b", "again")])]),
+                Vec::new(),
+            )
+            .unwrap();
+        assert_eq!(key_meta(&engine, "b"), Some(KeyMeta::created(6, 0)));
+        // The revision is in the commit record: a reloaded applier goes on from it.
+        let reloaded = Applier::load(&engine).unwrap();
+        assert_eq!(reloaded.header().revision, 6);
+        let (header, _) = split_commit_meta(&engine.last_commit_meta().unwrap()).unwrap();
+        assert_eq!(header.revision, 6);
+        assert_eq!(
+            split_commit_meta(&applier.commit_meta(b"node")).unwrap(),
+            (header, &b"node"[..])
+        );
+    }
+
+    /// Expire and persist change the key (a new revision and version); a
+    /// delete's tombstone carries the delete's revision.
+    #[test]
+    fn expire_persist_and_delete_write_at_their_revision() {
+        let fs = SimFs::new();
+        let engine = engine(&fs);
+        let mut applier = Applier::default();
+        let ops = vec![
+            request(vec![put("k", "v")]),
+            request(vec![Op::Expire {
+                key: "k".into(),
+                ttl_ms: 5_000,
+            }]),
+            request(vec![Op::Persist { key: "k".into() }]),
+        ];
+        let response = applier
+            .apply(&engine, 1, &writes(0, ops), Vec::new())
+            .unwrap();
+        assert_eq!(answer_revisions(&response), vec![2, 3, 4]);
+        assert_eq!(
+            key_meta(&engine, "k"),
+            Some(KeyMeta {
+                create_revision: 2,
+                mod_revision: 4,
+                version: 3,
+                lease: 0
+            })
+        );
+        applier
+            .apply(
+                &engine,
+                2,
+                &writes(0, vec![request(vec![Op::Delete { key: "k".into() }])]),
+                Vec::new(),
+            )
+            .unwrap();
+        let tombstone = engine
+            .scan(
+                &bitcask::Scan {
+                    keys_only: true,
+                    ..bitcask::Scan::all(10)
+                },
+                0,
+            )
+            .unwrap();
+        assert!(tombstone.is_empty(), "deleted");
+        assert_eq!(applier.header().revision, 5);
+    }
+
+    /// A key whose TTL runs out is deleted by the first entry whose
+    /// cluster time reaches its expiry, at a revision of its own, found
+    /// through the expiry index; the index survives a reload.
+    #[test]
+    fn expiry_deletes_the_key_at_a_revision_of_its_own() {
+        let fs = SimFs::new();
+        let engine = engine(&fs);
+        let mut applier = Applier::default();
+        let ttl_put = |key: &str, ttl_ms| Op::Put {
+            key: key.into(),
+            value: b"v".to_vec(),
+            ttl_ms,
+        };
+        applier
+            .apply(
+                &engine,
+                1,
+                &writes(
+                    1_000,
+                    vec![request(vec![ttl_put("short", 500), ttl_put("long", 5_000)])],
+                ),
+                Vec::new(),
+            )
+            .unwrap();
+        assert_eq!((applier.header().revision, applier.expiring_keys()), (2, 2));
+        // Overwritten without a TTL: out of the index.
+        applier
+            .apply(
+                &engine,
+                2,
+                &writes(1_100, vec![request(vec![put("long", "kept")])]),
+                Vec::new(),
+            )
+            .unwrap();
+        assert_eq!((applier.header().revision, applier.expiring_keys()), (3, 1));
+        let tick = |time_ms| Proposal {
+            time_ms,
+            command: Command::Tick,
+        };
+        assert_eq!(
+            applier
+                .apply(&engine, 3, &tick(1_499), Vec::new())
+                .unwrap()
+                .revision,
+            3
+        );
+        // A reloaded applier (a restart) knows the TTL from the key directory.
+        let mut applier = Applier::load(&engine).unwrap();
+        assert_eq!(applier.expiring_keys(), 1);
+        // The entry that reaches the expiry deletes first, then applies its
+        // requests: a condition that the key is absent holds.
+        let if_absent = Request {
+            conditions: vec![Condition {
+                key: "short".into(),
+                version: 0,
+            }],
+            ..request(vec![put("after", "1")])
+        };
+        let response = applier
+            .apply(&engine, 4, &writes(1_500, vec![if_absent]), Vec::new())
+            .unwrap();
+        assert_eq!(answer_revisions(&response), vec![5], "the delete took 4");
+        assert!(matches!(outcomes(&response)[0], Outcome::Applied { .. }));
+        assert_eq!(applier.expiring_keys(), 0);
+        assert_eq!(
+            engine.meta(b"short", 0),
+            None,
+            "a tombstone, not a hidden record"
+        );
+        assert_eq!(key_meta(&engine, "long").unwrap().mod_revision, 3);
+    }
+
+    /// Answers stored by a build before revisions still replay.
+    #[test]
+    fn a_session_record_stored_before_revisions_still_reads() {
+        #[derive(Serialize)]
+        struct Legacy {
+            last_active_ms: u64,
+            forgotten_below: u64,
+            answers: BTreeMap<u64, Outcome>,
+        }
+        let legacy = Legacy {
+            last_active_ms: 123,
+            forgotten_below: 4,
+            answers: BTreeMap::from([(5, Outcome::SessionExpired)]),
+        };
+        let stored = codec::encode(&legacy);
+        let record = SessionRecord::decode(&stored).unwrap();
+        assert_eq!(record.last_active_ms, 123);
+        // The same revision wherever and whenever the record was loaded.
+        assert_eq!(
+            record.answers[&5],
+            Answer {
+                outcome: Outcome::SessionExpired,
+                revision: LEGACY_ANSWER_REVISION
+            }
+        );
+        let again = SessionRecord::decode(&record.encode()).unwrap();
+        assert_eq!(again, record);
+        // Before revisions are on, records are stored in the old form, byte
+        // for byte.
+        assert_eq!(record.encode_legacy(), stored);
+    }
+
+    /// Revisions, metas and expiry deletes are as deterministic as the rest.
+    #[test]
+    fn replicas_with_revisions_and_expiries_write_identical_files() {
+        let entries: Vec<Proposal> = (0..300u64)
+            .map(|i| {
+                let key = |n: u64| format!("k{}", n % 23).into_bytes();
+                writes(
+                    i * 7,
+                    vec![
+                        request(vec![Op::Put {
+                            key: key(i),
+                            value: vec![i as u8; 30],
+                            ttl_ms: i % 4 * 40,
+                        }]),
+                        request(vec![Op::Delete { key: key(i + 9) }]),
+                    ],
+                )
+            })
+            .collect();
+        let run = || {
+            let fs = SimFs::new();
+            let engine = engine(&fs);
+            let mut applier = Applier::default();
+            for (i, proposal) in entries.iter().enumerate() {
+                applier
+                    .apply(&engine, i as u64 + 1, proposal, Vec::new())
+                    .unwrap();
+            }
+            (
+                applier.header(),
+                engine.sealed_files(),
+                engine.active_file(),
+            )
+        };
+        let (header_a, sealed_a, active_a) = run();
+        let (header_b, sealed_b, active_b) = run();
+        assert!(header_a.revision > 300, "{header_a:?}");
+        assert!(sealed_a.len() >= 4);
+        assert_eq!(
+            (header_a, sealed_a, active_a),
+            (header_b, sealed_b, active_b)
+        );
     }
 }

@@ -77,7 +77,10 @@ pub struct Condition {
     /// The key.
     #[serde(with = "serde_bytes")]
     pub key: Vec<u8>,
-    /// Its expected version; 0 = the key must be absent.
+    /// What the key must be at; 0 = the key must be absent. In a
+    /// [`Command::Writes`] entry the key's `mod_revision`; in a
+    /// [`Command::Requests`] entry (proposed before revisions existed) its
+    /// sequence number (`log index × 65536 + position`).
     pub version: u64,
 }
 
@@ -108,10 +111,13 @@ pub struct Request {
     pub ops: Vec<Op>,
 }
 
-/// What an entry asks the state machine to do.
+/// What an entry asks the state machine to do. New variants go at the end:
+/// entries already in a log keep decoding (bincode numbers the variants).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
-    /// Client requests gathered into one entry, applied in order.
+    /// Client requests gathered into one entry, applied in order, whose
+    /// conditions compare sequence numbers: what builds before revisions
+    /// proposed. Still applied as they were meant when replayed from a log.
     Requests(Vec<Request>),
     /// Only advances the cluster time (so TTLs expire without writes).
     Tick,
@@ -120,6 +126,26 @@ pub enum Command {
         /// Data file names, in order.
         inputs: Vec<String>,
     },
+    /// Client requests gathered into one entry, applied in order, whose
+    /// conditions compare `mod_revision`: what the leader proposes.
+    Writes(Vec<Request>),
+    /// Only advances the cluster time, like [`Command::Tick`], which builds
+    /// before revisions proposed: keys whose TTL ran out are deleted (each
+    /// at a revision of its own) and, on a store upgraded from such a build,
+    /// the first of these turns revisions on (`apply.rs`, "Entries from
+    /// before revisions").
+    Advance,
+}
+
+impl Command {
+    /// Whether builds before revisions proposed this command: applied as
+    /// they applied it until the store has turned revisions on.
+    pub fn is_from_before_revisions(&self) -> bool {
+        matches!(
+            self,
+            Command::Requests(_) | Command::Tick | Command::Merge { .. }
+        )
+    }
 }
 
 /// The payload of a Raft entry: the leader's cluster time and a command.
@@ -139,7 +165,9 @@ impl std::fmt::Display for Proposal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.command {
             Command::Requests(requests) => write!(f, "requests({})", requests.len())?,
+            Command::Writes(requests) => write!(f, "writes({})", requests.len())?,
             Command::Tick => write!(f, "tick")?,
+            Command::Advance => write!(f, "advance")?,
             Command::Merge { inputs } => write!(f, "merge({} inputs)", inputs.len())?,
         }
         write!(f, " at {} ms", self.time_ms)
@@ -149,9 +177,11 @@ impl std::fmt::Display for Proposal {
 /// The outcome of one request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
-    /// Applied; the version each op wrote, in op order.
+    /// Applied; the sequence number each op wrote, in op order.
     Applied {
-        /// One version per op.
+        /// One per op: the sequence number of its record (`log index ×
+        /// 65536 + position`; the key's `seq`), or 0 for a delete of an
+        /// absent key, which writes nothing.
         versions: Vec<u64>,
         /// Per op, whether its key existed (unexpired) just before it, as
         /// Redis and etcd report for deletes.
@@ -161,7 +191,9 @@ pub enum Outcome {
     ConditionFailed {
         /// Which condition failed.
         index: usize,
-        /// The key's version when checked (0 = absent).
+        /// What the key was at when checked (0 = absent): its
+        /// `mod_revision`, or its sequence number for a
+        /// [`Command::Requests`] entry.
         current_version: u64,
     },
     /// An `expire` or `persist` named a key that does not exist; nothing applied.
@@ -180,11 +212,25 @@ pub enum Outcome {
     },
 }
 
+/// One request's answer: its outcome and the store revision it reflects.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Answer {
+    /// What happened.
+    pub outcome: Outcome,
+    /// The store revision right after the request: the revision it wrote
+    /// at if it changed something, else the revision its checks saw. A
+    /// retry's answer carries the revision of its first application.
+    pub revision: u64,
+}
+
 /// The state machine's answer to one entry.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EntryResponse {
-    /// One outcome per request of a `Requests` entry; empty otherwise.
-    pub outcomes: Vec<Outcome>,
+    /// One answer per request of a `Requests` or `Writes` entry; empty
+    /// otherwise.
+    pub answers: Vec<Answer>,
+    /// The store revision after the entry.
+    pub revision: u64,
 }
 
 #[cfg(test)]

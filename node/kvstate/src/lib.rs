@@ -12,9 +12,14 @@
 //! - [`command`]: what a Raft entry carries — the leader's cluster time and
 //!   a command (client requests, tick, merge) — the outcome per request,
 //!   and the limits on them.
+//! - [`revision`]: revisions as etcd counts them: the store revision in
+//!   each commit record, each key's create / mod revision, version and
+//!   lease in its engine record's meta, and how both are encoded.
 //! - [`apply`]: applying one entry deterministically: one engine batch per
-//!   entry, versions `index × 65536 + position`, conditions, TTL by
-//!   cluster time, exactly-once sessions.
+//!   entry, sequence numbers `index × 65536 + position`, a revision per
+//!   changing request, conditions, TTLs deleted by cluster time through an
+//!   expiry index, exactly-once sessions.
 
 pub mod apply;
 pub mod command;
+pub mod revision;

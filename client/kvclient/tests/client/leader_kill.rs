@@ -107,7 +107,7 @@ async fn writes_across_a_leader_kill_apply_at_most_once() {
             .unwrap_or_else(|| panic!("acknowledged {key} is missing"));
         assert_eq!(entry.value, value.as_bytes(), "{key}");
         assert_eq!(
-            entry.version, written.version,
+            entry.seq, written.seq,
             "{key} changed after its acknowledgement (applied twice?)"
         );
     }

@@ -32,45 +32,61 @@ async fn calls_and_errors() {
         .await
         .expect("put");
     let entry = client.get("a").await.expect("get").expect("a exists");
-    assert_eq!(entry.version, a.version);
+    assert_eq!(entry.seq, a.seq);
+    assert_eq!(entry.revisions.mod_revision, a.revision);
+    assert_eq!(entry.revisions.create_revision, a.revision);
+    assert_eq!(entry.revisions.version, 1);
+    assert!(entry.revision >= a.revision);
     let ttl = entry.ttl_left.expect("a has a TTL");
     assert!(ttl > Duration::from_secs(500) && ttl <= Duration::from_secs(600));
 
     match client
-        .put_with("a", "2", PutOptions::default().if_version(a.version + 1))
+        .put_with(
+            "a",
+            "2",
+            PutOptions::default().if_mod_revision(a.revision + 1),
+        )
         .await
     {
         Err(Error::VersionMismatch {
             condition_index: 0,
-            current_version,
-        }) => assert_eq!(current_version, a.version),
-        other => panic!("expected a version mismatch, got {other:?}"),
+            current_mod_revision,
+        }) => assert_eq!(current_mod_revision, a.revision),
+        other => panic!("expected a revision mismatch, got {other:?}"),
     }
     match client
         .put_with("a", "2", PutOptions::default().if_absent())
         .await
     {
         Err(Error::VersionMismatch {
-            current_version, ..
-        }) => assert_eq!(current_version, a.version),
-        other => panic!("expected a version mismatch, got {other:?}"),
+            current_mod_revision,
+            ..
+        }) => assert_eq!(current_mod_revision, a.revision),
+        other => panic!("expected a revision mismatch, got {other:?}"),
     }
     let a2 = client
-        .put_with("a", "2", PutOptions::default().if_version(a.version))
+        .put_with("a", "2", PutOptions::default().if_mod_revision(a.revision))
         .await
         .expect("conditional put");
-    assert!(a2.version > a.version);
+    assert!(a2.seq > a.seq);
+    assert_eq!(a2.revision, a.revision + 1);
 
     let persisted = client.persist("a").await.expect("persist").expect("found");
     let entry = client.get("a").await.expect("get").expect("a exists");
     assert_eq!(entry.ttl_left, None);
-    assert_eq!(entry.version, persisted.version);
+    assert_eq!(entry.seq, persisted.seq);
+    assert_eq!(
+        (entry.revisions.create_revision, entry.revisions.version),
+        (a.revision, 3),
+        "a persist is a change of the key"
+    );
     let expired = client
         .expire("a", Duration::from_secs(100))
         .await
         .expect("expire")
         .expect("found");
-    assert!(expired.version > persisted.version);
+    assert!(expired.seq > persisted.seq);
+    assert_eq!(expired.revision, persisted.revision + 1);
     assert!(
         client
             .get("a")
@@ -90,15 +106,21 @@ async fn calls_and_errors() {
     assert_eq!(client.persist("nope").await.expect("persist"), None);
 
     assert!(matches!(
-        client.delete_if_version("a", 1).await,
-        Err(Error::VersionMismatch { current_version, .. }) if current_version == expired.version
+        client.delete_if_mod_revision("a", 1).await,
+        Err(Error::VersionMismatch { current_mod_revision, .. }) if current_mod_revision == expired.revision
     ));
     let removed = client
-        .delete_if_version("a", expired.version)
+        .delete_if_mod_revision("a", expired.revision)
         .await
         .expect("delete");
     assert!(removed.found);
-    assert!(!client.delete("a").await.expect("delete").found);
+    assert_eq!(removed.revision, expired.revision + 1);
+    let again = client.delete("a").await.expect("delete");
+    assert!(!again.found);
+    assert_eq!(
+        again.revision, removed.revision,
+        "a delete of nothing changes nothing"
+    );
 
     let applied = client
         .batch(
@@ -111,11 +133,15 @@ async fn calls_and_errors() {
         .await
         .expect("batch");
     assert_eq!(applied.results.len(), 3);
+    assert_eq!(
+        applied.results[2].seq, 0,
+        "deleting an absent key writes nothing"
+    );
     assert!(matches!(
         client
             .batch(Batch::new().check_absent("x").check_absent("b").put("d", "1"))
             .await,
-        Err(Error::VersionMismatch { condition_index: 1, current_version }) if current_version == applied.results[0].version
+        Err(Error::VersionMismatch { condition_index: 1, current_mod_revision }) if current_mod_revision == applied.revision
     ));
     assert!(matches!(
         client

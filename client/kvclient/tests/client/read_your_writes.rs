@@ -47,7 +47,8 @@ async fn reads_after_writes_see_them_on_every_replica() {
                     .unwrap_or_else(|err| panic!("member {id}: {err}"))
                     .unwrap_or_else(|| panic!("member {id} misses {key} ({consistency:?})"));
                 assert_eq!(entry.value, value.as_bytes());
-                assert_eq!(entry.version, written.version);
+                assert_eq!(entry.seq, written.seq);
+                assert_eq!(entry.revisions.mod_revision, written.revision);
                 assert!(entry.applied_index >= written.applied_index);
             }
         }

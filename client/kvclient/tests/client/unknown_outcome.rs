@@ -85,7 +85,7 @@ impl Kv for Fake {
             Mode::ExpiredOnce => {
                 return Ok(Response::new(pb::PutResponse {
                     header: None,
-                    outcome: Some(pb::put_response::Outcome::Version(1 << 16)),
+                    outcome: Some(pb::put_response::Outcome::Seq(1 << 16)),
                 }));
             }
             Mode::UnknownThenExpired if call == 1 => return Err(unknown()),

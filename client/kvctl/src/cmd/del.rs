@@ -1,4 +1,4 @@
-//! `kvctl del KEY [--if-version V]`: exit 1 if nothing was deleted.
+//! `kvctl del KEY [--if-mod-revision N]`: exit 1 if nothing was deleted.
 
 use serde_json::{Map, Value};
 
@@ -7,11 +7,15 @@ use crate::exit::{Exit, Failure};
 use crate::output::{Style, insert_bytes};
 
 /// `kvctl del`.
-pub async fn run(context: &Context, key: String, if_version: Option<u64>) -> Result<(), Failure> {
+pub async fn run(
+    context: &Context,
+    key: String,
+    if_mod_revision: Option<u64>,
+) -> Result<(), Failure> {
     let key = check_key("key", &key)?;
     let client = context.client()?;
-    let removed = match if_version {
-        Some(version) => client.delete_if_version(key.clone(), version).await,
+    let removed = match if_mod_revision {
+        Some(revision) => client.delete_if_mod_revision(key.clone(), revision).await,
         None => client.delete(key.clone()).await,
     }
     .map_err(|err| context.fail(err))?;
@@ -20,6 +24,7 @@ pub async fn run(context: &Context, key: String, if_version: Option<u64>) -> Res
         let mut object = Map::new();
         insert_bytes(&mut object, "key", &key);
         object.insert("deleted".into(), removed.found.into());
+        object.insert("revision".into(), removed.revision.into());
         object.insert("applied_index".into(), removed.applied_index.into());
         printer.print_json(&Value::Object(object));
     }

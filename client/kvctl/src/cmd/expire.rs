@@ -24,7 +24,8 @@ pub async fn run(context: &Context, key: String, ttl: Option<Duration>) -> Resul
         insert_bytes(&mut object, "key", &key);
         object.insert("found".into(), written.is_some().into());
         if let Some(written) = written {
-            object.insert("version".into(), written.version.into());
+            object.insert("revision".into(), written.revision.into());
+            object.insert("seq".into(), written.seq.into());
             object.insert("applied_index".into(), written.applied_index.into());
         }
         object.insert("ttl_ms".into(), millis(ttl));
@@ -43,10 +44,10 @@ pub async fn run(context: &Context, key: String, ttl: Option<Duration>) -> Resul
             None => "has no TTL now".to_string(),
         };
         println!(
-            "{} {} {what} (version {})",
+            "{} {} {what} (revision {})",
             printer.paint(Style::Good, "OK"),
             printer.bytes(&key),
-            written.version
+            written.revision
         );
     }
     Ok(())

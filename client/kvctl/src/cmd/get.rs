@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 use super::{Context, check_key, consistency};
 use crate::cli::ConsistencyArg;
 use crate::exit::{Exit, Failure};
-use crate::output::{insert_bytes, millis};
+use crate::output::{insert_bytes, insert_revisions, millis};
 
 /// `kvctl get`.
 pub async fn run(context: &Context, key: String, arg: ConsistencyArg) -> Result<(), Failure> {
@@ -35,8 +35,10 @@ pub async fn run(context: &Context, key: String, arg: ConsistencyArg) -> Result<
         insert_bytes(&mut object, "key", &key);
         object.insert("found".into(), Value::Bool(true));
         insert_bytes(&mut object, "value", &entry.value);
-        object.insert("version".into(), entry.version.into());
+        insert_revisions(&mut object, &entry.revisions);
+        object.insert("seq".into(), entry.seq.into());
         object.insert("ttl_ms".into(), millis(entry.ttl_left));
+        object.insert("revision".into(), entry.revision.into());
         object.insert("applied_index".into(), entry.applied_index.into());
         printer.print_json(&Value::Object(object));
     } else if printer.hex {

@@ -105,7 +105,10 @@ pub async fn run(cli: Cli, printer: Printer) -> Result<(), Failure> {
     match cli.command {
         Command::Get { key, consistency } => get::run(&context, key, consistency).await,
         Command::Put(args) => put::run(&context, args).await,
-        Command::Del { key, if_version } => del::run(&context, key, if_version).await,
+        Command::Del {
+            key,
+            if_mod_revision,
+        } => del::run(&context, key, if_mod_revision).await,
         Command::Expire { key, ttl } => expire::run(&context, key, Some(ttl)).await,
         Command::Persist { key } => expire::run(&context, key, None).await,
         Command::Scan(args) => scan::run(&context, args).await,

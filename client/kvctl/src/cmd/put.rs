@@ -1,6 +1,6 @@
 //! `kvctl put KEY VALUE`: the value from the argument, `@FILE` or `-`
 //! (standard input), read up to [`INPUT_VALUE_BYTES_MAX`]; optional TTL,
-//! `--if-version` and `--if-absent`.
+//! `--if-mod-revision` (old name `--if-version`) and `--if-absent`.
 
 use std::io::Read;
 
@@ -63,8 +63,8 @@ pub async fn run(context: &Context, args: PutArgs) -> Result<(), Failure> {
     if let Some(ttl) = args.ttl {
         options = options.ttl(ttl);
     }
-    if let Some(version) = args.if_version {
-        options = options.if_version(version);
+    if let Some(revision) = args.if_mod_revision {
+        options = options.if_mod_revision(revision);
     }
     if args.if_absent {
         options = options.if_absent();
@@ -78,17 +78,18 @@ pub async fn run(context: &Context, args: PutArgs) -> Result<(), Failure> {
     if printer.json() {
         let mut object = Map::new();
         insert_bytes(&mut object, "key", &key);
-        object.insert("version".into(), written.version.into());
+        object.insert("revision".into(), written.revision.into());
+        object.insert("seq".into(), written.seq.into());
         object.insert("applied_index".into(), written.applied_index.into());
         object.insert("value_bytes".into(), value.len().into());
         object.insert("ttl_ms".into(), millis(args.ttl));
         printer.print_json(&Value::Object(object));
     } else {
         println!(
-            "{} {} version {} ({} bytes)",
+            "{} {} revision {} ({} bytes)",
             printer.paint(Style::Good, "OK"),
             printer.bytes(&key),
-            written.version,
+            written.revision,
             value.len()
         );
     }

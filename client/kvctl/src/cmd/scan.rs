@@ -9,7 +9,7 @@ use tokio_stream::StreamExt as _;
 use super::{Context, check_key, consistency};
 use crate::cli::ScanArgs;
 use crate::exit::Failure;
-use crate::output::{insert_bytes, millis, ttl_text};
+use crate::output::{insert_bytes, insert_revisions, millis, ttl_text};
 
 /// Scan page size kvctl asks for.
 pub const SCAN_PAGE_ENTRIES: u32 = 1000;
@@ -56,7 +56,8 @@ pub async fn run(context: &Context, args: ScanArgs) -> Result<(), Failure> {
                 if !args.keys_only {
                     insert_bytes(&mut object, "value", &e.value);
                 }
-                object.insert("version".into(), e.version.into());
+                insert_revisions(&mut object, &e.revisions);
+                object.insert("seq".into(), e.seq.into());
                 object.insert("ttl_ms".into(), millis(e.ttl_left));
                 Value::Object(object)
             })
@@ -64,7 +65,7 @@ pub async fn run(context: &Context, args: ScanArgs) -> Result<(), Failure> {
         printer.print_json(&json!({ "count": list.len(), "entries": list }));
         return Ok(());
     }
-    let mut headers = vec!["key", "version", "ttl"];
+    let mut headers = vec!["key", "mod_rev", "version", "ttl"];
     if !args.keys_only {
         headers.push("value");
     }
@@ -73,7 +74,8 @@ pub async fn run(context: &Context, args: ScanArgs) -> Result<(), Failure> {
         .map(|e| {
             let mut row = vec![
                 printer.bytes(&e.key),
-                e.version.to_string(),
+                e.revisions.mod_revision.to_string(),
+                e.revisions.version.to_string(),
                 ttl_text(e.ttl_left),
             ];
             if !args.keys_only {

@@ -1,7 +1,8 @@
 //! Proves the key commands end to end against a three-member cluster:
-//! put (argument, @file, stdin, --ttl, --if-version, --if-absent), get
-//! (found: the value's exact bytes; absent: exit 1), conditions that fail
-//! (exit 4), del (with --if-version; absent: exit 1), expire / persist
+//! put (argument, @file, stdin, --ttl, --if-mod-revision and its old name
+//! --if-version, --if-absent), get (found: the value's exact bytes and, in
+//! JSON, the key's revisions under etcd's names; absent: exit 1),
+//! conditions that fail (exit 4), del (with --if-version; absent: exit 1), expire / persist
 //! (TTL shown, then gone), scan (--prefix, --from/--to, --limit,
 //! --keys-only), --hex, and JSON that parses with binary values in base64.
 
@@ -14,7 +15,7 @@ fn key_commands() {
     // put from an argument, get it back byte for byte.
     let run = cluster.kvctl(&["put", "greeting", "hello"]);
     run.expect_code(0);
-    assert!(run.out().starts_with("OK greeting version "), "{run:?}");
+    assert!(run.out().starts_with("OK greeting revision "), "{run:?}");
     let run = cluster.kvctl(&["get", "greeting"]);
     run.expect_code(0);
     assert_eq!(run.stdout, b"hello", "{run:?}");
@@ -56,8 +57,13 @@ fn key_commands() {
         .decode(json["value_base64"].as_str().expect("value_base64"))
         .expect("base64");
     assert_eq!(decoded, binary);
-    let version = json["version"].as_u64().expect("version");
-    assert!(version > 0);
+    let version = json["mod_revision"].as_u64().expect("mod_revision");
+    assert!(version > 1, "a fresh cluster is at revision 1: {json}");
+    assert_eq!(json["create_revision"], json["mod_revision"], "{json}");
+    assert_eq!(json["version"], 1, "{json}");
+    assert_eq!(json["lease"], 0, "{json}");
+    assert!(json["revision"].as_u64().expect("revision") >= version);
+    assert!(json["seq"].as_u64().expect("seq") > 0);
 
     // A value over the cluster's limit (1 MiB) is refused by the cluster:
     // exit 2, the limit named.
@@ -68,8 +74,9 @@ fn key_commands() {
     assert!(run.stderr.contains("VALUE_SIZE_BYTES_MAX"), "{run:?}");
     cluster.kvctl(&["get", "big"]).expect_code(1);
 
-    // Conditions: --if-version with the right version works, a stale one
-    // is exit 4; --if-absent on an existing key is exit 4, on a new one 0.
+    // Conditions: --if-mod-revision (and its old name --if-version) with the
+    // key's mod_revision works, a stale one is exit 4; --if-absent on an
+    // existing key is exit 4, on a new one 0.
     let version_arg = version.to_string();
     let run = cluster.kvctl(&[
         "-o",
@@ -81,13 +88,13 @@ fn key_commands() {
         &version_arg,
     ]);
     run.expect_code(0);
-    let new_version = run.json()["version"].as_u64().expect("version");
+    let new_version = run.json()["revision"].as_u64().expect("revision");
     assert!(new_version > version);
-    let run = cluster.kvctl(&["put", "bin/file", "v3", "--if-version", &version_arg]);
+    let run = cluster.kvctl(&["put", "bin/file", "v3", "--if-mod-revision", &version_arg]);
     run.expect_code(4);
     assert!(
         run.stderr
-            .contains(&format!("current version is {new_version}")),
+            .contains(&format!("current mod_revision is {new_version}")),
         "{run:?}"
     );
     cluster

@@ -1,6 +1,8 @@
 //! The write input: a [`Batch`] of [`Op`]s, and the sequence numbers it
 //! received ([`Written`]).
 
+pub use crate::record_meta::RecordMeta;
+
 /// One write in a batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -12,11 +14,17 @@ pub enum Op {
         value: Vec<u8>,
         /// Expiry in ms of the caller's clock; 0 = never.
         expiry_ms: u64,
+        /// Opaque caller bytes stored with the record, returned by reads
+        /// and kept in the key directory ([`RecordMeta::EMPTY`]: none).
+        meta: RecordMeta,
     },
     /// Delete `key` (a tombstone is written even if the key is absent).
     Delete {
         /// The key.
         key: Vec<u8>,
+        /// Opaque caller bytes stored with the tombstone (kept in its hint
+        /// entry; the key directory forgets deleted keys).
+        meta: RecordMeta,
     },
 }
 
@@ -40,31 +48,44 @@ impl Batch {
         Batch::default()
     }
     /// Adds a put without expiry.
-    pub fn put(mut self, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Batch {
-        self.ops.push(Op::Put {
-            key: key.into(),
-            value: value.into(),
-            expiry_ms: 0,
-        });
-        self
+    pub fn put(self, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Batch {
+        self.put_with_meta(key, value, 0, RecordMeta::EMPTY)
     }
     /// Adds a put that expires at `expiry_ms`.
     pub fn put_with_expiry(
+        self,
+        key: impl Into<Vec<u8>>,
+        value: impl Into<Vec<u8>>,
+        expiry_ms: u64,
+    ) -> Batch {
+        self.put_with_meta(key, value, expiry_ms, RecordMeta::EMPTY)
+    }
+    /// Adds a put that expires at `expiry_ms` (0 = never) and carries `meta`.
+    pub fn put_with_meta(
         mut self,
         key: impl Into<Vec<u8>>,
         value: impl Into<Vec<u8>>,
         expiry_ms: u64,
+        meta: RecordMeta,
     ) -> Batch {
         self.ops.push(Op::Put {
             key: key.into(),
             value: value.into(),
             expiry_ms,
+            meta,
         });
         self
     }
     /// Adds a delete.
-    pub fn delete(mut self, key: impl Into<Vec<u8>>) -> Batch {
-        self.ops.push(Op::Delete { key: key.into() });
+    pub fn delete(self, key: impl Into<Vec<u8>>) -> Batch {
+        self.delete_with_meta(key, RecordMeta::EMPTY)
+    }
+    /// Adds a delete whose tombstone carries `meta`.
+    pub fn delete_with_meta(mut self, key: impl Into<Vec<u8>>, meta: RecordMeta) -> Batch {
+        self.ops.push(Op::Delete {
+            key: key.into(),
+            meta,
+        });
         self
     }
     /// Sets the commit metadata.

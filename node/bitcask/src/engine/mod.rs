@@ -2,8 +2,8 @@
 //!
 //! - this file: the [`Engine`] handle and the state it shares with its
 //!   background threads (`Shared`), open, close and the lock helpers;
-//! - `batch`: the write input ([`Batch`], [`Op`]) and what it returns
-//!   ([`Written`]);
+//! - `batch`: the write input ([`Batch`], [`Op`], [`RecordMeta`]) and what
+//!   it returns ([`Written`]);
 //! - `write`: the write path: validation, appending a batch, rotation and
 //!   sealing of segments;
 //! - `sync`: group commit, fsyncs, the background sync thread, poisoning;
@@ -40,7 +40,7 @@ mod stats;
 mod sync;
 mod write;
 
-pub use batch::{Batch, Op, Written};
+pub use batch::{Batch, Op, RecordMeta, Written};
 pub use files::{FileInfo, Pin};
 pub(crate) use files::{FileMeta, FileSet, checksum_file};
 pub use merging::MergeReport;

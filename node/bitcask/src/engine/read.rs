@@ -9,8 +9,9 @@ use vfs::{Mapping, VfsFile};
 
 use super::{Engine, Shared, read, write};
 use crate::error::{Error, Result};
-use crate::format::{RECORD_HEADER_SIZE_BYTES, record_size, verify_record};
+use crate::format::{RecordHeader, verify_record};
 use crate::keydir::Location;
+use crate::record_meta::RecordMeta;
 
 /// Attempts of a read whose file a concurrent merge removed (the key
 /// directory points at the merge output by the next attempt).
@@ -25,6 +26,8 @@ pub struct Item {
     pub seq: u64,
     /// Expiry in ms of the caller's clock; 0 = never.
     pub expiry_ms: u64,
+    /// The record meta the write stored ([`RecordMeta::EMPTY`] if none).
+    pub meta: RecordMeta,
 }
 
 /// What the key directory knows of a live key, without its value.
@@ -36,6 +39,8 @@ pub struct ItemMeta {
     pub expiry_ms: u64,
     /// Length of the value in bytes.
     pub value_len: u32,
+    /// The record meta the write stored, from the key directory.
+    pub meta: RecordMeta,
 }
 
 /// One entry of a scan.
@@ -49,6 +54,9 @@ pub struct Entry {
     pub seq: u64,
     /// Expiry, 0 = never.
     pub expiry_ms: u64,
+    /// The record meta the write stored (keys-only scans too: it comes
+    /// from the key directory).
+    pub meta: RecordMeta,
 }
 
 /// Which keys a scan visits.
@@ -156,6 +164,7 @@ impl Engine {
                     value,
                     seq: location.seq,
                     expiry_ms: location.expiry_ms,
+                    meta: location.meta,
                 }));
             }
         }
@@ -169,7 +178,7 @@ impl Engine {
         })
     }
 
-    /// `key`'s version and expiry from the key directory alone: no disk
+    /// `key`'s version, expiry and record meta from the key directory alone: no disk
     /// read (what a write needs to check a condition or to know whether it
     /// replaced a key). An expired key is absent, as in [`Engine::get`].
     pub fn meta(&self, key: &[u8], now_ms: u64) -> Option<ItemMeta> {
@@ -182,6 +191,7 @@ impl Engine {
             seq: location.seq,
             expiry_ms: location.expiry_ms,
             value_len: location.value_len,
+            meta: location.meta,
         })
     }
 
@@ -227,6 +237,7 @@ impl Engine {
                     value,
                     seq: location.seq,
                     expiry_ms: location.expiry_ms,
+                    meta: location.meta,
                 });
             }
             return Ok(out);
@@ -333,19 +344,20 @@ impl Shared {
             .unwrap_or_else(|| format!("file #{num}"))
     }
 
-    /// Hands the whole record at `location`, checked against its checksum
-    /// and the key directory, to `f`; `None` if its file left the engine
+    /// Hands the whole record at `location` and its decoded header, checked
+    /// against its checksum and the key directory (sequence, key length,
+    /// value length, meta), to `f`; `None` if its file left the engine
     /// meanwhile (a merge swapped it out: look the key up again).
     pub(crate) fn with_record<T>(
         &self,
         key_len: usize,
         location: &Location,
-        f: impl FnOnce(&[u8]) -> T,
+        f: impl FnOnce(&RecordHeader, &[u8]) -> T,
     ) -> Result<Option<T>> {
         let Some(handle) = self.handle(location.file)? else {
             return Ok(None);
         };
-        let size = record_size(key_len, location.value_len as usize);
+        let size = location.record_size(key_len);
         let offset = location.offset as usize;
         let corruption = |reason: String| Error::Corruption {
             file: self.file_name(location.file),
@@ -372,8 +384,14 @@ impl Shared {
             }
         };
         match verify_record(record) {
-            Ok(header) if header.seq == location.seq && header.key_len as usize == key_len => {
-                Ok(Some(f(record)))
+            Ok(header)
+                if header.kind == crate::format::RecordKind::Put
+                    && header.seq == location.seq
+                    && header.key_len as usize == key_len
+                    && header.value_len == location.value_len
+                    && header.split(record).0 == location.meta.as_bytes() =>
+            {
+                Ok(Some(f(&header, record)))
             }
             Ok(_) => Err(corruption(
                 "record is not the one the key directory names".to_string(),
@@ -383,9 +401,9 @@ impl Shared {
     }
 
     fn read_value(&self, key: &[u8], location: &Location) -> Result<Option<Vec<u8>>> {
-        let value = self.with_record(key.len(), location, |record| {
-            let key_end = RECORD_HEADER_SIZE_BYTES + key.len();
-            (&record[RECORD_HEADER_SIZE_BYTES..key_end] == key).then(|| record[key_end..].to_vec())
+        let value = self.with_record(key.len(), location, |header, record| {
+            let (_, found_key, value) = header.split(record);
+            (found_key == key).then(|| value.to_vec())
         })?;
         match value {
             Some(Some(value)) => Ok(Some(value)),

@@ -16,7 +16,7 @@ use crate::format::{
 };
 use crate::hint::HintWriter;
 use crate::keydir::{KeyDir, Location};
-use crate::options::{METADATA_SIZE_BYTES_MAX, SyncPolicy};
+use crate::options::{METADATA_SIZE_BYTES_MAX, RECORD_META_BYTES_MAX, SyncPolicy};
 
 /// The active segment and the writer's state.
 #[derive(Debug)]
@@ -106,12 +106,22 @@ impl Shared {
                 max: METADATA_SIZE_BYTES_MAX,
             });
         }
-        let mut size = record_size(0, batch.meta.len());
+        let mut size = record_size(0, batch.meta.len(), 0);
         for op in &batch.ops {
-            let (key, value_len) = match op {
-                Op::Put { key, value, .. } => (key, value.len()),
-                Op::Delete { key } => (key, 0),
+            let (key, value_len, meta) = match op {
+                Op::Put {
+                    key, value, meta, ..
+                } => (key, value.len(), meta),
+                Op::Delete { key, meta } => (key, 0, meta),
             };
+            // `RecordMeta::new` already refused anything longer; checked
+            // again here because a record or hint must never claim more.
+            if meta.len() > RECORD_META_BYTES_MAX {
+                return Err(Error::RecordMetaTooLarge {
+                    len: meta.len(),
+                    max: RECORD_META_BYTES_MAX,
+                });
+            }
             if key.is_empty() {
                 return Err(Error::KeyEmpty);
             }
@@ -127,7 +137,7 @@ impl Shared {
                     max: self.opts.value_size_bytes_max,
                 });
             }
-            size += record_size(key.len(), value_len);
+            size += record_size(key.len(), value_len, meta.len());
         }
         if size > self.opts.batch_size_bytes_max {
             return Err(Error::BatchTooLarge {
@@ -187,25 +197,51 @@ impl Shared {
                         key,
                         value,
                         expiry_ms,
+                        meta,
                     } => {
-                        encode_record(buf, RecordKind::Put, seq, *expiry_ms, key, value);
+                        encode_record(
+                            buf,
+                            RecordKind::Put,
+                            seq,
+                            *expiry_ms,
+                            meta.as_bytes(),
+                            key,
+                            value,
+                        );
                         let location = Location {
                             file: active.num,
                             offset,
                             value_len: value.len() as u32,
                             seq,
                             expiry_ms: *expiry_ms,
+                            meta: *meta,
                         };
                         updates.push(Update::Put(key.clone(), location));
                     }
-                    Op::Delete { key } => {
-                        encode_record(buf, RecordKind::Tombstone, seq, 0, key, &[]);
+                    Op::Delete { key, meta } => {
+                        encode_record(
+                            buf,
+                            RecordKind::Tombstone,
+                            seq,
+                            0,
+                            meta.as_bytes(),
+                            key,
+                            &[],
+                        );
                         updates.push(Update::Delete(key.clone(), seq));
                     }
                 }
             }
             let commit_offset = (base + buf.len() as u64) as u32;
-            encode_record(buf, RecordKind::Commit, commit_seq, 0, &[], &batch.meta);
+            encode_record(
+                buf,
+                RecordKind::Commit,
+                commit_seq,
+                0,
+                &[],
+                &[],
+                &batch.meta,
+            );
             updates.push(Update::Seq(commit_seq));
             if let Err(e) = active.file.write_all_at(buf, base) {
                 let path = path_in(&self.dir, &active.id.data_name());
@@ -225,11 +261,12 @@ impl Shared {
                             offset: location.offset,
                             seq: location.seq,
                             expiry_ms: location.expiry_ms,
+                            meta: location.meta.as_bytes(),
                         })
                     }
-                    (Op::Delete { key }, Update::Delete(_, seq)) => {
-                        active.hint.add(&HintEntry::tombstone(key, *seq))
-                    }
+                    (Op::Delete { key, meta }, Update::Delete(_, seq)) => active
+                        .hint
+                        .add(&HintEntry::tombstone(key, meta.as_bytes(), *seq)),
                     _ => unreachable!("updates are built in op order"),
                 };
                 hinted.map_err(|e| self.poison(e))?;

@@ -4,7 +4,8 @@
 //!
 //! How: a deterministic pseudo-random stream of batches (caller-supplied,
 //! gapped sequence numbers via `Batch::seq`, a mix of puts, deletes and
-//! expiring puts, empty batches, metadata) is fed to two engines on two
+//! expiring puts, a third of them carrying a record meta of 1–12 bytes
+//! (record and hint kinds 4 and 5), empty batches, metadata) is fed to two engines on two
 //! separate `SimFs` disks with the same `segment_size_bytes` but different
 //! sync policies (Always / EveryMs / Never) and different reopen points
 //! (every 7 batches, every 13, never), one of them optionally power-cut
@@ -29,7 +30,7 @@
 
 use std::collections::BTreeSet;
 
-use bitcask::{Batch, Engine, FileInfo, MergeReport, Scan, Stats, SyncPolicy};
+use bitcask::{Batch, Engine, FileInfo, MergeReport, RecordMeta, Scan, Stats, SyncPolicy, format};
 use vfs::sim::{SimFs, Torn};
 
 use crate::common;
@@ -61,6 +62,14 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
+    /// No record meta two times in three, else 1–12 pseudo-random bytes.
+    fn record_meta(&mut self) -> RecordMeta {
+        if self.below(3) != 0 {
+            return RecordMeta::EMPTY;
+        }
+        let bytes: Vec<u8> = (0..1 + self.below(12)).map(|_| self.next() as u8).collect();
+        RecordMeta::new(&bytes).expect("12 bytes fit")
+    }
 }
 
 /// `count` batches starting at sequence `next_seq` (gaps between batches, as
@@ -80,18 +89,20 @@ fn make_batches(seed: u64, count: usize, mut next_seq: u64) -> (Vec<Batch>, u64)
             match rng.below(20) {
                 0..=11 => {
                     let len = rng.below(120) as usize;
-                    batch = batch.put(key.clone(), common::value_for(key.as_bytes(), seq, len));
+                    let value = common::value_for(key.as_bytes(), seq, len);
+                    batch = batch.put_with_meta(key, value, 0, rng.record_meta());
                 }
                 12..=15 => {
                     let len = rng.below(80) as usize;
                     let expiry = EXPIRY_BASE_MS + rng.below(EXPIRY_SPAN_MS);
-                    batch = batch.put_with_expiry(
+                    batch = batch.put_with_meta(
                         key.clone(),
                         common::value_for(key.as_bytes(), seq, len),
                         expiry,
+                        rng.record_meta(),
                     );
                 }
-                _ => batch = batch.delete(key),
+                _ => batch = batch.delete_with_meta(key, rng.record_meta()),
             }
         }
         if rng.below(4) != 0 {
@@ -528,6 +539,24 @@ fn assert_same_merge(
     assert_identical(a, b, when);
 }
 
+/// The kind bytes of every entry in the replica's sealed hint files.
+fn sealed_hint_kinds(replica: &Replica) -> BTreeSet<u8> {
+    let mut kinds = BTreeSet::new();
+    for (info, bytes) in replica.snapshot().sealed {
+        if !info.name.ends_with(".hint") {
+            continue;
+        }
+        let mut rest =
+            &bytes[format::FILE_HEADER_SIZE_BYTES..bytes.len() - format::HINT_TRAILER_SIZE_BYTES];
+        while !rest.is_empty() {
+            let (_, size) = format::decode_hint_entry(rest).expect("a sealed hint decodes");
+            kinds.insert(rest[format::HINT_KIND_OFFSET]);
+            rest = &rest[size..];
+        }
+    }
+    kinds
+}
+
 /// Feeds both replicas, merges, feeds more, merges again; returns the final
 /// directory of replica A (names and bytes) after a last reopen.
 fn scenario(seed: u64, plan_a: Plan, plan_b: Plan) -> Vec<(String, Vec<u8>)> {
@@ -554,6 +583,12 @@ fn scenario(seed: u64, plan_a: Plan, plan_b: Plan) -> Vec<(String, Vec<u8>)> {
         b.feed(batch);
     }
     assert_identical(&a, &b, "after the first batches");
+    let kinds = sealed_hint_kinds(&a);
+    assert!(
+        kinds.contains(&format::KIND_PUT_WITH_META)
+            && kinds.contains(&format::KIND_TOMBSTONE_WITH_META),
+        "the stream should write records with meta (kinds 4 and 5); hints hold kinds {kinds:?}"
+    );
 
     // 2. The same merge on both.
     let (ra, rb) = (a.merge(FIRST_MERGE_NOW_MS), b.merge(FIRST_MERGE_NOW_MS));
@@ -576,6 +611,10 @@ fn scenario(seed: u64, plan_a: Plan, plan_b: Plan) -> Vec<(String, Vec<u8>)> {
     }
     assert_identical(&a, &b, "after the second batches");
     let (ra2, rb2) = (a.merge(SECOND_MERGE_NOW_MS), b.merge(SECOND_MERGE_NOW_MS));
+    assert!(
+        sealed_hint_kinds(&a).contains(&format::KIND_PUT_WITH_META),
+        "merge outputs keep records with meta"
+    );
     assert!(
         ra2.inputs.starts_with(&ra.outputs),
         "the second merge takes in the first one's output"

@@ -48,7 +48,7 @@ fn regressions_dir() -> PathBuf {
 
 /// Builds the seed engine directory on a SimFs: overwrites, deletes, TTLs,
 /// several rotations and one merge, closed cleanly.
-fn build_corpus() -> Vec<(String, Vec<u8>)> {
+pub(crate) fn build_corpus() -> Vec<(String, Vec<u8>)> {
     let fs = SimFs::new();
     let engine = Engine::open(
         sim_dir(),
@@ -94,7 +94,7 @@ fn read_dir_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
 }
 
 /// The checked-in seed corpus (rewritten first when asked to).
-fn corpus() -> Vec<(String, Vec<u8>)> {
+pub(crate) fn corpus() -> Vec<(String, Vec<u8>)> {
     let dir = corpus_dir();
     if std::env::var_os("RAFTCASK_WRITE_CORPUS").is_some() {
         let _ = std::fs::remove_dir_all(&dir);

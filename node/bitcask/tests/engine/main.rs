@@ -10,5 +10,6 @@ mod fuzz;
 mod merge;
 mod model;
 mod power_loss;
+mod record_meta;
 mod recovery;
 mod snapshot_files;

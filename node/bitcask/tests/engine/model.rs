@@ -1,9 +1,10 @@
 //! Model test: under random operation sequences the engine behaves exactly
-//! like a `BTreeMap<key, (value, seq, expiry_ms)>`, across rotations,
-//! merges, clean reopens and power cuts.
+//! like a `BTreeMap<key, (value, seq, expiry_ms, record meta)>`, across
+//! rotations, merges, clean reopens and power cuts.
 //!
 //! How: proptest generates sequences of 50–150 operations: put, put with
-//! expiry, delete, batch of mixed puts/deletes with metadata (engine- or
+//! expiry, delete, batch of mixed puts/deletes (each with a record meta of
+//! 0 to RECORD_META_BYTES_MAX bytes, mostly empty) with metadata (engine- or
 //! caller-numbered, with sequence gaps), a batch the engine must refuse
 //! whole (an empty key, a repeated sequence number), get, scan (everything,
 //! prefix, or range with included / excluded / open bounds; limit, `after`
@@ -17,11 +18,11 @@
 //! (overwrites are common and prefix ends overflow), values 0–200 bytes.
 //!
 //! Checked after every operation: reads equal the model's (value, sequence
-//! number and expiry of each item), writes return the sequence numbers the
+//! number, expiry and record meta of each item), writes return the sequence numbers the
 //! model predicts, `last_seq()` equals the model's, a refused batch changes
 //! nothing, and after every write or clock step a full scan equals the
-//! model. After a reopen, a power cut or a merge also a get of every
-//! possible key, `last_commit_meta()` (the metadata of the last batch) and
+//! model. After a reopen, a power cut or a merge also a get and a
+//! directory-only `meta` of every possible key, `last_commit_meta()` (the metadata of the last batch) and
 //! `last_seq()`. A merge must succeed unless nothing was written since the
 //! previous one (then `Error::MergeInput`), is named after the cut-off (the
 //! highest sequence), and replaces exactly its inputs.
@@ -36,7 +37,10 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use bitcask::{Batch, Engine, Entry, Error, Item, KeyRange, Scan, SyncPolicy};
+use bitcask::{
+    Batch, Engine, Entry, Error, Item, ItemMeta, KeyRange, RECORD_META_BYTES_MAX, RecordMeta, Scan,
+    SyncPolicy,
+};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -60,9 +64,11 @@ enum BatchOp {
         key: Vec<u8>,
         value: Vec<u8>,
         ttl_ms: Option<u64>,
+        meta: RecordMeta,
     },
     Delete {
         key: Vec<u8>,
+        meta: RecordMeta,
     },
 }
 
@@ -164,11 +170,21 @@ fn range_strategy() -> impl Strategy<Value = RangeSpec> {
     ]
 }
 
+/// Mostly no record meta; otherwise 1 to RECORD_META_BYTES_MAX bytes.
+fn record_meta_strategy() -> impl Strategy<Value = RecordMeta> {
+    prop_oneof![
+        2 => Just(RecordMeta::EMPTY),
+        1 => prop::collection::vec(any::<u8>(), 1..=RECORD_META_BYTES_MAX)
+            .prop_map(|bytes| RecordMeta::new(&bytes).expect("within the limit")),
+    ]
+}
+
 fn batch_op_strategy() -> impl Strategy<Value = BatchOp> {
     prop_oneof![
-        3 => (key_strategy(), value_strategy(), ttl_strategy())
-            .prop_map(|(key, value, ttl_ms)| BatchOp::Put { key, value, ttl_ms }),
-        1 => key_strategy().prop_map(|key| BatchOp::Delete { key }),
+        3 => (key_strategy(), value_strategy(), ttl_strategy(), record_meta_strategy())
+            .prop_map(|(key, value, ttl_ms, meta)| BatchOp::Put { key, value, ttl_ms, meta }),
+        1 => (key_strategy(), record_meta_strategy())
+            .prop_map(|(key, meta)| BatchOp::Delete { key, meta }),
     ]
 }
 
@@ -224,6 +240,7 @@ struct Stored {
     value: Vec<u8>,
     seq: u64,
     expiry_ms: u64,
+    meta: RecordMeta,
 }
 
 #[derive(Debug)]
@@ -285,6 +302,7 @@ impl Model {
                     key,
                     value,
                     expiry_ms,
+                    meta,
                 } => {
                     self.map.insert(
                         key.clone(),
@@ -292,10 +310,11 @@ impl Model {
                             value: value.clone(),
                             seq,
                             expiry_ms: *expiry_ms,
+                            meta: *meta,
                         },
                     );
                 }
-                bitcask::Op::Delete { key } => {
+                bitcask::Op::Delete { key, .. } => {
                     self.map.remove(key);
                 }
             }
@@ -314,7 +333,17 @@ impl Model {
                 value: s.value.clone(),
                 seq: s.seq,
                 expiry_ms: s.expiry_ms,
+                meta: s.meta,
             })
+    }
+
+    fn meta(&self, key: &[u8]) -> Option<ItemMeta> {
+        self.get(key).map(|item| ItemMeta {
+            seq: item.seq,
+            expiry_ms: item.expiry_ms,
+            value_len: item.value.len() as u32,
+            meta: item.meta,
+        })
     }
 
     fn scan(&self, scan: &Scan) -> Vec<Entry> {
@@ -337,6 +366,7 @@ impl Model {
                 },
                 seq: s.seq,
                 expiry_ms: s.expiry_ms,
+                meta: s.meta,
             })
             .collect()
     }
@@ -423,6 +453,7 @@ impl Harness {
                     key,
                     value,
                     expiry_ms,
+                    ..
                 } = &batch.ops[0]
                 else {
                     unreachable!()
@@ -436,6 +467,7 @@ impl Harness {
                     key,
                     value,
                     expiry_ms,
+                    ..
                 } = &batch.ops[0]
                 else {
                     unreachable!()
@@ -449,7 +481,7 @@ impl Harness {
                 );
             }
             "delete" => {
-                let bitcask::Op::Delete { key } = &batch.ops[0] else {
+                let bitcask::Op::Delete { key, .. } = &batch.ops[0] else {
                     unreachable!()
                 };
                 let seq = engine.delete(key).expect("delete");
@@ -496,6 +528,11 @@ impl Harness {
                 got,
                 self.model.get(key),
                 "get({key:?}) differs from the model {when} (now {now})"
+            );
+            assert_eq!(
+                engine.meta(key, now),
+                self.model.meta(key),
+                "meta({key:?}) differs from the model {when} (now {now})"
             );
         }
         self.check_scan_all(when);
@@ -641,6 +678,7 @@ impl Harness {
                                 key: Vec::new(),
                                 value: b"v".to_vec(),
                                 expiry_ms: 0,
+                                meta: RecordMeta::EMPTY,
                             },
                         );
                         let result = self.engine().write_batch(&batch);
@@ -726,10 +764,13 @@ impl Harness {
         let mut batch = Batch::new().meta(meta.to_vec());
         for op in ops {
             batch = match op {
-                BatchOp::Put { key, value, ttl_ms } => {
-                    batch.put_with_expiry(key.clone(), value.clone(), self.expiry(*ttl_ms))
-                }
-                BatchOp::Delete { key } => batch.delete(key.clone()),
+                BatchOp::Put {
+                    key,
+                    value,
+                    ttl_ms,
+                    meta,
+                } => batch.put_with_meta(key.clone(), value.clone(), self.expiry(*ttl_ms), *meta),
+                BatchOp::Delete { key, meta } => batch.delete_with_meta(key.clone(), *meta),
             };
         }
         batch

@@ -24,7 +24,7 @@ use kvstate::command::{Command, Proposal};
 /// last interval.
 pub const TICK_INTERVAL: Duration = Duration::from_millis(250);
 
-/// The leader's tick loop: proposes `Command::Tick` entries so TTL keys
+/// The leader's tick loop: proposes `Command::Advance` entries so TTL keys
 /// expire on time when no client writes arrive.
 pub(crate) async fn tick_loop(
     id: u64,
@@ -59,7 +59,7 @@ pub(crate) async fn tick_loop(
         };
         let tick = Proposal {
             time_ms: clock.stamp(term),
-            command: Command::Tick,
+            command: Command::Advance,
         };
         if let Err(err) = raft.client_write(tick).await {
             tracing::debug!(error = %err, "tick not proposed");

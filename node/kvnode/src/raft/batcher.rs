@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use kvstate::command::{ENTRY_OPS_MAX, Outcome, Request};
+use kvstate::command::{Answer, ENTRY_OPS_MAX, Request};
 
 /// Requests in one entry at most.
 pub const ENTRY_REQUESTS_MAX: usize = 1024;
@@ -63,10 +63,10 @@ pub enum ProposeError {
     Stopped,
 }
 
-/// What proposes one entry: given the requests, returns one outcome per
+/// What proposes one entry: given the requests, returns one answer per
 /// request, in order.
 pub type ProposeFn = Arc<
-    dyn Fn(Vec<Request>) -> Pin<Box<dyn Future<Output = Result<Vec<Outcome>, ProposeError>> + Send>>
+    dyn Fn(Vec<Request>) -> Pin<Box<dyn Future<Output = Result<Vec<Answer>, ProposeError>> + Send>>
         + Send
         + Sync,
 >;
@@ -78,7 +78,7 @@ pub type ProposalObserver = Arc<dyn Fn(usize) + Send + Sync>;
 struct Pending {
     request: Request,
     size_bytes: usize,
-    reply: oneshot::Sender<Result<Outcome, ProposeError>>,
+    reply: oneshot::Sender<Result<Answer, ProposeError>>,
 }
 
 /// The handle callers submit requests through; cheap to clone.
@@ -108,8 +108,8 @@ impl Batcher {
         Batcher { queue }
     }
 
-    /// Submits one request and waits for its outcome.
-    pub async fn submit(&self, request: Request) -> Result<Outcome, ProposeError> {
+    /// Submits one request and waits for its answer.
+    pub async fn submit(&self, request: Request) -> Result<Answer, ProposeError> {
         let size_bytes = crate::codec::encode(&request).len();
         if size_bytes > ENTRY_SIZE_BYTES_MAX {
             return Err(ProposeError::TooLarge {
@@ -226,7 +226,18 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use kvstate::command::Op;
+    use kvstate::command::{Op, Outcome};
+
+    /// An applied answer whose sequence numbers name the request.
+    fn answer(versions: Vec<u64>) -> Answer {
+        Answer {
+            outcome: Outcome::Applied {
+                existed: vec![false; versions.len()],
+                versions,
+            },
+            revision: 1,
+        }
+    }
 
     fn request(id: u64, ops: usize, value_len: usize) -> Request {
         Request {
@@ -260,13 +271,7 @@ mod tests {
             let entries = entries.clone();
             Box::pin(async move {
                 tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-                let outcomes = requests
-                    .iter()
-                    .map(|r| Outcome::Applied {
-                        versions: vec![id_of(r)],
-                        existed: vec![false],
-                    })
-                    .collect();
+                let outcomes = requests.iter().map(|r| answer(vec![id_of(r)])).collect();
                 entries.lock().unwrap().push(requests);
                 if fail {
                     Err(ProposeError::NotApplied("not the leader".to_string()))
@@ -290,13 +295,7 @@ mod tests {
             .collect();
         for task in tasks {
             let (id, outcome) = task.await.unwrap();
-            assert_eq!(
-                outcome.unwrap(),
-                Outcome::Applied {
-                    versions: vec![id],
-                    existed: vec![false]
-                }
-            );
+            assert_eq!(outcome.unwrap(), answer(vec![id]));
         }
         let entries = entries.lock().unwrap();
         let proposed: usize = entries.iter().map(Vec::len).sum();
@@ -363,13 +362,7 @@ mod tests {
                     proposed.lock().unwrap().extend(&ids);
                     // A stuck pipeline (a leader without its majority).
                     gate.acquire().await.unwrap().forget();
-                    Ok(ids
-                        .iter()
-                        .map(|&id| Outcome::Applied {
-                            versions: vec![id],
-                            existed: vec![false],
-                        })
-                        .collect())
+                    Ok(ids.iter().map(|&id| answer(vec![id])).collect())
                 })
             })
         };

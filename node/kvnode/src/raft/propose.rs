@@ -12,7 +12,7 @@ use crate::raft::batcher::{ProposeError, ProposeFn};
 use crate::raft::merge_policy::ProposeMerge;
 use crate::raft::types::{NodeMetrics, NodeRaft};
 use crate::raft::watch::MetricsWatch;
-use kvstate::command::{Command, Outcome, Proposal, Request};
+use kvstate::command::{Answer, Command, Proposal, Request};
 
 /// How long a new leader waits to apply its predecessors' entries before
 /// it stamps its first proposal.
@@ -51,10 +51,10 @@ pub(crate) fn propose_fn(raft: NodeRaft, clock: Arc<ClusterClock>) -> ProposeFn 
             let term = leader_caught_up(&raft).await?;
             let proposal = Proposal {
                 time_ms: clock.stamp(term),
-                command: Command::Requests(requests),
+                command: Command::Writes(requests),
             };
             match raft.client_write(proposal).await {
-                Ok(response) => Ok::<Vec<Outcome>, ProposeError>(response.data.outcomes),
+                Ok(response) => Ok::<Vec<Answer>, ProposeError>(response.data.answers),
                 Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
                     Err(ProposeError::NotApplied(forward.to_string()))
                 }

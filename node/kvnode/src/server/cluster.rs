@@ -73,6 +73,7 @@ pub fn header(identity: &Identity, state_machine: &StateMachine, metrics: &NodeM
         raft_term: metrics.current_term,
         applied_index: state_machine.applied().0.map(|l| l.index).unwrap_or(0),
         leader_id: known_leader(metrics).unwrap_or(0),
+        revision: state_machine.revision(),
     }
 }
 

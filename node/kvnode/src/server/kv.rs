@@ -32,7 +32,8 @@ use crate::server::cluster;
 use crate::server::convert::{self, check_key, check_value};
 use crate::server::metrics::{Metrics, RequestOp, RequestTimer};
 use crate::state_machine::StateMachine;
-use kvstate::command::{self, Condition, Op, Outcome, RESERVED_KEY_PREFIX, SessionRef};
+use kvstate::command::{self, Answer, Condition, Op, Outcome, RESERVED_KEY_PREFIX, SessionRef};
+use kvstate::revision::KeyMeta;
 
 /// Largest client request or response message, in bytes: above the largest
 /// legal value plus its key and framing.
@@ -135,6 +136,14 @@ impl KvService {
         cluster::header(&self.identity, &self.state_machine, &metrics)
     }
 
+    /// The header of a write's answer: the revision is the answer's.
+    fn write_header(&self, revision: u64) -> Header {
+        Header {
+            revision,
+            ..self.header()
+        }
+    }
+
     /// The known leader and its client address (a leader that is no longer
     /// a voter of this member's membership is not named: a removed leader
     /// must not send clients back to itself).
@@ -161,7 +170,7 @@ impl KvService {
         }
     }
 
-    async fn write(&self, request: command::Request) -> Result<Outcome, Status> {
+    async fn write(&self, request: command::Request) -> Result<Answer, Status> {
         self.require_leader()?;
         if let Some(watermark) = &self.watermark {
             watermark.check_write()?;
@@ -180,7 +189,10 @@ impl KvService {
             Err(_) => Err(convert::outcome_unknown(
                 "the write's outcome was not known in time; retry with the same session sequence",
             )),
-            Ok(Ok(Outcome::SessionExpired)) => {
+            Ok(Ok(Answer {
+                outcome: Outcome::SessionExpired,
+                ..
+            })) => {
                 let session = session.unwrap_or(SessionRef {
                     client_id: 0,
                     sequence: 0,
@@ -196,11 +208,14 @@ impl KvService {
                     }),
                 ))
             }
-            Ok(Ok(Outcome::Rejected { reason })) => Err(Status::invalid_argument(reason)),
+            Ok(Ok(Answer {
+                outcome: Outcome::Rejected { reason },
+                ..
+            })) => Err(Status::invalid_argument(reason)),
             Ok(Ok(_)) if self.faults.drop_write_replies() => Err(Status::unavailable(
                 "the write was applied but its reply was dropped (test fault)",
             )),
-            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Ok(answer)) => Ok(answer),
             Ok(Err(ProposeError::NotApplied(_))) => {
                 let (leader, addr) = self.leader();
                 Err(convert::not_leader(
@@ -233,7 +248,7 @@ impl KvService {
     async fn ack_before_commit(
         &self,
         request: command::Request,
-    ) -> Result<Result<Result<Outcome, ProposeError>, tokio::time::error::Elapsed>, Outcome> {
+    ) -> Result<Result<Result<Answer, ProposeError>, tokio::time::error::Elapsed>, Answer> {
         /// How long a write may take to commit before it is acknowledged anyway.
         const ACK_EARLY_AFTER: Duration = Duration::from_millis(100);
         let ops = request.ops.len();
@@ -244,9 +259,12 @@ impl KvService {
             Err(_) => {
                 let last = self.raft.metrics().borrow().last_log_index.unwrap_or(0);
                 let version = (last + 1) << 16;
-                Err(Outcome::Applied {
-                    versions: vec![version; ops],
-                    existed: vec![true; ops],
+                Err(Answer {
+                    outcome: Outcome::Applied {
+                        versions: vec![version; ops],
+                        existed: vec![true; ops],
+                    },
+                    revision: self.state_machine.revision() + 1,
                 })
             }
         }
@@ -301,6 +319,13 @@ fn session(session: Option<kvproto::kv::v1::Session>) -> Option<SessionRef> {
 
 fn engine_error(err: bitcask::Error) -> Status {
     Status::internal(format!("engine: {err}"))
+}
+
+/// A record's revisions (create, mod, version, lease) as the state machine
+/// stored them.
+#[allow(clippy::result_large_err)]
+fn key_meta(meta: &bitcask::RecordMeta) -> Result<KeyMeta, Status> {
+    KeyMeta::decode(meta).map_err(|err| Status::internal(format!("engine: {err}")))
 }
 
 fn consistency_of(value: i32) -> Result<Consistency, Status> {
@@ -396,13 +421,20 @@ impl Kv for KvService {
         // state read, so passing it on as `min_index` keeps reads monotonic.
         let header = self.header();
         Ok(Response::new(match item {
-            Some(item) => GetResponse {
-                header: Some(header),
-                found: true,
-                value: item.value.into(),
-                version: item.seq,
-                ttl_ms_left: convert::ttl_left(item.expiry_ms, now),
-            },
+            Some(item) => {
+                let meta = key_meta(&item.meta)?;
+                GetResponse {
+                    header: Some(header),
+                    found: true,
+                    value: item.value.into(),
+                    seq: item.seq,
+                    ttl_ms_left: convert::ttl_left(item.expiry_ms, now),
+                    create_revision: meta.create_revision,
+                    mod_revision: meta.mod_revision,
+                    version: meta.version,
+                    lease: meta.lease,
+                }
+            }
             None => GetResponse {
                 header: Some(header),
                 ..Default::default()
@@ -418,16 +450,17 @@ impl Kv for KvService {
         let key = request.key.to_vec();
         let conditions = match request.condition {
             None => Vec::new(),
-            Some(put_request::Condition::IfVersion(version)) => vec![Condition {
+            Some(put_request::Condition::IfModRevision(version)) => vec![Condition {
                 key: key.clone(),
                 version,
             }],
+            Some(put_request::Condition::IfSeq(_)) => return Err(seq_condition_refused("if_seq")),
             Some(put_request::Condition::IfAbsent(_)) => vec![Condition {
                 key: key.clone(),
                 version: 0,
             }],
         };
-        let outcome = self
+        let answer = self
             .write(command::Request {
                 session: session(request.session),
                 conditions,
@@ -438,21 +471,21 @@ impl Kv for KvService {
                 }],
             })
             .await?;
-        let outcome = match outcome {
+        let outcome = match answer.outcome {
             Outcome::Applied { versions, .. } if versions.len() == 1 => {
-                put_response::Outcome::Version(versions[0])
+                put_response::Outcome::Seq(versions[0])
             }
             Outcome::ConditionFailed {
                 index,
                 current_version,
             } => put_response::Outcome::ConditionFailed(ConditionFailed {
                 condition_index: index as u32,
-                current_version,
+                current_mod_revision: current_version,
             }),
             other => return Err(unexpected(other)),
         };
         Ok(Response::new(PutResponse {
-            header: Some(self.header()),
+            header: Some(self.write_header(answer.revision)),
             outcome: Some(outcome),
         }))
     }
@@ -464,9 +497,12 @@ impl Kv for KvService {
         let request = request.into_inner();
         let _timer = self.request_timer(RequestOp::Delete);
         check_key(&request.key)?;
+        if request.if_seq.is_some() {
+            return Err(seq_condition_refused("if_seq"));
+        }
         let key = request.key.to_vec();
         let conditions = request
-            .if_version
+            .if_mod_revision
             .map(|version| {
                 vec![Condition {
                     key: key.clone(),
@@ -474,14 +510,14 @@ impl Kv for KvService {
                 }]
             })
             .unwrap_or_default();
-        let outcome = self
+        let answer = self
             .write(command::Request {
                 session: session(request.session),
                 conditions,
                 ops: vec![Op::Delete { key }],
             })
             .await?;
-        let outcome = match outcome {
+        let outcome = match answer.outcome {
             Outcome::Applied { existed, .. } if existed.len() == 1 => {
                 delete_response::Outcome::Deleted(Deleted { found: existed[0] })
             }
@@ -490,12 +526,12 @@ impl Kv for KvService {
                 current_version,
             } => delete_response::Outcome::ConditionFailed(ConditionFailed {
                 condition_index: index as u32,
-                current_version,
+                current_mod_revision: current_version,
             }),
             other => return Err(unexpected(other)),
         };
         Ok(Response::new(DeleteResponse {
-            header: Some(self.header()),
+            header: Some(self.write_header(answer.revision)),
             outcome: Some(outcome),
         }))
     }
@@ -508,7 +544,7 @@ impl Kv for KvService {
         let _timer = self.request_timer(RequestOp::Expire);
         check_key(&request.key)?;
         check_expire_ttl(request.ttl_ms)?;
-        let outcome = self
+        let answer = self
             .write(command::Request {
                 session: session(request.session),
                 conditions: Vec::new(),
@@ -518,11 +554,11 @@ impl Kv for KvService {
                 }],
             })
             .await?;
-        let (found, version) = single_key_op_result(outcome)?;
+        let (found, seq) = single_key_op_result(answer.outcome)?;
         Ok(Response::new(ExpireResponse {
-            header: Some(self.header()),
+            header: Some(self.write_header(answer.revision)),
             found,
-            version,
+            seq,
         }))
     }
 
@@ -533,7 +569,7 @@ impl Kv for KvService {
         let request = request.into_inner();
         let _timer = self.request_timer(RequestOp::Persist);
         check_key(&request.key)?;
-        let outcome = self
+        let answer = self
             .write(command::Request {
                 session: session(request.session),
                 conditions: Vec::new(),
@@ -542,11 +578,11 @@ impl Kv for KvService {
                 }],
             })
             .await?;
-        let (found, version) = single_key_op_result(outcome)?;
+        let (found, seq) = single_key_op_result(answer.outcome)?;
         Ok(Response::new(PersistResponse {
-            header: Some(self.header()),
+            header: Some(self.write_header(answer.revision)),
             found,
-            version,
+            seq,
         }))
     }
 
@@ -604,11 +640,16 @@ impl Kv for KvService {
                     break 'rounds;
                 }
                 bytes += size;
+                let meta = key_meta(&entry.meta)?;
                 entries.push(KeyValue {
                     key: entry.key.into(),
                     value: entry.value.unwrap_or_default().into(),
-                    version: entry.seq,
+                    seq: entry.seq,
                     ttl_ms_left: convert::ttl_left(entry.expiry_ms, now),
+                    create_revision: meta.create_revision,
+                    mod_revision: meta.mod_revision,
+                    version: meta.version,
+                    lease: meta.lease,
                 });
             }
             if exhausted {
@@ -644,9 +685,12 @@ impl Kv for KvService {
         let mut conditions = Vec::with_capacity(request.conditions.len());
         for condition in request.conditions {
             check_key(&condition.key)?;
+            if condition.seq != 0 {
+                return Err(seq_condition_refused("conditions.seq"));
+            }
             conditions.push(Condition {
                 key: condition.key.to_vec(),
-                version: condition.version,
+                version: condition.mod_revision,
             });
         }
         let op_count = request.ops.len();
@@ -656,14 +700,14 @@ impl Kv for KvService {
             .enumerate()
             .map(|(index, op)| batch_op_of(index, op))
             .collect::<Result<Vec<_>, _>>()?;
-        let outcome = self
+        let answer = self
             .write(command::Request {
                 session: session(request.session),
                 conditions,
                 ops,
             })
             .await?;
-        let outcome = match outcome {
+        let outcome = match answer.outcome {
             Outcome::Applied { versions, existed }
                 if versions.len() == op_count && existed.len() == op_count =>
             {
@@ -671,7 +715,7 @@ impl Kv for KvService {
                     results: versions
                         .into_iter()
                         .zip(existed)
-                        .map(|(version, found)| OpResult { version, found })
+                        .map(|(seq, found)| OpResult { seq, found })
                         .collect(),
                 })
             }
@@ -680,7 +724,7 @@ impl Kv for KvService {
                 current_version,
             } => batch_response::Outcome::ConditionFailed(ConditionFailed {
                 condition_index: index as u32,
-                current_version,
+                current_mod_revision: current_version,
             }),
             Outcome::KeyNotFound { index } => batch_response::Outcome::KeyNotFound(KeyNotFound {
                 op_index: index as u32,
@@ -688,8 +732,20 @@ impl Kv for KvService {
             other => return Err(unexpected(other)),
         };
         Ok(Response::new(BatchResponse {
-            header: Some(self.header()),
+            header: Some(self.write_header(answer.revision)),
             outcome: Some(outcome),
         }))
     }
+}
+
+/// The refusal of a condition field that compared sequence numbers before
+/// revisions (a client built before them): naming the field and its
+/// replacement, so the write is neither applied unconditionally nor compared
+/// in the wrong number space.
+fn seq_condition_refused(field: &str) -> Status {
+    Status::invalid_argument(format!(
+        "{field}: conditions on sequence numbers are no longer served; \
+         compare mod_revision (if_mod_revision / mod_revision) instead \
+         (a client built before revisions: upgrade it)"
+    ))
 }

@@ -228,7 +228,7 @@ impl StateMachine {
         let engine = Arc::new(engine);
         let time_ms = engine_meta.as_ref().map_or(0, |m| m.time_ms);
         inner.engine = engine.clone();
-        inner.applier = applier;
+        inner.applier = applier.with_published_revision(self.shared.revision.clone());
         inner.generation = pointer.generation;
         inner.last_applied = manifest.last_log_id;
         inner.membership = manifest.membership.clone();

@@ -106,6 +106,10 @@ pub(crate) struct Shared {
     pub(crate) inner: Mutex<Inner>,
     pub(crate) engine: RwLock<Arc<Engine>>,
     pub(crate) cluster_time_ms: AtomicU64,
+    /// The store revision (what a read's header reports): the applier
+    /// publishes each entry's before the entry's engine write
+    /// (`Applier::with_published_revision`).
+    pub(crate) revision: Arc<AtomicU64>,
     /// Held for the whole of a snapshot build or install: an install never
     /// removes an engine directory a build is still linking from.
     pub(crate) snapshot_work: Mutex<()>,
@@ -145,10 +149,16 @@ fn sm_err(err: SmError) -> io::Error {
 /// batch (a few ms at most at this size).
 pub const APPLY_BATCH_ENTRIES_MAX: usize = 1024;
 
+/// The node's part of the engine's last commit record (after kvstate's
+/// store header, see `kvstate::revision`).
 fn decode_meta(engine: &Engine) -> Result<Option<CommitMeta>, SmError> {
     match engine.last_commit_meta() {
         None => Ok(None),
-        Some(bytes) => Ok(Some(CommitMeta::decode(&bytes)?)),
+        Some(bytes) => {
+            let (_, node_meta) =
+                kvstate::revision::split_commit_meta(&bytes).map_err(ApplyError::from)?;
+            Ok(Some(CommitMeta::decode(node_meta)?))
+        }
     }
 }
 
@@ -170,12 +180,15 @@ impl StateMachine {
             None => (None, StoredMembership::default(), 0),
         };
         let engine = Arc::new(engine);
+        let revision = Arc::new(AtomicU64::new(0));
+        let applier = applier.with_published_revision(revision.clone());
         let sm = StateMachine {
             shared: Arc::new(Shared {
                 dir,
                 options,
                 engine: RwLock::new(engine.clone()),
                 cluster_time_ms: AtomicU64::new(time_ms),
+                revision,
                 snapshot_work: Mutex::new(()),
                 cluster_id: AtomicU64::new(0),
                 inner: Mutex::new(Inner {
@@ -209,6 +222,12 @@ impl StateMachine {
     /// expiry against.
     pub fn cluster_time_ms(&self) -> u64 {
         self.shared.cluster_time_ms.load(Ordering::SeqCst)
+    }
+
+    /// The store revision after the last applied entry. Read it after the
+    /// engine read it describes: the state read is then at or below it.
+    pub fn revision(&self) -> u64 {
+        self.shared.revision.load(Ordering::SeqCst)
     }
 
     /// Last applied log id and membership (as openraft's `applied_state`).
@@ -289,7 +308,8 @@ impl StateMachine {
                     // Index 0 (openraft's initial membership) cannot use
                     // sequence 0; it comes first, so sequence 1 is free.
                     let seq = (index * VERSIONS_PER_INDEX).max(1);
-                    engine.write_batch(&Batch::new().seq(seq).meta(meta.encode()))?;
+                    let commit = inner.applier.commit_meta(&meta.encode());
+                    engine.write_batch(&Batch::new().seq(seq).meta(commit))?;
                     (EntryResponse::default(), inner.time_ms, meta.membership)
                 }
             };

@@ -251,10 +251,7 @@ async fn metrics_health_and_ready_of_a_single_node() {
             .await
             .expect("put")
             .into_inner();
-        assert!(matches!(
-            reply.outcome,
-            Some(put_response::Outcome::Version(_))
-        ));
+        assert!(matches!(reply.outcome, Some(put_response::Outcome::Seq(_))));
         last_applied = reply.header.expect("header").applied_index;
     }
     for i in 0..GETS {

@@ -176,7 +176,7 @@ impl Members {
                 })
                 .await;
             match reply.map(|r| r.into_inner().outcome) {
-                Ok(Some(put_response::Outcome::Version(version))) => return version,
+                Ok(Some(put_response::Outcome::Seq(version))) => return version,
                 Ok(other) => panic!("put: {other:?}"),
                 Err(status) => last = format!("{status:?}"),
             }
@@ -413,7 +413,7 @@ async fn backup_under_load_restores_into_a_new_cluster() {
                 if let Ok(reply) = reply
                     && matches!(
                         reply.into_inner().outcome,
-                        Some(put_response::Outcome::Version(_))
+                        Some(put_response::Outcome::Seq(_))
                     )
                 {
                     acked.lock().unwrap().push((k, v));

@@ -194,7 +194,7 @@ async fn single_node_put_get_delete_and_restart() {
     let mut client = connect(&node).await;
 
     let put1 = client.put(put("alpha", "one")).await.unwrap().into_inner();
-    let Some(put_response::Outcome::Version(version)) = put1.outcome else {
+    let Some(put_response::Outcome::Seq(version)) = put1.outcome else {
         panic!("{put1:?}")
     };
     assert!(version > 0);
@@ -210,7 +210,15 @@ async fn single_node_put_get_delete_and_restart() {
         .into_inner();
     assert!(got.found);
     assert_eq!(&got.value[..], b"one");
-    assert_eq!(got.version, version);
+    assert_eq!(got.seq, version);
+    // A fresh cluster is at revision 1 and its first write makes it 2; a
+    // created key is at version 1 with create and mod revision the write's.
+    assert_eq!(header.revision, 2);
+    assert_eq!(
+        (got.version, got.create_revision, got.mod_revision),
+        (1, 2, 2)
+    );
+    assert_eq!(got.header.unwrap().revision, 2);
 
     client.put(put("beta", "two")).await.unwrap();
     let deleted = client
@@ -341,7 +349,7 @@ async fn three_nodes_replicate_and_followers_redirect_writes() {
     let written = client.put(put("k", "v")).await.unwrap().into_inner();
     assert!(matches!(
         written.outcome,
-        Some(put_response::Outcome::Version(_))
+        Some(put_response::Outcome::Seq(_))
     ));
     let applied = written.header.unwrap().applied_index;
     assert!(applied > 0);
@@ -389,7 +397,7 @@ async fn three_nodes_replicate_and_followers_redirect_writes() {
     let second = client.put(put("k", "v2")).await.unwrap().into_inner();
     assert!(matches!(
         second.outcome,
-        Some(put_response::Outcome::Version(_))
+        Some(put_response::Outcome::Seq(_))
     ));
     for follower in nodes.iter().filter(|n| n.id() != leader_id) {
         let got = connect(follower)

@@ -41,7 +41,7 @@ async fn status_members_and_a_triggered_snapshot() {
     let leader = nodes.iter().find(|n| n.id() == leader_id).unwrap();
     let mut kv = connect(leader).await;
     let written = kv.put(put("k", "v")).await.unwrap().into_inner();
-    let Some(put_response::Outcome::Version(version)) = written.outcome else {
+    let Some(put_response::Outcome::Seq(version)) = written.outcome else {
         panic!("{written:?}");
     };
     let index = version >> 16;
@@ -121,7 +121,7 @@ async fn status_members_and_a_triggered_snapshot() {
             .await
             .unwrap()
             .into_inner();
-        if let Some(put_response::Outcome::Version(v)) = reply.outcome {
+        if let Some(put_response::Outcome::Seq(v)) = reply.outcome {
             last = v >> 16;
         }
     }

@@ -1,15 +1,17 @@
 //! Conditional writes on a three-node in-process cluster, each result read
 //! back from every member (stale reads at the write's applied index).
 //! A Batch with two ops on one key applies atomically: the ops apply in
-//! order (the second sees the first: `found`), take consecutive versions
-//! `log index × 65536 + position` (position 0 and 1 of their entry, the
-//! entry newer than the previous write and covered by the reply's applied
-//! index), and the last op wins — for put+put, delete+put and put+delete.
-//! Conditions are checked against the state before the batch. A Batch with
-//! a failing condition applies none of its ops and names the first failing
-//! condition (list order) with the key's current version; a Batch whose
-//! expire names a missing key applies nothing and names the op; single Put /
-//! Delete conditions report index 0 and the current version. Concurrent
+//! order (the second sees the first: `found`), take consecutive sequence
+//! numbers `log index × 65536 + position` (position 0 and 1 of their entry,
+//! the entry newer than the previous write and covered by the reply's
+//! applied index) and one revision (the header's, every key's new
+//! `mod_revision`), and the last op wins — for put+put, delete+put and
+//! put+delete. Conditions compare `mod_revision` and are checked against
+//! the state before the batch. A Batch with a failing condition applies
+//! none of its ops and names the first failing condition (list order) with
+//! the key's current `mod_revision`; a Batch whose expire names a missing
+//! key applies nothing and names the op; single Put / Delete conditions
+//! report index 0 and the current `mod_revision`. Concurrent
 //! conditional batches that all require the same key to be absent have
 //! exactly one winner, and only the winner's other writes exist, on every
 //! member.
@@ -61,10 +63,11 @@ fn expire_op(key: &str) -> BatchOp {
     }
 }
 
-fn condition(key: &str, version: u64) -> BatchCondition {
+fn condition(key: &str, mod_revision: u64) -> BatchCondition {
     BatchCondition {
         key: key.as_bytes().to_vec().into(),
-        version,
+        mod_revision,
+        seq: 0,
     }
 }
 
@@ -90,6 +93,11 @@ fn applied_index(reply: &BatchResponse) -> u64 {
     reply.header.as_ref().expect("header").applied_index
 }
 
+/// The revision a write applied at (its keys' new `mod_revision`).
+fn revision(reply: &BatchResponse) -> u64 {
+    reply.header.as_ref().expect("header").revision
+}
+
 /// The op results of an applied batch (fails the test otherwise).
 fn results(reply: &BatchResponse) -> Vec<OpResult> {
     match &reply.outcome {
@@ -103,11 +111,11 @@ fn results(reply: &BatchResponse) -> Vec<OpResult> {
 /// covered by the reply. Returns the entry's index.
 fn check_versions(reply: &BatchResponse, previous_index: u64) -> u64 {
     let results = results(reply);
-    let first = results[0].version;
+    let first = results[0].seq;
     let index = first / VERSIONS_PER_INDEX;
     assert_eq!(first % VERSIONS_PER_INDEX, 0, "first op at position 0");
     for (position, result) in results.iter().enumerate() {
-        assert_eq!(result.version, first + position as u64, "{results:?}");
+        assert_eq!(result.seq, first + position as u64, "{results:?}");
     }
     assert!(
         index > previous_index,
@@ -118,15 +126,26 @@ fn check_versions(reply: &BatchResponse, previous_index: u64) -> u64 {
 }
 
 /// What every member serves for `key` once it has applied `min_index`:
-/// `Some((value, version))` or `None`; fails the test if members disagree.
-async fn read_everywhere(cluster: &Cluster, key: &str, min_index: u64) -> Option<(Vec<u8>, u64)> {
+/// `Some((value, seq, mod_revision))` or `None`; fails the test if members
+/// disagree.
+async fn read_everywhere(
+    cluster: &Cluster,
+    key: &str,
+    min_index: u64,
+) -> Option<(Vec<u8>, u64, u64)> {
     let mut seen = BTreeMap::new();
     for id in cluster.running() {
         let got = cluster.stale_get(id, key.as_bytes(), min_index).await;
         assert!(got.header.expect("header").applied_index >= min_index);
-        let state = got.found.then(|| (got.value.to_vec(), got.version));
+        let state = got
+            .found
+            .then(|| (got.value.to_vec(), got.seq, got.mod_revision));
         if !got.found {
-            assert_eq!(got.version, 0, "an absent key has version 0");
+            assert_eq!(
+                (got.seq, got.mod_revision),
+                (0, 0),
+                "an absent key has seq and mod_revision 0"
+            );
         }
         seen.insert(id, state);
     }
@@ -152,48 +171,50 @@ async fn batches_with_two_ops_on_one_key_and_failed_conditions() {
             .await
         })
         .await;
-    let Some(put_response::Outcome::Version(va)) = anchor.outcome else {
+    let Some(put_response::Outcome::Seq(va)) = anchor.outcome else {
         panic!("{anchor:?}")
     };
+    let ra = anchor.header.as_ref().expect("header").revision;
     let mut index = va / VERSIONS_PER_INDEX;
 
     // put + put on an absent key, conditions hold: the last put wins.
     let reply = batch(
         &cluster,
-        vec![condition("anchor", va), condition("k", 0)],
+        vec![condition("anchor", ra), condition("k", 0)],
         vec![put_op("k", "one"), put_op("k", "two")],
     )
     .await;
     index = check_versions(&reply, index);
     let r = results(&reply);
     assert_eq!((r[0].found, r[1].found), (false, true), "{r:?}");
-    let v_two = r[1].version;
+    let (v_two, rev_two) = (r[1].seq, revision(&reply));
+    assert_eq!(rev_two, ra + 1, "one revision for the batch");
     assert_eq!(
         read_everywhere(&cluster, "k", applied_index(&reply)).await,
-        Some((b"two".to_vec(), v_two))
+        Some((b"two".to_vec(), v_two, rev_two))
     );
 
     // delete + put: the delete finds the key, the put finds it gone.
     let reply = batch(
         &cluster,
-        vec![condition("k", v_two)],
+        vec![condition("k", rev_two)],
         vec![delete_op("k"), put_op("k", "three")],
     )
     .await;
     index = check_versions(&reply, index);
     let r = results(&reply);
     assert_eq!((r[0].found, r[1].found), (true, false), "{r:?}");
-    let v_three = r[1].version;
+    let (v_three, rev_three) = (r[1].seq, revision(&reply));
     assert_eq!(
         read_everywhere(&cluster, "k", applied_index(&reply)).await,
-        Some((b"three".to_vec(), v_three))
+        Some((b"three".to_vec(), v_three, rev_three))
     );
 
-    // put + delete: the key ends absent (version 0); the delete reports its
-    // own version.
+    // put + delete: the key ends absent; the delete reports its tombstone's
+    // sequence number.
     let reply = batch(
         &cluster,
-        vec![condition("k", v_three)],
+        vec![condition("k", rev_three)],
         vec![put_op("k", "four"), delete_op("k")],
     )
     .await;
@@ -214,14 +235,14 @@ async fn batches_with_two_ops_on_one_key_and_failed_conditions() {
     )
     .await;
     index = check_versions(&reply, index);
-    let v_five = results(&reply)[0].version;
+    let (v_five, rev_five) = (results(&reply)[0].seq, revision(&reply));
 
     // The second condition fails: none of the ops (two on "k", one on the
     // anchor, whose condition holds) applies, and it is named with the
-    // key's current version.
+    // key's current mod_revision.
     let reply = batch(
         &cluster,
-        vec![condition("anchor", va), condition("k", v_three)],
+        vec![condition("anchor", ra), condition("k", rev_three)],
         vec![
             put_op("anchor", "changed"),
             put_op("k", "six"),
@@ -233,18 +254,19 @@ async fn batches_with_two_ops_on_one_key_and_failed_conditions() {
         reply.outcome,
         Some(batch_response::Outcome::ConditionFailed(ConditionFailed {
             condition_index: 1,
-            current_version: v_five,
+            current_mod_revision: rev_five,
         }))
     );
+    assert_eq!(revision(&reply), rev_five, "a failed batch changes nothing");
     let failed_index = applied_index(&reply);
     assert!(failed_index > index, "a failed batch is still an entry");
     assert_eq!(
         read_everywhere(&cluster, "anchor", failed_index).await,
-        Some((b"a".to_vec(), va))
+        Some((b"a".to_vec(), va, ra))
     );
     assert_eq!(
         read_everywhere(&cluster, "k", failed_index).await,
-        Some((b"five".to_vec(), v_five))
+        Some((b"five".to_vec(), v_five, rev_five))
     );
 
     // Both conditions fail: the first in list order is named.
@@ -258,7 +280,7 @@ async fn batches_with_two_ops_on_one_key_and_failed_conditions() {
         reply.outcome,
         Some(batch_response::Outcome::ConditionFailed(ConditionFailed {
             condition_index: 0,
-            current_version: v_five + 1,
+            current_mod_revision: rev_five,
         }))
     );
 
@@ -279,14 +301,14 @@ async fn batches_with_two_ops_on_one_key_and_failed_conditions() {
     let not_found_index = applied_index(&reply);
     assert_eq!(
         read_everywhere(&cluster, "k", not_found_index).await,
-        Some((b"five".to_vec(), v_five))
+        Some((b"five".to_vec(), v_five, rev_five))
     );
     assert_eq!(
         read_everywhere(&cluster, "missing", not_found_index).await,
         None
     );
 
-    // Single-key conditions: index 0 and the current version.
+    // Single-key conditions: index 0 and the current mod_revision.
     let reply = cluster
         .write("put if absent", |mut kv| async move {
             kv.put(PutRequest {
@@ -302,14 +324,14 @@ async fn batches_with_two_ops_on_one_key_and_failed_conditions() {
         reply.outcome,
         Some(put_response::Outcome::ConditionFailed(ConditionFailed {
             condition_index: 0,
-            current_version: v_five,
+            current_mod_revision: rev_five,
         }))
     );
     let reply = cluster
-        .write("delete if version", |mut kv| async move {
+        .write("delete if mod_revision", |mut kv| async move {
             kv.delete(DeleteRequest {
                 key: b"k".to_vec().into(),
-                if_version: Some(v_two),
+                if_mod_revision: Some(rev_two),
                 ..Default::default()
             })
             .await
@@ -319,16 +341,16 @@ async fn batches_with_two_ops_on_one_key_and_failed_conditions() {
         reply.outcome,
         Some(delete_response::Outcome::ConditionFailed(ConditionFailed {
             condition_index: 0,
-            current_version: v_five,
+            current_mod_revision: rev_five,
         }))
     );
     let last_index = reply.header.expect("header").applied_index;
     assert_eq!(
         read_everywhere(&cluster, "k", last_index).await,
-        Some((b"five".to_vec(), v_five))
+        Some((b"five".to_vec(), v_five, rev_five))
     );
 
-    // Every member lists the same keys, values and versions.
+    // Every member lists the same keys, values and sequence numbers.
     let index = cluster.wait_applied_equal().await;
     let mut listings = BTreeMap::new();
     for id in cluster.running() {
@@ -381,14 +403,15 @@ async fn concurrent_conditional_batches_have_one_winner() {
             .collect();
         assert_eq!(winners.len(), 1, "round {round}: {replies:?}");
         let winner = winners[0];
-        let version = results(&replies[winner])[0].version;
+        let version = results(&replies[winner])[0].seq;
+        let won_at = revision(&replies[winner]);
         assert_eq!(version % VERSIONS_PER_INDEX, 0, "the only op at its entry");
         for (c, reply) in replies.iter().enumerate().filter(|(c, _)| *c != winner) {
             assert_eq!(
                 reply.outcome,
                 Some(batch_response::Outcome::ConditionFailed(ConditionFailed {
                     condition_index: 0,
-                    current_version: version,
+                    current_mod_revision: won_at,
                 })),
                 "round {round}, contender {c}"
             );
@@ -396,12 +419,12 @@ async fn concurrent_conditional_batches_have_one_winner() {
         let index = replies.iter().map(applied_index).max().expect("replies");
         assert_eq!(
             read_everywhere(&cluster, &key, index).await,
-            Some((format!("contender {winner}").into_bytes(), version))
+            Some((format!("contender {winner}").into_bytes(), version, won_at))
         );
         for c in 0..CONTENDERS {
             let own = read_everywhere(&cluster, &format!("{key}/{c}"), index).await;
             if c == winner {
-                assert_eq!(own, Some((b"mine".to_vec(), version + 1)));
+                assert_eq!(own, Some((b"mine".to_vec(), version + 1, won_at)));
             } else {
                 assert_eq!(own, None, "round {round}: a losing batch applied in part");
             }

@@ -136,7 +136,7 @@ async fn a_retry_after_its_session_was_evicted_is_refused_not_applied_again() {
         .unwrap()
         .into_inner();
     assert_eq!(
-        (&got.value[..], got.version),
+        (&got.value[..], got.seq),
         (&b"other"[..], overwritten),
         "the key keeps the later write"
     );
@@ -159,7 +159,7 @@ fn isolate(nodes: &[Node], faults: &[Faults], at: usize) {
 
 fn version_of(reply: &kvproto::kv::v1::PutResponse) -> u64 {
     match reply.outcome {
-        Some(put_response::Outcome::Version(version)) => version,
+        Some(put_response::Outcome::Seq(version)) => version,
         ref other => panic!("put outcome: {other:?}"),
     }
 }
@@ -184,14 +184,10 @@ async fn a_lost_reply_retried_to_the_new_leader_applies_once() {
     faults[leader_at].set_drop_write_replies(true);
     let lost = client.put(write.clone()).await.unwrap_err();
     assert_eq!(lost.code(), tonic::Code::Unavailable, "{lost:?}");
-    // The entry committed and applied before the reply was dropped.
-    let applied_at_stop = nodes[leader_at]
-        .raft()
-        .metrics()
-        .borrow()
-        .last_applied
-        .unwrap()
-        .index;
+    // The entry committed and applied before the reply was dropped. (Its
+    // index is not compared with the old leader's `last_applied` metric:
+    // metrics may lag the state machine's answer on a loaded machine; the
+    // key's version below tells one application from two.)
     let old_leader = nodes.remove(leader_at);
     old_leader.shutdown(Duration::from_secs(5)).await;
 
@@ -219,18 +215,21 @@ async fn a_lost_reply_retried_to_the_new_leader_applies_once() {
         }
     };
     let version = version_of(&retried);
-    assert!(
-        version >> 16 <= applied_at_stop,
-        "the retry was applied again (entry {} > {applied_at_stop}, the last the old leader applied)",
-        version >> 16
-    );
     let got = client
         .get(get("once", Consistency::Linearizable, 0))
         .await
         .unwrap()
         .into_inner();
     assert!(got.found);
-    assert_eq!(got.version, version, "the stored version is the original");
+    assert_eq!(got.seq, version, "the stored version is the original");
+    // Applied once: the key was created and never changed again (a second
+    // application would make it version 2 at a later revision).
+    assert_eq!(
+        (got.version, got.create_revision),
+        (1, got.mod_revision),
+        "the retry was applied again: {got:?}"
+    );
+
     // A new write of the same client goes on normally.
     let next = client
         .put(PutRequest {
@@ -303,7 +302,7 @@ async fn a_cut_off_follower_answers_linearizable_reads_with_unavailable() {
             Ok(reply) => {
                 let reply = reply.into_inner();
                 assert_eq!(&reply.value[..], b"during");
-                assert!(reply.version >= second);
+                assert!(reply.seq >= second);
                 break;
             }
             Err(status) => {

@@ -313,21 +313,14 @@ impl Cluster {
             .into_inner()
     }
 
-    /// Every user key on member `id` as (key, value, version, has TTL), by
+    /// Every user key on member `id` as (key, value, seq, has TTL), by
     /// paged stale scans once it has applied `min_index`.
     pub async fn stale_scan(&self, id: u64, min_index: u64) -> Vec<(Vec<u8>, Vec<u8>, u64, bool)> {
         let mut kv = self.kv(id).await;
         stale_scan_all(&mut kv, id, min_index)
             .await
             .into_iter()
-            .map(|e| {
-                (
-                    e.key.to_vec(),
-                    e.value.to_vec(),
-                    e.version,
-                    e.ttl_ms_left > 0,
-                )
-            })
+            .map(|e| (e.key.to_vec(), e.value.to_vec(), e.seq, e.ttl_ms_left > 0))
             .collect()
     }
 

@@ -78,7 +78,7 @@ async fn put(kv: &mut KvClient<Channel>, key: &str, value: &str) -> u64 {
         .unwrap()
         .into_inner();
     match reply.outcome {
-        Some(put_response::Outcome::Version(version)) => version,
+        Some(put_response::Outcome::Seq(version)) => version,
         other => panic!("put {key}: {other:?}"),
     }
 }
@@ -128,10 +128,11 @@ fn expire_op(key: &str, ttl_ms: u64) -> BatchOp {
     }
 }
 
-fn condition(key: &str, version: u64) -> BatchCondition {
+fn condition(key: &str, mod_revision: u64) -> BatchCondition {
     BatchCondition {
         key: key.as_bytes().to_vec().into(),
-        version,
+        mod_revision,
+        seq: 0,
     }
 }
 
@@ -164,21 +165,21 @@ async fn expire_and_persist_set_and_clear_a_ttl() {
         .unwrap()
         .into_inner();
     assert!(expired.found, "{expired:?}");
-    assert!(expired.version > v1, "{expired:?}");
-    assert!(expired.header.unwrap().applied_index >= expired.version / 65_536);
+    assert!(expired.seq > v1, "{expired:?}");
+    assert!(expired.header.unwrap().applied_index >= expired.seq / 65_536);
     let got = get(&mut kv, "k").await;
     assert!(got.found);
     assert_eq!(&got.value[..], b"value");
-    assert_eq!(got.version, expired.version);
+    assert_eq!(got.seq, expired.seq);
     assert!(got.ttl_ms_left > 0 && got.ttl_ms_left <= TTL_MS, "{got:?}");
 
     let persisted = kv.persist(persist_req("k")).await.unwrap().into_inner();
     assert!(persisted.found, "{persisted:?}");
-    assert!(persisted.version > expired.version, "{persisted:?}");
+    assert!(persisted.seq > expired.seq, "{persisted:?}");
     let got = get(&mut kv, "k").await;
     assert!(got.found);
     assert_eq!(&got.value[..], b"value");
-    assert_eq!(got.version, persisted.version);
+    assert_eq!(got.seq, persisted.seq);
     assert_eq!(got.ttl_ms_left, 0, "{got:?}");
 
     // A missing key: not found, nothing written.
@@ -188,17 +189,17 @@ async fn expire_and_persist_set_and_clear_a_ttl() {
         .unwrap()
         .into_inner();
     assert!(!missing.found, "{missing:?}");
-    assert_eq!(missing.version, 0);
+    assert_eq!(missing.seq, 0);
     let missing = kv
         .persist(persist_req("missing"))
         .await
         .unwrap()
         .into_inner();
     assert!(!missing.found, "{missing:?}");
-    assert_eq!(missing.version, 0);
+    assert_eq!(missing.seq, 0);
     assert!(!get(&mut kv, "missing").await.found);
     let got = get(&mut kv, "k").await;
-    assert_eq!(got.version, persisted.version);
+    assert_eq!(got.seq, persisted.seq);
     assert_eq!(got.ttl_ms_left, 0);
 
     // Invalid inputs.
@@ -219,7 +220,7 @@ async fn expire_and_persist_set_and_clear_a_ttl() {
         .unwrap_err();
     assert_eq!(big.code(), Code::InvalidArgument);
     assert!(big.message().contains("KEY_SIZE_BYTES_MAX"), "{big:?}");
-    assert_eq!(get(&mut kv, "k").await.version, persisted.version);
+    assert_eq!(get(&mut kv, "k").await.seq, persisted.seq);
 
     node.shutdown(Duration::from_secs(5)).await;
 }
@@ -229,11 +230,12 @@ async fn batch_applies_all_or_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let (node, mut kv) = single_node(dir.path()).await;
     let va = put(&mut kv, "a", "one").await;
+    let ra = get(&mut kv, "a").await.mod_revision;
 
     // A holding condition, two ops on one key: atomic, consecutive versions.
     let reply = batch(
         &mut kv,
-        vec![condition("a", va), condition("b", 0)],
+        vec![condition("a", ra), condition("b", 0)],
         vec![put_op("b", "two"), expire_op("b", TTL_MS)],
     )
     .await;
@@ -242,21 +244,27 @@ async fn batch_applies_all_or_nothing() {
     };
     let results = applied.results;
     assert_eq!(results.len(), 2, "{results:?}");
-    assert!(results[0].version > va);
-    assert_eq!(results[1].version, results[0].version + 1);
+    assert!(results[0].seq > va);
+    assert_eq!(results[1].seq, results[0].seq + 1);
     assert!(!results[0].found, "b was absent before the put");
     assert!(results[1].found, "the expire sees the batch's put");
     let got = get(&mut kv, "b").await;
     assert!(got.found);
     assert_eq!(&got.value[..], b"two");
-    assert_eq!(got.version, results[1].version);
+    assert_eq!(got.seq, results[1].seq);
     assert!(got.ttl_ms_left > 0 && got.ttl_ms_left <= TTL_MS, "{got:?}");
-    let vb = results[1].version;
+    let vb = results[1].seq;
+    let rb = got.mod_revision;
+    assert_eq!(
+        rb,
+        reply.header.as_ref().unwrap().revision,
+        "the batch's revision"
+    );
 
     // The second condition fails: nothing applies, and it is named.
     let reply = batch(
         &mut kv,
-        vec![condition("a", va), condition("b", 0)],
+        vec![condition("a", ra), condition("b", 0)],
         vec![put_op("a", "changed"), put_op("c", "new")],
     )
     .await;
@@ -264,11 +272,11 @@ async fn batch_applies_all_or_nothing() {
         reply.outcome,
         Some(batch_response::Outcome::ConditionFailed(ConditionFailed {
             condition_index: 1,
-            current_version: vb,
+            current_mod_revision: rb,
         }))
     );
     let a = get(&mut kv, "a").await;
-    assert_eq!((&a.value[..], a.version), (&b"one"[..], va));
+    assert_eq!((&a.value[..], a.seq, a.mod_revision), (&b"one"[..], va, ra));
     assert!(!get(&mut kv, "c").await.found);
 
     // An expire of a missing key: nothing applies, and the op is named.
@@ -307,8 +315,8 @@ async fn batch_applies_all_or_nothing() {
         .unwrap_err();
     assert_eq!(zero.code(), Code::InvalidArgument, "{zero:?}");
     assert!(!get(&mut kv, "c").await.found);
-    assert_eq!(get(&mut kv, "a").await.version, va);
-    assert_eq!(get(&mut kv, "b").await.version, vb);
+    assert_eq!(get(&mut kv, "a").await.seq, va);
+    assert_eq!(get(&mut kv, "b").await.seq, vb);
 
     node.shutdown(Duration::from_secs(5)).await;
 }
@@ -333,7 +341,7 @@ async fn ticks_expire_keys_without_client_writes() {
         .await
         .unwrap()
         .into_inner();
-    let Some(put_response::Outcome::Version(version)) = reply.outcome else {
+    let Some(put_response::Outcome::Seq(version)) = reply.outcome else {
         panic!("ttl put: {reply:?}");
     };
     let put_index = version >> 16;

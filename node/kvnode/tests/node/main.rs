@@ -24,6 +24,7 @@ mod merges;
 mod power_loss;
 mod process;
 mod replica_files;
+mod revisions;
 mod snapshot_choice;
 mod snapshot_transfer;
 mod state_machine;

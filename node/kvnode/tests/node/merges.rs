@@ -74,7 +74,7 @@ async fn listing(members: &Members, id: u64, min_index: u64) -> Vec<(Vec<u8>, Ve
     stale_scan_all(&mut kv, id, min_index)
         .await
         .into_iter()
-        .map(|e| (e.key.to_vec(), e.value.to_vec(), e.version))
+        .map(|e| (e.key.to_vec(), e.value.to_vec(), e.seq))
         .collect()
 }
 

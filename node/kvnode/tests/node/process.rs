@@ -337,7 +337,7 @@ async fn put_acked(
         };
         match result {
             Ok(response) => {
-                let Some(put_response::Outcome::Version(version)) = response.outcome else {
+                let Some(put_response::Outcome::Seq(version)) = response.outcome else {
                     panic!("unconditional put of {key} answered {response:?}")
                 };
                 let applied_index = response.header.expect("a header").applied_index;
@@ -386,7 +386,7 @@ async fn check_acked(members: &[(u64, SocketAddr)], leader: u64, acked: &[Acked]
                 "member {id}: acknowledged write {write:?} is missing"
             );
             assert_eq!(
-                (got.value.as_ref(), got.version),
+                (got.value.as_ref(), got.seq),
                 (write.value.as_bytes(), write.version),
                 "member {id}: {write:?}"
             );

@@ -84,7 +84,7 @@ async fn put(cluster: &Cluster, request: PutRequest) -> put_response::Outcome {
 
 async fn put_version(cluster: &Cluster, request: PutRequest) -> u64 {
     match put(cluster, request).await {
-        put_response::Outcome::Version(version) => version,
+        put_response::Outcome::Seq(version) => version,
         other => panic!("put: {other:?}"),
     }
 }
@@ -261,7 +261,10 @@ async fn workload(cluster: &mut Cluster) {
     }
 
     // A batch whose conditions hold: put, delete, expire and persist.
-    let v20 = put_version(cluster, put_request(key(20), value(2000), 0)).await;
+    put_version(cluster, put_request(key(20), value(2000), 0)).await;
+    // The leader applied the put before it answered.
+    let leader = cluster.leader().await;
+    let r20 = cluster.stale_get(leader, &key(20), 0).await.mod_revision;
     let applied = batch(
         cluster,
         BatchRequest {
@@ -269,11 +272,13 @@ async fn workload(cluster: &mut Cluster) {
             conditions: vec![
                 BatchCondition {
                     key: key(20).into(),
-                    version: v20,
+                    mod_revision: r20,
+                    seq: 0,
                 },
                 BatchCondition {
                     key: key(3).into(),
-                    version: 0,
+                    mod_revision: 0,
+                    seq: 0,
                 },
             ],
             ops: vec![
@@ -305,7 +310,7 @@ async fn workload(cluster: &mut Cluster) {
     let failed = put(
         cluster,
         PutRequest {
-            condition: Some(put_request::Condition::IfVersion(v20)),
+            condition: Some(put_request::Condition::IfModRevision(r20)),
             ..put_request(key(20), value(2002), 0)
         },
     )
@@ -320,7 +325,8 @@ async fn workload(cluster: &mut Cluster) {
             session: None,
             conditions: vec![BatchCondition {
                 key: key(3).into(),
-                version: 0,
+                mod_revision: 0,
+                seq: 0,
             }],
             ops: vec![op(batch_op::Op::Put(PutOp {
                 key: key(4).into(),

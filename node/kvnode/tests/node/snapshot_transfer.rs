@@ -246,7 +246,7 @@ impl Trio {
         stale_scan_all(&mut kv, id, min_index)
             .await
             .into_iter()
-            .map(|e| (e.key.to_vec(), e.value.to_vec(), e.version))
+            .map(|e| (e.key.to_vec(), e.value.to_vec(), e.seq))
             .collect()
     }
 

@@ -18,7 +18,9 @@ use bitcask::{Engine, Options, Scan};
 use kvnode::raft::types::{NodeEntry, NodeLogId, NodeSnapshot};
 use kvnode::snapshot::SnapshotHandle;
 use kvnode::{NodeInfo, StateMachine, StateMachineOptions};
-use kvstate::command::{Command, EntryResponse, Op, Outcome, Proposal, Request, SessionRef};
+use kvstate::command::{
+    Answer, Command, EntryResponse, Op, Outcome, Proposal, Request, SessionRef,
+};
 use openraft::storage::RaftStateMachine;
 use openraft::{Entry, EntryPayload, Membership, RaftSnapshotBuilder, StoredMembership};
 
@@ -205,8 +207,11 @@ async fn apply_then_reopen_recovers_applied_state_and_data_exactly() {
         let responses = apply(&mut sm, history(60)).await;
         assert_eq!(responses.len(), 60 + 1);
         assert!(matches!(
-            responses[2].outcomes[..],
-            [Outcome::Applied { .. }]
+            responses[2].answers[..],
+            [Answer {
+                outcome: Outcome::Applied { .. },
+                ..
+            }]
         ));
         assert!(
             sm.engine().sealed_files().len() >= 4,
@@ -250,7 +255,7 @@ async fn replaying_applied_entries_after_reopen_writes_nothing() {
     let (seq, files, rows) = (engine.last_seq(), files_of(&engine), dump(&engine));
     let responses = apply(&mut sm, history(40)).await;
     assert_eq!(responses.len(), 41);
-    assert!(responses.iter().all(|r| r.outcomes.is_empty()));
+    assert!(responses.iter().all(|r| r.answers.is_empty()));
     assert_eq!(engine.last_seq(), seq, "no batch written");
     assert_eq!(
         files_of(&engine),

@@ -83,7 +83,7 @@ async fn try_put(
         .map_err(|status| format!("{status:?}"))?
         .into_inner();
     match answer.outcome {
-        Some(put_response::Outcome::Version(version)) => Ok(version),
+        Some(put_response::Outcome::Seq(version)) => Ok(version),
         other => Err(format!("no version: {other:?}")),
     }
 }

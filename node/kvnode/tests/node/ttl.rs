@@ -171,7 +171,7 @@ async fn put(cluster: &Cluster, key: &str, ttl_ms: u64) -> (u64, u64) {
             async move { kv.put(request).await }
         })
         .await;
-    let Some(put_response::Outcome::Version(version)) = reply.outcome else {
+    let Some(put_response::Outcome::Seq(version)) = reply.outcome else {
         panic!("put {key}: {reply:?}")
     };
     (version, reply.header.expect("header").applied_index)
@@ -187,7 +187,7 @@ async fn setup() -> (Cluster, History) {
     for member in cluster.running() {
         let got = cluster.stale_get(member, b"t", index).await;
         assert!(got.found, "member {member} does not serve the TTL key");
-        assert_eq!(got.version, version, "member {member}");
+        assert_eq!(got.seq, version, "member {member}");
         assert!(
             got.ttl_ms_left > 0 && got.ttl_ms_left <= TTL_MS,
             "member {member}: {got:?}"
@@ -218,7 +218,7 @@ async fn check_expired(cluster: &Cluster, history: &mut History, min_index: u64)
         assert!(gone >= first_gone);
         let got = cluster.stale_get(member, b"t", min_index).await;
         assert!(!got.found, "member {member} still serves the key: {got:?}");
-        assert_eq!(got.version, 0);
+        assert_eq!(got.seq, 0);
         let keys: Vec<Vec<u8>> = cluster
             .stale_scan(member, min_index)
             .await
