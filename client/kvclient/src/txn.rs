@@ -58,10 +58,16 @@ impl Keys {
         }
     }
 
-    /// Every key at or after `key` (etcd's `--from-key`).
+    /// Every key at or after `key` (etcd's `--from-key`; an empty key is
+    /// sent as `\0`, as etcdctl does, since the server refuses an empty key).
     pub fn from_key(key: impl Into<Bytes>) -> Keys {
+        let key: Bytes = key.into();
         Keys {
-            key: key.into(),
+            key: if key.is_empty() {
+                Bytes::from_static(b"\0")
+            } else {
+                key
+            },
             range_end: Bytes::from_static(b"\0"),
         }
     }

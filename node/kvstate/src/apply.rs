@@ -61,8 +61,8 @@ use crate::revision::{
     wrap_commit_meta,
 };
 use crate::txn::{
-    TXN_ENTRY_BATCH_BYTES_MAX, TXN_READ_BYTES_MAX, TXN_READ_KEYS_MAX, TxnError, TxnOp, TxnOpResult,
-    TxnPlace, TxnRequest,
+    ENTRY_TXN_READ_BYTES_MAX, TXN_ENTRY_BATCH_BYTES_MAX, TXN_READ_BYTES_MAX, TXN_READ_KEYS_MAX,
+    TxnError, TxnOp, TxnOpResult, TxnPlace, TxnRequest,
 };
 use kvcodec as codec;
 
@@ -389,6 +389,7 @@ impl Applier {
         }
         let mut entry = EntryWrite {
             legacy,
+            txn_read_bytes_left: ENTRY_TXN_READ_BYTES_MAX,
             engine,
             base,
             now_ms,
@@ -633,6 +634,9 @@ struct EntryWrite<'a> {
     engine: &'a Engine,
     /// Applied as builds before revisions did (see the module doc).
     legacy: bool,
+    /// Bytes the entry's transactions may still read and return
+    /// ([`ENTRY_TXN_READ_BYTES_MAX`]).
+    txn_read_bytes_left: usize,
     /// `index × VERSIONS_PER_INDEX`: the batch's first sequence number.
     base: u64,
     /// The entry's cluster time.
@@ -1063,8 +1067,11 @@ impl EntryWrite<'_> {
     /// written) if it is refused.
     fn evaluate_txn(&mut self, txn: &TxnRequest) -> Result<Outcome, ApplyError> {
         match self.stage_txn(txn) {
-            Ok((succeeded, results, staged)) => match self.write_txn(staged) {
-                Ok(()) => Ok(Outcome::Txn { succeeded, results }),
+            Ok((succeeded, results, staged, read_bytes)) => match self.write_txn(staged) {
+                Ok(()) => {
+                    self.txn_read_bytes_left = self.txn_read_bytes_left.saturating_sub(read_bytes);
+                    Ok(Outcome::Txn { succeeded, results })
+                }
                 Err(TxnFault::Refused(error)) => Ok(Outcome::Rejected {
                     reason: error.to_string(),
                 }),
@@ -1080,17 +1087,24 @@ impl EntryWrite<'_> {
     /// Checks the transaction, judges its compares and evaluates the ops
     /// of the branch they choose, staging its writes (nothing reaches the
     /// batch yet): whether it succeeded, one result per op, the writes.
-    fn stage_txn(&self, txn: &TxnRequest) -> Result<(bool, Vec<TxnOpResult>, Staged), TxnFault> {
+    fn stage_txn(
+        &self,
+        txn: &TxnRequest,
+    ) -> Result<(bool, Vec<TxnOpResult>, Staged, usize), TxnFault> {
         txn.check().map_err(TxnFault::Refused)?;
         let (engine, now_ms) = (self.engine, self.now_ms);
         // The store revision before the transaction: what its compares
         // and reads see, and one below the one its writes take.
         let before = self.revision;
         let revision = before + 1;
-        let mut budget = Budget::new(
-            ("TXN_READ_KEYS_MAX", TXN_READ_KEYS_MAX),
-            ("TXN_READ_BYTES_MAX", TXN_READ_BYTES_MAX),
-        );
+        // The transaction's own read budget, or what is left of the
+        // entry's when that is less.
+        let bytes = if self.txn_read_bytes_left < TXN_READ_BYTES_MAX {
+            ("ENTRY_TXN_READ_BYTES_MAX", self.txn_read_bytes_left)
+        } else {
+            ("TXN_READ_BYTES_MAX", TXN_READ_BYTES_MAX)
+        };
+        let mut budget = Budget::new(("TXN_READ_KEYS_MAX", TXN_READ_KEYS_MAX), bytes);
         let mut succeeded = true;
         for (index, compare) in txn.compares.iter().enumerate() {
             let at = TxnPlace::Compare(index);
@@ -1179,6 +1193,13 @@ impl EntryWrite<'_> {
                             } else {
                                 Vec::new()
                             };
+                            // A kept value is read like a returned one
+                            // (prev_kv charges it below).
+                            if *ignore_value && !*prev_kv {
+                                budget
+                                    .take_bytes(old_value.len())
+                                    .map_err(|error| read_fault(at, error))?;
+                            }
                             let lease = if *ignore_lease { meta.lease } else { *lease };
                             (meta.modified(revision, lease), Some((meta, old_value)))
                         }
@@ -1232,7 +1253,7 @@ impl EntryWrite<'_> {
             };
             results.push(result);
         }
-        Ok((succeeded, results, staged))
+        Ok((succeeded, results, staged, budget.bytes_used()))
     }
 
     /// Moves a transaction's staged writes into the batch at the next store

@@ -175,13 +175,25 @@ pub enum Write {
 }
 
 impl Write {
-    /// The ops it names (a transaction: those of its longer branch; a range
-    /// delete counts one, though it may delete many keys, which apply
-    /// checks against the entry's room).
+    /// The records it may write at most, as the batcher counts them to keep
+    /// entries appliable: a request's ops; for a transaction, its longer
+    /// branch, a range delete counting as many keys as a transaction may
+    /// visit ([`crate::txn::TXN_READ_KEYS_MAX`]).
     pub fn ops(&self) -> usize {
         match self {
             Write::Request(request) => request.ops.len(),
-            Write::Txn(txn) => txn.success.len().max(txn.failure.len()),
+            Write::Txn(txn) => {
+                let records = |ops: &[crate::txn::TxnOp]| -> usize {
+                    ops.iter()
+                        .map(|op| match op {
+                            crate::txn::TxnOp::DeleteRange { .. } => crate::txn::TXN_READ_KEYS_MAX,
+                            crate::txn::TxnOp::Put { .. } => 1,
+                            crate::txn::TxnOp::Range(_) => 0,
+                        })
+                        .sum()
+                };
+                records(&txn.success).max(records(&txn.failure))
+            }
         }
     }
 

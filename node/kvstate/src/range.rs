@@ -36,9 +36,9 @@ use crate::revision::{KeyMeta, RevisionError};
 /// 100 000 keys of a typical 50 bytes are about 10 MiB.
 pub const RANGE_KEYS_MAX: usize = 100_000;
 /// Bytes a read outside the log ([`range`]) may visit: the keys in the
-/// range plus the values it returns (the response must fit a client
-/// message several times over before this bites).
-pub const RANGE_READ_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// range plus the values it returns. Below the node's largest client
+/// message (8 MiB), so a range that passes it also fits its answer.
+pub const RANGE_READ_BYTES_MAX: usize = 6 * 1024 * 1024;
 /// Times [`range`] starts over when an entry applied between its pass over
 /// the key directory and its value reads (a key changed under it).
 pub const RANGE_READ_ATTEMPTS_MAX: usize = 8;
@@ -323,6 +323,11 @@ impl Budget {
             .checked_sub(keys)
             .ok_or_else(|| self.too_many_keys())?;
         Ok(())
+    }
+
+    /// Bytes taken so far.
+    pub(crate) fn bytes_used(&self) -> usize {
+        self.bytes_limit.1 - self.bytes_left
     }
 
     pub(crate) fn take_bytes(&mut self, bytes: usize) -> Result<(), RangeError> {

@@ -34,6 +34,11 @@ pub const TXN_READ_KEYS_MAX: usize = 10_000;
 /// values compared, values returned (ranges, `prev_kv`s). Bounds the
 /// memory of the apply and the size of the answer.
 pub const TXN_READ_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Bytes the transactions of one entry may read and return in all (their
+/// answers live in memory until the entry is answered, on every replica):
+/// a transaction that would pass it is refused, naming it, and may be sent
+/// again (it will land in another entry).
+pub const ENTRY_TXN_READ_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// A transaction is refused if its writes would take its entry's engine
 /// batch past this many bytes: half the engine's default
 /// [`bitcask::BATCH_SIZE_BYTES_MAX`], the rest left for the session records

@@ -1013,3 +1013,24 @@ fn replicas_applying_the_same_transactions_write_identical_files() {
         (header_b, answers_b, sealed_b, active_b)
     );
 }
+
+/// The transactions of one entry share a read budget: once their reads and
+/// answers pass ENTRY_TXN_READ_BYTES_MAX, the next is refused naming it
+/// (and changes nothing), so no entry holds more answers in memory.
+#[test]
+fn an_entrys_transactions_share_one_read_budget() {
+    let fs = SimFs::new();
+    let mut store = Store::new(&fs);
+    // Four values of just under 1 MiB: one transaction reads them all
+    // within its own budget, four fill the entry's.
+    let value = "v".repeat(1024 * 1024 - 1024);
+    store.writes((0..4).map(|i| op_put(&format!("big{i}"), &value)).collect());
+    let read_all = || txn(vec![], vec![get("big", "bih")], vec![]);
+    let count = kvstate::txn::ENTRY_TXN_READ_BYTES_MAX / (4 * value.len());
+    let answers = store.txns((0..=count).map(|_| read_all()).collect());
+    for answer in &answers[..count] {
+        assert_eq!(range_result(&applied(answer).1[0]).kvs.len(), 4);
+    }
+    let refused = rejected(answers.last().unwrap());
+    assert!(refused.contains("ENTRY_TXN_READ_BYTES_MAX"), "{refused}");
+}

@@ -125,7 +125,10 @@ impl Batcher {
                 max: ENTRY_SIZE_BYTES_MAX,
             });
         }
-        if request.ops() > ENTRY_USER_OPS_MAX {
+        // A transaction's count is an upper bound (range deletes count as
+        // many keys as one may visit); apply refuses one that does not fit,
+        // so only a request is refused here.
+        if matches!(request, Write::Request(_)) && request.ops() > ENTRY_USER_OPS_MAX {
             return Err(ProposeError::TooManyOps {
                 ops: request.ops(),
                 max: ENTRY_USER_OPS_MAX,
@@ -142,6 +145,13 @@ impl Batcher {
             .map_err(|_| ProposeError::Stopped)?;
         answer.await.map_err(|_| ProposeError::Stopped)?
     }
+}
+
+/// What a write counts toward an entry's [`ENTRY_USER_OPS_MAX`]: its
+/// records at most, and never more than a whole entry (a transaction whose
+/// bound is larger goes in an entry of its own).
+fn weight(write: &Write) -> usize {
+    write.ops().min(ENTRY_USER_OPS_MAX)
 }
 
 async fn run(
@@ -175,7 +185,7 @@ async fn run(
             }
         };
         let mut bytes = first.size_bytes;
-        let mut ops = first.request.ops();
+        let mut ops = weight(&first.request);
         let mut batch = vec![first];
         while batch.len() < ENTRY_REQUESTS_MAX {
             let Ok(next) = incoming.try_recv() else { break };
@@ -185,14 +195,14 @@ async fn run(
             // An entry holds one kind: a transaction after requests (or
             // the other way round) starts the next entry.
             if bytes + next.size_bytes > ENTRY_SIZE_BYTES_MAX
-                || ops + next.request.ops() > ENTRY_USER_OPS_MAX
+                || ops + weight(&next.request) > ENTRY_USER_OPS_MAX
                 || !next.request.same_kind(&batch[0].request)
             {
                 carried = Some(next);
                 break;
             }
             bytes += next.size_bytes;
-            ops += next.request.ops();
+            ops += weight(&next.request);
             batch.push(next);
         }
         if let Some(observe) = &observer {

@@ -697,8 +697,13 @@ impl Kv for KvService {
         let now = self.state_machine.cluster_time_ms();
         let engine = self.state_machine.engine();
         let revision = self.state_machine.revision();
-        let result =
-            kvstate::range::range(&engine, &spec, now, revision).map_err(txn::range_error)?;
+        // Up to RANGE_KEYS_MAX keys and a sort: off the async workers.
+        let result = tokio::task::spawn_blocking(move || {
+            kvstate::range::range(&engine, &spec, now, revision)
+        })
+        .await
+        .map_err(|err| Status::internal(format!("the range read failed: {err}")))?
+        .map_err(txn::range_error)?;
         // After the read (see `get`).
         let header = self.header();
         Ok(Response::new(txn::range_response(result, Some(header))))

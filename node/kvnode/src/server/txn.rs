@@ -144,12 +144,17 @@ pub fn txn_request(request: pb::TxnRequest) -> Result<TxnRequest, Status> {
             .map(|(index, op)| txn_op_of(branch, index, op))
             .collect::<Result<Vec<_>, _>>()
     };
-    Ok(TxnRequest {
+    let txn = TxnRequest {
         session: super::kv::session(request.session),
         compares,
         success: ops("success", request.success)?,
         failure: ops("failure", request.failure)?,
-    })
+    };
+    // Refused here, as etcd does before proposing, rather than in a log
+    // entry (apply checks again).
+    txn.check()
+        .map_err(|error| Status::invalid_argument(error.to_string()))?;
+    Ok(txn)
 }
 
 #[allow(clippy::result_large_err)]
