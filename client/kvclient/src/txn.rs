@@ -305,11 +305,36 @@ pub struct CompareOn<T> {
     target: fn(T) -> pb::compare::Target,
 }
 
+/// A compare's operator, for building compares from parsed text (the
+/// methods `eq`, `ne`, `lt` and `gt` read better in code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompareOp {
+    /// `=`
+    Equal,
+    /// `!=`
+    NotEqual,
+    /// `<`
+    Less,
+    /// `>`
+    Greater,
+}
+
 impl<T> CompareOn<T> {
     /// Over every key of `keys` instead of the one key.
     pub fn over(mut self, keys: Keys) -> CompareOn<T> {
         self.keys = keys;
         self
+    }
+
+    /// The key's side relates to `value` as `op` says.
+    pub fn op(self, op: CompareOp, value: T) -> Compare {
+        let result = match op {
+            CompareOp::Equal => pb::CompareResult::Equal,
+            CompareOp::NotEqual => pb::CompareResult::NotEqual,
+            CompareOp::Less => pb::CompareResult::Less,
+            CompareOp::Greater => pb::CompareResult::Greater,
+        };
+        self.with(result, value)
     }
 
     fn with(self, result: pb::CompareResult, value: T) -> Compare {
@@ -319,24 +344,50 @@ impl<T> CompareOn<T> {
             result,
         }
     }
+}
 
+/// Operators of a compare on a number (version, revisions, lease).
+impl CompareOn<u64> {
     /// The key's side equals `value`.
-    pub fn eq(self, value: impl Into<T>) -> Compare {
-        self.with(pb::CompareResult::Equal, value.into())
+    pub fn eq(self, value: u64) -> Compare {
+        self.with(pb::CompareResult::Equal, value)
     }
 
     /// The key's side differs from `value`.
-    pub fn ne(self, value: impl Into<T>) -> Compare {
-        self.with(pb::CompareResult::NotEqual, value.into())
+    pub fn ne(self, value: u64) -> Compare {
+        self.with(pb::CompareResult::NotEqual, value)
     }
 
     /// The key's side is below `value`.
-    pub fn lt(self, value: impl Into<T>) -> Compare {
-        self.with(pb::CompareResult::Less, value.into())
+    pub fn lt(self, value: u64) -> Compare {
+        self.with(pb::CompareResult::Less, value)
     }
 
     /// The key's side is above `value`.
-    pub fn gt(self, value: impl Into<T>) -> Compare {
+    pub fn gt(self, value: u64) -> Compare {
+        self.with(pb::CompareResult::Greater, value)
+    }
+}
+
+/// Operators of a compare on the value (byte order).
+impl CompareOn<Bytes> {
+    /// The value equals `value`.
+    pub fn eq(self, value: impl Into<Bytes>) -> Compare {
+        self.with(pb::CompareResult::Equal, value.into())
+    }
+
+    /// The value differs from `value`.
+    pub fn ne(self, value: impl Into<Bytes>) -> Compare {
+        self.with(pb::CompareResult::NotEqual, value.into())
+    }
+
+    /// The value is below `value`.
+    pub fn lt(self, value: impl Into<Bytes>) -> Compare {
+        self.with(pb::CompareResult::Less, value.into())
+    }
+
+    /// The value is above `value`.
+    pub fn gt(self, value: impl Into<Bytes>) -> Compare {
         self.with(pb::CompareResult::Greater, value.into())
     }
 }
@@ -603,7 +654,7 @@ mod tests {
 
     #[test]
     fn a_compare_names_its_target_operator_and_keys() {
-        let compare = Compare::mod_revision("k").over(Keys::prefix("k")).lt(7u64);
+        let compare = Compare::mod_revision("k").over(Keys::prefix("k")).lt(7);
         let wire = compare.proto();
         assert_eq!(wire.result, pb::CompareResult::Less as i32);
         assert_eq!(wire.target, Some(pb::compare::Target::ModRevision(7)));

@@ -28,7 +28,7 @@
 use std::io::Read;
 
 use kvclient::txn::{
-    Compare, DeleteRange, Keys, Range, SortOrder, SortTarget, Txn, TxnOp, TxnResult,
+    Compare, CompareOp, DeleteRange, Keys, Range, SortOrder, SortTarget, Txn, TxnOp, TxnResult,
 };
 use kvproto::kv::v1 as pb;
 use serde_json::{Map, Value};
@@ -211,17 +211,18 @@ fn parse_compare(line: &str) -> Result<Compare, String> {
 }
 
 fn apply_op<T>(on: kvclient::txn::CompareOn<T>, op: &str, value: T) -> Result<Compare, String> {
-    Ok(match op {
-        "=" | "==" => on.eq(value),
-        "!=" => on.ne(value),
-        "<" => on.lt(value),
-        ">" => on.gt(value),
+    let op = match op {
+        "=" | "==" => CompareOp::Equal,
+        "!=" => CompareOp::NotEqual,
+        "<" => CompareOp::Less,
+        ">" => CompareOp::Greater,
         other => {
             return Err(format!(
                 "unknown compare operator `{other}` (=, !=, < or >)"
             ));
         }
-    })
+    };
+    Ok(on.op(op, value))
 }
 
 /// A Go-quoted string at the start of `text` (`"..."` with escapes, or a
@@ -449,7 +450,7 @@ mod tests {
         )
         .unwrap();
         let expected = Txn::new()
-            .when([Compare::mod_revision("key1").gt(0u64)])
+            .when([Compare::mod_revision("key1").gt(0)])
             .and_then([TxnOp::put("key1", "overwrote-key1")])
             .or_else([
                 TxnOp::put("key1", "created-key1"),
@@ -477,9 +478,9 @@ mod tests {
             .when([
                 Compare::value("a").eq(&b"x\ty"[..]),
                 Compare::value("b").ne(&b"raw\\n"[..]),
-                Compare::version("c").lt(3u64),
-                Compare::create_revision("d").eq(0u64),
-                Compare::lease("e").eq(255u64),
+                Compare::version("c").lt(3),
+                Compare::create_revision("d").eq(0),
+                Compare::lease("e").eq(255),
             ])
             .and_then([
                 TxnOp::range(
