@@ -79,9 +79,11 @@ pub const VALUE_SIZE_BYTES_MAX: usize = 1024 * 1024;
 /// its errors changed shape, so a 0.9 member cannot decode them). A request
 /// that says 0 comes from a build before the field existed: version 1.
 /// 3 since revisions: entries carry a command (`Writes`) a version 2 member
-/// cannot decode. Members refuse a request of another version with
-/// FAILED_PRECONDITION naming both versions.
-pub const PEER_PROTOCOL_VERSION: u32 = 3;
+/// cannot decode. 4 since transactions: entries carry `Txns` and session
+/// records transaction answers, which a version 3 member cannot decode.
+/// Members refuse a request of another version with FAILED_PRECONDITION
+/// naming both versions.
+pub const PEER_PROTOCOL_VERSION: u32 = 4;
 
 /// Cluster time (ms) a session may stay idle before the state machine
 /// evicts it and forgets its answers (DESIGN §3). A client must not retry a

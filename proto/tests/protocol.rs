@@ -282,6 +282,21 @@ impl kv::kv_server::Kv for StubKv {
     ) -> Result<Response<kv::BatchResponse>, Status> {
         Err(Status::unimplemented("batch"))
     }
+    async fn range(
+        &self,
+        _: Request<kv::RangeRequest>,
+    ) -> Result<Response<kv::RangeResponse>, Status> {
+        Err(Status::unimplemented("range"))
+    }
+    async fn delete_range(
+        &self,
+        _: Request<kv::DeleteRangeRequest>,
+    ) -> Result<Response<kv::DeleteRangeResponse>, Status> {
+        Err(Status::unimplemented("delete_range"))
+    }
+    async fn txn(&self, _: Request<kv::TxnRequest>) -> Result<Response<kv::TxnResponse>, Status> {
+        Err(Status::unimplemented("txn"))
+    }
 }
 
 /// Cluster: SaveSnapshot streams a manifest and one chunk, everything else UNIMPLEMENTED.

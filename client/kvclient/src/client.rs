@@ -24,6 +24,7 @@ use crate::builder::{ClientBuilder, Settings};
 use crate::error::{Error, Result};
 use crate::router::{Router, Target};
 use crate::session::Sessions;
+use crate::txn::{DeleteRange, DeletedRange, Range, RangeResult, Txn, TxnResponse};
 use crate::types::{
     Batch, BatchApplied, Condition, Consistency, Entry, KeyValue, OpResult, PutOptions, Read,
     Removed, Revisions, Scan, Written, ttl_left, ttl_ms,
@@ -501,6 +502,64 @@ impl Client {
             next_after,
             applied_index: applied(response.header.as_ref()),
             revision: revision(response.header.as_ref()),
+        })
+    }
+
+    /// Reads the keys of `range` in one consistent state (etcd's Range),
+    /// with the range's consistency or the client's default.
+    pub async fn range(&self, range: &Range) -> Result<RangeResult> {
+        let default = self.inner.router.settings().consistency;
+        let response = self
+            .inner
+            .router
+            .run(Target::Any, false, |channel| {
+                let request = range.request(default);
+                async move { kv(channel).range(request).await }
+            })
+            .await?;
+        let (revision, applied_index) = (
+            revision(response.header.as_ref()),
+            applied(response.header.as_ref()),
+        );
+        Ok(crate::txn::range_result(response, revision, applied_index))
+    }
+
+    /// Deletes the keys of `delete` at one revision (etcd's DeleteRange).
+    pub async fn delete_range(&self, delete: &DeleteRange) -> Result<DeletedRange> {
+        let op = delete.op();
+        let response = self
+            .write(|channel, session| {
+                let request = pb::DeleteRangeRequest {
+                    session: Some(session),
+                    key: op.key.clone(),
+                    range_end: op.range_end.clone(),
+                    prev_kv: op.prev_kv,
+                };
+                async move { kv(channel).delete_range(request).await }
+            })
+            .await?;
+        let applied_index = self.note_write(response.header.as_ref());
+        let revision = revision(response.header.as_ref());
+        Ok(crate::txn::deleted_range(response, revision, applied_index))
+    }
+
+    /// Runs a transaction (etcd's Txn): compares, then one branch,
+    /// atomically at one revision. A transaction refused before it applied
+    /// (too many ops, two writes of one key, a bad field) is
+    /// [`Error::InvalidArgument`] naming the field and limit.
+    pub async fn txn(&self, txn: &Txn) -> Result<TxnResponse> {
+        let response = self
+            .write(|channel, session| {
+                let request = txn.proto(session);
+                async move { kv(channel).txn(request).await }
+            })
+            .await?;
+        let applied_index = self.note_write(response.header.as_ref());
+        Ok(TxnResponse {
+            succeeded: response.succeeded,
+            results: crate::txn::txn_results(response.responses),
+            revision: revision(response.header.as_ref()),
+            applied_index,
         })
     }
 

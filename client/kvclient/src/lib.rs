@@ -16,6 +16,9 @@
 //!   hints), round-robin reads over healthy members, the retry loop.
 //! - `session`: the client id, write sequences and the lowest sequence not
 //!   yet acknowledged.
+//! - [`txn`]: etcd-style [`txn::Range`] reads, [`txn::DeleteRange`] and
+//!   the [`txn::Txn`] builder (compares, then one of two branches), sent by
+//!   [`Client::range`], [`Client::delete_range`] and [`Client::txn`].
 //! - [`types`]: [`Consistency`], [`Entry`], [`Written`], [`PutOptions`],
 //!   [`Batch`], [`Scan`] and friends.
 //!
@@ -81,6 +84,7 @@ pub mod client;
 pub mod error;
 pub mod router;
 mod session;
+pub mod txn;
 pub mod types;
 
 pub use builder::{ClientBuilder, ClientTls};

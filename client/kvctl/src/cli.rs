@@ -115,25 +115,18 @@ pub enum ConsistencyArg {
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Print a key's value (exit 1 if absent).
-    Get {
-        /// The key.
-        key: String,
-        /// Read consistency.
-        #[arg(long, value_enum, default_value = "linearizable")]
-        consistency: ConsistencyArg,
-    },
+    /// Print a key's value (exit 1 if absent), or with a range flag the keys
+    /// of a range as etcdctl prints them (a key line, then a value line).
+    Get(GetArgs),
     /// Write a key.
     Put(PutArgs),
-    /// Delete a key (exit 1 if it was absent).
-    Del {
-        /// The key.
-        key: String,
-        /// Only if the key's mod_revision is N (0 = absent); else exit 4.
-        /// `--if-version` is the same flag under its old name.
-        #[arg(long, value_name = "N", visible_alias = "if-version")]
-        if_mod_revision: Option<u64>,
-    },
+    /// Delete a key (exit 1 if it was absent), or with a range flag every
+    /// key of a range at one revision, printing how many (as etcdctl).
+    Del(DelArgs),
+    /// Run a transaction read from standard input in etcdctl's format:
+    /// compares, a blank line, the ops if they all hold, a blank line, the
+    /// ops otherwise. Prints SUCCESS or FAILURE, then each op's result.
+    Txn,
     /// Give an existing key a time to live (exit 1 if absent).
     Expire {
         /// The key.
@@ -207,6 +200,116 @@ pub struct PutArgs {
     /// Only if the key is absent; else exit 4.
     #[arg(long)]
     pub if_absent: bool,
+}
+
+/// `get` flags: etcdctl's.
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    /// The key (with --prefix the prefix, with --from-key or RANGE_END the
+    /// first key).
+    pub key: String,
+    /// Read `[KEY, RANGE_END)`.
+    #[arg(conflicts_with_all = ["prefix", "from_key"])]
+    pub range_end: Option<String>,
+    /// Read consistency.
+    #[arg(long, value_enum, default_value = "linearizable")]
+    pub consistency: ConsistencyArg,
+    /// Every key starting with KEY.
+    #[arg(long, conflicts_with = "from_key")]
+    pub prefix: bool,
+    /// Every key at or after KEY.
+    #[arg(long)]
+    pub from_key: bool,
+    /// Read at store revision N (0 = the current one).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub rev: u64,
+    /// Keys returned at most (0 = no limit).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub limit: u64,
+    /// Print only how many keys the range holds.
+    #[arg(long)]
+    pub count_only: bool,
+    /// Print keys without values.
+    #[arg(long)]
+    pub keys_only: bool,
+    /// Sort by this (etcdctl's names; ascending unless --order).
+    #[arg(long, value_enum, ignore_case = true)]
+    pub sort_by: Option<SortByArg>,
+    /// Sort order.
+    #[arg(long, value_enum, ignore_case = true)]
+    pub order: Option<OrderArg>,
+}
+
+impl GetArgs {
+    /// Whether any flag asks for a range read rather than one key's value.
+    pub fn is_range(&self) -> bool {
+        self.range_end.is_some()
+            || self.prefix
+            || self.from_key
+            || self.rev != 0
+            || self.limit != 0
+            || self.count_only
+            || self.keys_only
+            || self.sort_by.is_some()
+            || self.order.is_some()
+    }
+}
+
+/// What `get --sort-by` sorts by (etcdctl's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "UPPER")]
+pub enum SortByArg {
+    /// The key.
+    Key,
+    /// The key's create revision.
+    Create,
+    /// The key's mod revision.
+    Modify,
+    /// The value.
+    Value,
+    /// The key's version.
+    Version,
+}
+
+/// `get --order`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "UPPER")]
+pub enum OrderArg {
+    /// Ascending.
+    Ascend,
+    /// Descending.
+    Descend,
+}
+
+/// `del` flags.
+#[derive(Debug, Args)]
+pub struct DelArgs {
+    /// The key (with --prefix the prefix, with --from-key or RANGE_END the
+    /// first key).
+    pub key: String,
+    /// Delete `[KEY, RANGE_END)`.
+    #[arg(conflicts_with_all = ["prefix", "from_key", "if_mod_revision"])]
+    pub range_end: Option<String>,
+    /// Only if the key's mod_revision is N (0 = absent); else exit 4.
+    /// `--if-version` is the same flag under its old name.
+    #[arg(long, value_name = "N", visible_alias = "if-version")]
+    pub if_mod_revision: Option<u64>,
+    /// Every key starting with KEY.
+    #[arg(long, conflicts_with_all = ["from_key", "if_mod_revision"])]
+    pub prefix: bool,
+    /// Every key at or after KEY.
+    #[arg(long, conflicts_with = "if_mod_revision")]
+    pub from_key: bool,
+    /// Print the deleted keys and values too.
+    #[arg(long, conflicts_with = "if_mod_revision")]
+    pub prev_kv: bool,
+}
+
+impl DelArgs {
+    /// Whether any flag asks for a range delete.
+    pub fn is_range(&self) -> bool {
+        self.range_end.is_some() || self.prefix || self.from_key || self.prev_kv
+    }
 }
 
 /// `scan` flags.

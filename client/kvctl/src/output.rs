@@ -118,6 +118,24 @@ impl Printer {
         out.flush()
     }
 
+    /// Prints keys as etcdctl's simple output does: the key on a line,
+    /// then the value on a line (an empty one with keys only), bytes as
+    /// they are (hex with `--hex`).
+    pub fn print_kvs(&self, kvs: &[kvclient::KeyValue]) -> std::io::Result<()> {
+        let mut out = std::io::stdout().lock();
+        for kv in kvs {
+            for bytes in [&kv.key, &kv.value] {
+                if self.hex {
+                    out.write_all(hex(bytes).as_bytes())?;
+                } else {
+                    out.write_all(bytes)?;
+                }
+                out.write_all(b"\n")?;
+            }
+        }
+        out.flush()
+    }
+
     /// Prints an aligned table (headers in bold on a terminal).
     pub fn print_table(&self, headers: &[&str], rows: &[Vec<String>]) {
         print!("{}", self.render_table(headers, rows));
@@ -229,6 +247,16 @@ pub fn insert_revisions(object: &mut Map<String, Value>, revisions: &kvclient::R
     object.insert("mod_revision".into(), revisions.mod_revision.into());
     object.insert("version".into(), revisions.version.into());
     object.insert("lease".into(), revisions.lease.into());
+}
+
+/// A key of a range or transaction answer as JSON: key and value (with
+/// their base64) and the key's revisions under etcd's names.
+pub fn kv_json(kv: &kvclient::KeyValue) -> Value {
+    let mut object = Map::new();
+    insert_bytes(&mut object, "key", &kv.key);
+    insert_bytes(&mut object, "value", &kv.value);
+    insert_revisions(&mut object, &kv.revisions);
+    Value::Object(object)
 }
 
 /// A duration in ms for JSON (`null` for none).

@@ -34,11 +34,17 @@
 //! refused when its ops would not fit beside them under [`ENTRY_OPS_MAX`],
 //! so no burst of expiring keys or idle sessions makes an entry unappliable.
 //!
+//! Transactions (`txn.rs`) stage their writes while their ops are
+//! evaluated, reading through a view of the entry's earlier writes and
+//! their own ([`EntryView`]); only a transaction that is not refused moves
+//! its writes into the batch, all at one revision.
+//!
 //! Nothing here reads a clock, a random number or a hash-map iteration
 //! order: the same entry applied to the same state writes the same bytes
 //! on every replica.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -47,11 +53,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::{
     Answer, Command, ENTRY_OPS_MAX, EntryResponse, Op, Outcome, Proposal, RESERVED_KEY_PREFIX,
-    Request, SESSION_ANSWERS_MAX, SESSION_IDLE_MS_MAX, SessionRef,
+    Request, SESSION_ANSWER_BYTES_MAX, SESSION_ANSWERS_MAX, SESSION_IDLE_MS_MAX, SessionRef,
 };
+use crate::range::{self, Budget, KeyBounds, KeyValue, Overlay, Pending, RangeError};
 use crate::revision::{
     FIRST_REVISION, KeyMeta, RevisionError, StoreHeader, split_commit_meta_exact, tombstone_meta,
     wrap_commit_meta,
+};
+use crate::txn::{
+    ENTRY_TXN_READ_BYTES_MAX, TXN_ENTRY_BATCH_BYTES_MAX, TXN_READ_BYTES_MAX, TXN_READ_KEYS_MAX,
+    TxnError, TxnOp, TxnOpResult, TxnPlace, TxnRequest,
 };
 use kvcodec as codec;
 
@@ -191,6 +202,16 @@ enum KeyState {
         /// see [`EntryWrite::value_of`]).
         value: Option<Vec<u8>>,
     },
+}
+
+/// How a session keeps an answer for a retry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AnswerKept {
+    /// As it is (the answers of `Requests` and `Writes` entries).
+    Whole,
+    /// As it is up to [`SESSION_ANSWER_BYTES_MAX`] encoded bytes, else as
+    /// [`Outcome::SessionExpired`] (transactions).
+    Bounded,
 }
 
 /// What a condition compares: sequence numbers in entries proposed before
@@ -368,6 +389,7 @@ impl Applier {
         }
         let mut entry = EntryWrite {
             legacy,
+            txn_read_bytes_left: ENTRY_TXN_READ_BYTES_MAX,
             engine,
             base,
             now_ms,
@@ -376,6 +398,7 @@ impl Applier {
             touched_sessions: BTreeSet::new(),
             revision: self.header.revision,
             expiries: std::mem::take(&mut self.expiries),
+            batch_bytes: (0, 0),
         };
         let applied = self.apply_commands(&mut entry, proposal);
         let EntryWrite {
@@ -449,25 +472,44 @@ impl Applier {
         let (requests, compared) = match &proposal.command {
             Command::Requests(requests) => (requests, Compared::Seq),
             Command::Writes(requests) => (requests, Compared::ModRevision),
+            Command::Txns(txns) => {
+                let mut answers = Vec::with_capacity(txns.len());
+                for txn in txns {
+                    let answer =
+                        self.answer_once(entry, txn.session, AnswerKept::Bounded, |entry| {
+                            entry.evaluate_txn(txn)
+                        })?;
+                    answers.push(answer);
+                }
+                return Ok(answers);
+            }
             Command::Tick | Command::Advance | Command::Merge { .. } => return Ok(Vec::new()),
         };
         let mut answers = Vec::with_capacity(requests.len());
         for request in requests {
-            answers.push(self.apply_request(entry, request, compared)?);
+            let answer = self.answer_once(entry, request.session, AnswerKept::Whole, |entry| {
+                entry.evaluate(request, compared)
+            })?;
+            answers.push(answer);
         }
         Ok(answers)
     }
 
-    fn apply_request(
+    /// Answers a request exactly once: a retry of a request its session
+    /// holds an answer for gets that answer (see [`Applier::replay`]);
+    /// anything else is evaluated, and its answer kept in its session as
+    /// `kept` says.
+    fn answer_once<'e>(
         &mut self,
-        entry: &mut EntryWrite<'_>,
-        request: &Request,
-        compared: Compared,
+        entry: &mut EntryWrite<'e>,
+        session: Option<SessionRef>,
+        kept: AnswerKept,
+        evaluate: impl FnOnce(&mut EntryWrite<'e>) -> Result<Outcome, ApplyError>,
     ) -> Result<Answer, ApplyError> {
         // NEGATIVE CONTROL (feature nc-forget-sessions): no look-up of the
         // session's answers, so a retried write applies again.
         if !cfg!(feature = "nc-forget-sessions")
-            && let Some(session) = request.session
+            && let Some(session) = session
             && let Some(answer) = self.replay(session, entry.now_ms, entry.revision)
         {
             // An unknown session stays unknown: nothing to store.
@@ -476,7 +518,7 @@ impl Applier {
             }
             return Ok(answer);
         }
-        let outcome = entry.evaluate(request, compared)?;
+        let outcome = evaluate(entry)?;
         let answer = Answer {
             outcome,
             revision: if entry.legacy {
@@ -485,9 +527,18 @@ impl Applier {
                 entry.revision
             },
         };
-        if let Some(session) = request.session {
+        if let Some(session) = session {
+            let stored = match kept {
+                AnswerKept::Bounded if codec::encode(&answer).len() > SESSION_ANSWER_BYTES_MAX => {
+                    Answer {
+                        outcome: Outcome::SessionExpired,
+                        revision: answer.revision,
+                    }
+                }
+                AnswerKept::Bounded | AnswerKept::Whole => answer.clone(),
+            };
             let record = self.sessions.entry(session.client_id).or_default();
-            record.answers.insert(session.sequence, answer.clone());
+            record.answers.insert(session.sequence, stored);
             while record.answers.len() > SESSION_ANSWERS_MAX {
                 let (oldest, _) = record
                     .answers
@@ -583,6 +634,9 @@ struct EntryWrite<'a> {
     engine: &'a Engine,
     /// Applied as builds before revisions did (see the module doc).
     legacy: bool,
+    /// Bytes the entry's transactions may still read and return
+    /// ([`ENTRY_TXN_READ_BYTES_MAX`]).
+    txn_read_bytes_left: usize,
     /// `index × VERSIONS_PER_INDEX`: the batch's first sequence number.
     base: u64,
     /// The entry's cluster time.
@@ -596,6 +650,9 @@ struct EntryWrite<'a> {
     revision: u64,
     /// The applier's expiry index, kept current as keys are written.
     expiries: BTreeSet<(u64, Vec<u8>)>,
+    /// (records counted, their bytes): the batch's size so far, counted
+    /// as far as a transaction last needed it (see [`EntryWrite::batch_bytes`]).
+    batch_bytes: (usize, usize),
 }
 
 impl EntryWrite<'_> {
@@ -747,52 +804,64 @@ impl EntryWrite<'_> {
             self.expiries.remove(&old);
         }
         for (key, state) in staged {
-            // The value moves into the batch; the overlay remembers only
-            // that the key is there (a later expire or persist in this
-            // entry finds the value in the batch).
-            let remembered = match state {
-                KeyState::Absent => {
-                    self.batch.ops.push(bitcask::Op::Delete {
-                        key: key.clone(),
-                        meta: if self.legacy {
-                            bitcask::RecordMeta::EMPTY
-                        } else {
-                            tombstone_meta(revision)
-                        },
-                    });
-                    KeyState::Absent
+            self.write_staged(key, state, revision)?;
+        }
+        Ok(Outcome::Applied { versions, existed })
+    }
+
+    /// Moves one write, worked out while its request was evaluated, into
+    /// the batch, the overlay and the expiry index.
+    fn write_staged(
+        &mut self,
+        key: Vec<u8>,
+        state: KeyState,
+        revision: u64,
+    ) -> Result<(), ApplyError> {
+        // The value moves into the batch; the overlay remembers only
+        // that the key is there (a later expire or persist in this
+        // entry finds the value in the batch).
+        let remembered = match state {
+            KeyState::Absent => {
+                self.batch.ops.push(bitcask::Op::Delete {
+                    key: key.clone(),
+                    meta: if self.legacy {
+                        bitcask::RecordMeta::EMPTY
+                    } else {
+                        tombstone_meta(revision)
+                    },
+                });
+                KeyState::Absent
+            }
+            KeyState::Present {
+                seq,
+                expiry_ms,
+                meta,
+                value,
+            } => {
+                let value = self.value_of(&key, value)?;
+                if expiry_ms != 0 {
+                    self.expiries.insert((expiry_ms, key.clone()));
                 }
+                self.batch.ops.push(bitcask::Op::Put {
+                    key: key.clone(),
+                    value,
+                    expiry_ms,
+                    meta: if self.legacy {
+                        bitcask::RecordMeta::EMPTY
+                    } else {
+                        meta.encode()
+                    },
+                });
                 KeyState::Present {
                     seq,
                     expiry_ms,
                     meta,
-                    value,
-                } => {
-                    let value = self.value_of(&key, value)?;
-                    if expiry_ms != 0 {
-                        self.expiries.insert((expiry_ms, key.clone()));
-                    }
-                    self.batch.ops.push(bitcask::Op::Put {
-                        key: key.clone(),
-                        value,
-                        expiry_ms,
-                        meta: if self.legacy {
-                            bitcask::RecordMeta::EMPTY
-                        } else {
-                            meta.encode()
-                        },
-                    });
-                    KeyState::Present {
-                        seq,
-                        expiry_ms,
-                        meta,
-                        value: None,
-                    }
+                    value: None,
                 }
-            };
-            self.overlay.insert(key, remembered);
-        }
-        Ok(Outcome::Applied { versions, existed })
+            }
+        };
+        self.overlay.insert(key, remembered);
+        Ok(())
     }
 
     /// The key's state as earlier ops of this entry left it, else the engine's.
@@ -824,37 +893,433 @@ impl EntryWrite<'_> {
         if let Some(value) = known {
             return Ok(value);
         }
-        let missing = |whence: &str| {
-            ApplyError::Engine(bitcask::Error::Corruption {
-                file: String::new(),
-                offset: 0,
-                reason: format!(
-                    "key {:?} is present but its value is not in {whence}",
-                    String::from_utf8_lossy(key)
-                ),
-            })
-        };
         if self.overlay.contains_key(key) {
-            // Present in the overlay means an earlier put of this entry.
-            return self
-                .batch
-                .ops
-                .iter()
-                .rev()
-                .find_map(|op| match op {
-                    bitcask::Op::Put { key: k, value, .. } if k.as_slice() == key => {
-                        Some(value.clone())
-                    }
-                    _ => None,
-                })
-                .ok_or_else(|| missing("the entry's batch"));
+            return Ok(self.written_value(key)?);
         }
         // The key directory said present a moment ago and only this apply
         // writes the engine, so a miss here is an inconsistent engine.
         match self.engine.get(key, self.now_ms)? {
             Some(item) => Ok(item.value),
-            None => Err(missing("the engine")),
+            None => Err(missing_value(key, "the engine").into()),
         }
+    }
+
+    /// The value of a key the overlay holds present: an earlier put of
+    /// this entry, found at its position in the batch (its `seq` minus the
+    /// batch's first), else by a search from the batch's end.
+    fn written_value(&self, key: &[u8]) -> Result<Vec<u8>, bitcask::Error> {
+        let put_value = |op: &bitcask::Op| match op {
+            bitcask::Op::Put { key: k, value, .. } if k.as_slice() == key => Some(value.clone()),
+            _ => None,
+        };
+        let position = match self.overlay.get(key) {
+            Some(KeyState::Present { seq, .. }) => seq
+                .checked_sub(self.base)
+                .and_then(|position| usize::try_from(position).ok()),
+            _ => None,
+        };
+        position
+            .and_then(|position| self.batch.ops.get(position))
+            .and_then(put_value)
+            .or_else(|| self.batch.ops.iter().rev().find_map(put_value))
+            .ok_or_else(|| missing_value(key, "the entry's batch"))
+    }
+}
+
+/// The engine error of a key found present whose value is missing: the
+/// key directory, the overlay and the batch disagree.
+fn missing_value(key: &[u8], whence: &str) -> bitcask::Error {
+    bitcask::Error::Corruption {
+        file: String::new(),
+        offset: 0,
+        reason: format!(
+            "key {} is present but its value is not in {whence}",
+            range::shown(key)
+        ),
+    }
+}
+
+/// A transaction's writes while its ops are evaluated, before any reaches
+/// the entry's batch: in op order, one per key (a key written again keeps
+/// its place).
+#[derive(Debug, Default)]
+struct Staged {
+    writes: Vec<(Vec<u8>, KeyState)>,
+    /// Key → its place in `writes`.
+    index: BTreeMap<Vec<u8>, usize>,
+}
+
+impl Staged {
+    fn get(&self, key: &[u8]) -> Option<&KeyState> {
+        self.index.get(key).map(|&place| &self.writes[place].1)
+    }
+
+    /// The place `key`'s record will take among the transaction's.
+    fn place(&self, key: &[u8]) -> usize {
+        self.index.get(key).copied().unwrap_or(self.writes.len())
+    }
+
+    fn stage(&mut self, key: Vec<u8>, state: KeyState) {
+        match self.index.get(&key) {
+            Some(&place) => self.writes[place].1 = state,
+            None => {
+                self.index.insert(key.clone(), self.writes.len());
+                self.writes.push((key, state));
+            }
+        }
+    }
+}
+
+/// What a read inside an entry sees over the engine: the entry's earlier
+/// writes, and a transaction's staged ones on top when given.
+struct EntryView<'v, 'e> {
+    entry: &'v EntryWrite<'e>,
+    staged: Option<&'v Staged>,
+}
+
+impl EntryView<'_, '_> {
+    fn pending(&self, state: &KeyState) -> Pending {
+        match state {
+            KeyState::Present {
+                expiry_ms, meta, ..
+            } if *expiry_ms == 0 || *expiry_ms > self.entry.now_ms => Pending::Written(*meta),
+            KeyState::Present { .. } | KeyState::Absent => Pending::Deleted,
+        }
+    }
+}
+
+impl Overlay for EntryView<'_, '_> {
+    fn changed(&self, start: &[u8], end: &Bound<Vec<u8>>) -> Vec<(Vec<u8>, Pending)> {
+        let end = match end {
+            Bound::Included(end) => Bound::Included(end.as_slice()),
+            Bound::Excluded(end) => Bound::Excluded(end.as_slice()),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        // BTreeMap::range panics on an empty range: such a range holds nothing.
+        let empty = match end {
+            Bound::Included(end) => start > end,
+            Bound::Excluded(end) => start >= end,
+            Bound::Unbounded => false,
+        };
+        if empty {
+            return Vec::new();
+        }
+        let bounds = (Bound::Included(start), end);
+        let mut changed: BTreeMap<&[u8], Pending> = self
+            .entry
+            .overlay
+            .range::<[u8], _>(bounds)
+            .map(|(key, state)| (key.as_slice(), self.pending(state)))
+            .collect();
+        if let Some(staged) = self.staged {
+            for (key, &place) in staged.index.range::<[u8], _>(bounds) {
+                changed.insert(key.as_slice(), self.pending(&staged.writes[place].1));
+            }
+        }
+        changed
+            .into_iter()
+            .map(|(key, pending)| (key.to_vec(), pending))
+            .collect()
+    }
+
+    fn value(&self, key: &[u8]) -> Result<Vec<u8>, bitcask::Error> {
+        match self.staged.and_then(|staged| staged.get(key)) {
+            Some(KeyState::Present {
+                value: Some(value), ..
+            }) => Ok(value.clone()),
+            Some(_) => Err(missing_value(key, "the transaction's writes")),
+            None => self.entry.written_value(key),
+        }
+    }
+}
+
+/// Why a transaction stopped short: refused (its answer says why), or the
+/// apply itself failed (the node stops).
+#[derive(Debug)]
+enum TxnFault {
+    Refused(TxnError),
+    Failed(ApplyError),
+}
+
+impl From<ApplyError> for TxnFault {
+    fn from(error: ApplyError) -> Self {
+        TxnFault::Failed(error)
+    }
+}
+
+/// A read of the transaction at `at` failed: the request's fault (a
+/// revision, a budget), or the engine's.
+fn read_fault(at: TxnPlace, error: RangeError) -> TxnFault {
+    match error {
+        RangeError::Engine(error) => TxnFault::Failed(ApplyError::Engine(error)),
+        RangeError::Revision(error) => TxnFault::Failed(ApplyError::Revision(error)),
+        // Nothing but this apply writes the engine: a key that changed
+        // under a read is an inconsistent engine.
+        RangeError::KeyChanged { key } => {
+            TxnFault::Failed(missing_value(&key, "the engine at the sequence read").into())
+        }
+        source => TxnFault::Refused(TxnError::Read { at, source }),
+    }
+}
+
+impl EntryWrite<'_> {
+    /// Applies one transaction: its answer, or `Rejected` (and nothing
+    /// written) if it is refused.
+    fn evaluate_txn(&mut self, txn: &TxnRequest) -> Result<Outcome, ApplyError> {
+        match self.stage_txn(txn) {
+            Ok((succeeded, results, staged, read_bytes)) => match self.write_txn(staged) {
+                Ok(()) => {
+                    self.txn_read_bytes_left = self.txn_read_bytes_left.saturating_sub(read_bytes);
+                    Ok(Outcome::Txn { succeeded, results })
+                }
+                Err(TxnFault::Refused(error)) => Ok(Outcome::Rejected {
+                    reason: error.to_string(),
+                }),
+                Err(TxnFault::Failed(error)) => Err(error),
+            },
+            Err(TxnFault::Refused(error)) => Ok(Outcome::Rejected {
+                reason: error.to_string(),
+            }),
+            Err(TxnFault::Failed(error)) => Err(error),
+        }
+    }
+
+    /// Checks the transaction, judges its compares and evaluates the ops
+    /// of the branch they choose, staging its writes (nothing reaches the
+    /// batch yet): whether it succeeded, one result per op, the writes.
+    fn stage_txn(
+        &self,
+        txn: &TxnRequest,
+    ) -> Result<(bool, Vec<TxnOpResult>, Staged, usize), TxnFault> {
+        txn.check().map_err(TxnFault::Refused)?;
+        let (engine, now_ms) = (self.engine, self.now_ms);
+        // The store revision before the transaction: what its compares
+        // and reads see, and one below the one its writes take.
+        let before = self.revision;
+        let revision = before + 1;
+        // The transaction's own read budget, or what is left of the
+        // entry's when that is less.
+        let bytes = if self.txn_read_bytes_left < TXN_READ_BYTES_MAX {
+            ("ENTRY_TXN_READ_BYTES_MAX", self.txn_read_bytes_left)
+        } else {
+            ("TXN_READ_BYTES_MAX", TXN_READ_BYTES_MAX)
+        };
+        let mut budget = Budget::new(("TXN_READ_KEYS_MAX", TXN_READ_KEYS_MAX), bytes);
+        let mut succeeded = true;
+        for (index, compare) in txn.compares.iter().enumerate() {
+            let at = TxnPlace::Compare(index);
+            let view = EntryView {
+                entry: self,
+                staged: None,
+            };
+            let bounds = KeyBounds::new(&compare.key, &compare.range_end);
+            let kvs = range::visit(engine, Some(&view), &bounds, now_ms, &mut budget)
+                .and_then(|found| {
+                    let with_values = compare.reads_values();
+                    range::key_values(engine, Some(&view), found, with_values, now_ms, &mut budget)
+                })
+                .map_err(|error| read_fault(at, error))?;
+            if !compare.holds(&kvs) {
+                succeeded = false;
+                break;
+            }
+        }
+        let ops = if succeeded {
+            &txn.success
+        } else {
+            &txn.failure
+        };
+        let mut staged = Staged::default();
+        let mut results = Vec::with_capacity(ops.len());
+        for (index, op) in ops.iter().enumerate() {
+            let at = TxnPlace::op(succeeded, index);
+            let result = match op {
+                TxnOp::Range(spec) => {
+                    // As etcd: the revision before the transaction reads the
+                    // state before it; 0 reads the transaction's writes too.
+                    let view = EntryView {
+                        entry: self,
+                        staged: (spec.revision == 0).then_some(&staged),
+                    };
+                    let result =
+                        range::evaluate(engine, Some(&view), spec, now_ms, before, &mut budget)
+                            .map_err(|error| read_fault(at, error))?;
+                    TxnOpResult::Range(result)
+                }
+                TxnOp::DeleteRange {
+                    key,
+                    range_end,
+                    prev_kv,
+                } => {
+                    let view = EntryView {
+                        entry: self,
+                        staged: Some(&staged),
+                    };
+                    let bounds = KeyBounds::new(key, range_end);
+                    let found = range::visit(engine, Some(&view), &bounds, now_ms, &mut budget)
+                        .map_err(|error| read_fault(at, error))?;
+                    let keys: Vec<Vec<u8>> = found.iter().map(|found| found.key.clone()).collect();
+                    let prev_kvs = if *prev_kv {
+                        range::key_values(engine, Some(&view), found, true, now_ms, &mut budget)
+                            .map_err(|error| read_fault(at, error))?
+                    } else {
+                        Vec::new()
+                    };
+                    let deleted = keys.len() as u64;
+                    for key in keys {
+                        staged.stage(key, KeyState::Absent);
+                    }
+                    TxnOpResult::DeleteRange { deleted, prev_kvs }
+                }
+                TxnOp::Put {
+                    key,
+                    value,
+                    ttl_ms,
+                    lease,
+                    prev_kv,
+                    ignore_value,
+                    ignore_lease,
+                } => {
+                    let current = match staged.get(key) {
+                        Some(state) => state.clone(),
+                        None => self.state_of(key)?,
+                    };
+                    let (meta, previous) = match current {
+                        KeyState::Present {
+                            meta, value: known, ..
+                        } => {
+                            let old_value = if *prev_kv || *ignore_value {
+                                self.value_of(key, known)?
+                            } else {
+                                Vec::new()
+                            };
+                            // A kept value is read like a returned one
+                            // (prev_kv charges it below).
+                            if *ignore_value && !*prev_kv {
+                                budget
+                                    .take_bytes(old_value.len())
+                                    .map_err(|error| read_fault(at, error))?;
+                            }
+                            let lease = if *ignore_lease { meta.lease } else { *lease };
+                            (meta.modified(revision, lease), Some((meta, old_value)))
+                        }
+                        KeyState::Absent if *ignore_value || *ignore_lease => {
+                            return Err(TxnFault::Refused(TxnError::KeyNotFound {
+                                at,
+                                key: key.clone(),
+                            }));
+                        }
+                        KeyState::Absent => (KeyMeta::created(revision, *lease), None),
+                    };
+                    let (value, prev_kv) = match previous {
+                        Some((old_meta, old_value)) => {
+                            let prev_kv = if *prev_kv {
+                                budget
+                                    .take_bytes(old_value.len())
+                                    .map_err(|error| read_fault(at, error))?;
+                                Some(KeyValue::from_meta(
+                                    key.clone(),
+                                    old_value.clone(),
+                                    &old_meta,
+                                ))
+                            } else {
+                                None
+                            };
+                            let value = if *ignore_value {
+                                old_value
+                            } else {
+                                value.clone()
+                            };
+                            (value, prev_kv)
+                        }
+                        None => (value.clone(), None),
+                    };
+                    let seq = self.base + (self.batch.ops.len() + staged.place(key)) as u64;
+                    let expiry_ms = match ttl_ms {
+                        0 => 0,
+                        ttl_ms => now_ms.saturating_add(*ttl_ms),
+                    };
+                    staged.stage(
+                        key.clone(),
+                        KeyState::Present {
+                            seq,
+                            expiry_ms,
+                            meta,
+                            value: Some(value),
+                        },
+                    );
+                    TxnOpResult::Put { prev_kv }
+                }
+            };
+            results.push(result);
+        }
+        Ok((succeeded, results, staged, budget.bytes_used()))
+    }
+
+    /// Moves a transaction's staged writes into the batch at the next store
+    /// revision, or refuses them all if the entry cannot hold them. No
+    /// writes: nothing happens, the revision stays.
+    fn write_txn(&mut self, staged: Staged) -> Result<(), TxnFault> {
+        if staged.writes.is_empty() {
+            return Ok(());
+        }
+        let revision = self.revision + 1;
+        // Room beside the entry's records, its session records and the
+        // idle-session evictions, as for a request.
+        let batched = self.batch.ops.len()
+            + self.touched_sessions.len()
+            + 1
+            + SESSION_EVICTIONS_PER_ENTRY_MAX;
+        let writes = staged.writes.len();
+        if batched + writes >= ENTRY_OPS_MAX {
+            return Err(TxnFault::Refused(TxnError::EntryOps { writes, batched }));
+        }
+        let bytes: usize = staged
+            .writes
+            .iter()
+            .map(|(key, state)| match state {
+                KeyState::Present { meta, value, .. } => bitcask::format::record_size(
+                    key.len(),
+                    value.as_ref().map_or(0, Vec::len),
+                    meta.encode().len(),
+                ),
+                KeyState::Absent => {
+                    bitcask::format::record_size(key.len(), 0, tombstone_meta(revision).len())
+                }
+            })
+            .sum();
+        let batched = self.batch_bytes();
+        if batched + bytes > TXN_ENTRY_BATCH_BYTES_MAX {
+            return Err(TxnFault::Refused(TxnError::EntryBytes { bytes, batched }));
+        }
+        for (key, state) in staged.writes {
+            if let KeyState::Present { expiry_ms, .. } = self.state_of(&key)?
+                && expiry_ms != 0
+            {
+                self.expiries.remove(&(expiry_ms, key.clone()));
+            }
+            self.write_staged(key, state, revision)?;
+        }
+        self.revision = revision;
+        Ok(())
+    }
+
+    /// Bytes of the records in the batch so far (counting only the records
+    /// added since the last call).
+    fn batch_bytes(&mut self) -> usize {
+        let (counted, bytes) = &mut self.batch_bytes;
+        for op in &self.batch.ops[*counted..] {
+            *bytes += match op {
+                bitcask::Op::Put {
+                    key, value, meta, ..
+                } => bitcask::format::record_size(key.len(), value.len(), meta.len()),
+                bitcask::Op::Delete { key, meta } => {
+                    bitcask::format::record_size(key.len(), 0, meta.len())
+                }
+            };
+        }
+        *counted = self.batch.ops.len();
+        *bytes
     }
 }
 

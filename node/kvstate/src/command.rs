@@ -8,6 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::txn::{TxnOpResult, TxnRequest};
+
 /// Operations in one entry at most: versions are `index × 65536 + position`,
 /// so the position must fit in 16 bits.
 pub const ENTRY_OPS_MAX: usize = 65_535;
@@ -22,6 +24,15 @@ pub const RESERVED_KEY_PREFIX: &[u8] = b"\xff\xffraftcask/";
 pub const SESSION_IDLE_MS_MAX: u64 = 10 * 60 * 1000;
 /// Answers kept per session (requests in flight per client, at most).
 pub const SESSION_ANSWERS_MAX: usize = 1024;
+/// Bytes a transaction's answer may take, encoded, to be kept in its
+/// session for a retry (with [`SESSION_ANSWERS_MAX`] answers, a session
+/// record stays under 4 MiB of transaction answers). Beyond it the session
+/// keeps [`Outcome::SessionExpired`] in its place: the first reply still
+/// carries the whole answer; a retry of the same sequence is told its
+/// outcome is unknown, and is never applied a second time. Answers to
+/// [`Command::Requests`] and [`Command::Writes`] entries are kept whole, as
+/// builds before transactions kept them (replicas must write the same bytes).
+pub const SESSION_ANSWER_BYTES_MAX: usize = 4 * 1024;
 
 /// One write inside a client request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,6 +146,10 @@ pub enum Command {
     /// the first of these turns revisions on (`apply.rs`, "Entries from
     /// before revisions").
     Advance,
+    /// etcd transactions gathered into one entry, applied in order
+    /// ([`crate::txn`]); each answered [`Outcome::Txn`] or
+    /// [`Outcome::Rejected`].
+    Txns(Vec<TxnRequest>),
 }
 
 impl Command {
@@ -145,6 +160,95 @@ impl Command {
             self,
             Command::Requests(_) | Command::Tick | Command::Merge { .. }
         )
+    }
+}
+
+/// One client write as the leader's batcher queues it: a request or a
+/// transaction. An entry carries writes of one kind ([`Command::Writes`]
+/// or [`Command::Txns`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// Conditions and ops ([`Command::Writes`]).
+    Request(Request),
+    /// An etcd transaction ([`Command::Txns`]).
+    Txn(TxnRequest),
+}
+
+impl Write {
+    /// The records it may write at most, as the batcher counts them to keep
+    /// entries appliable: a request's ops; for a transaction, its longer
+    /// branch, a range delete counting as many keys as a transaction may
+    /// visit ([`crate::txn::TXN_READ_KEYS_MAX`]).
+    pub fn ops(&self) -> usize {
+        match self {
+            Write::Request(request) => request.ops.len(),
+            Write::Txn(txn) => {
+                let records = |ops: &[crate::txn::TxnOp]| -> usize {
+                    ops.iter()
+                        .map(|op| match op {
+                            crate::txn::TxnOp::DeleteRange { .. } => crate::txn::TXN_READ_KEYS_MAX,
+                            crate::txn::TxnOp::Put { .. } => 1,
+                            crate::txn::TxnOp::Range(_) => 0,
+                        })
+                        .sum()
+                };
+                records(&txn.success).max(records(&txn.failure))
+            }
+        }
+    }
+
+    /// Its exactly-once bookkeeping.
+    pub fn session(&self) -> Option<SessionRef> {
+        match self {
+            Write::Request(request) => request.session,
+            Write::Txn(txn) => txn.session,
+        }
+    }
+
+    /// Whether `other` may share an entry with it (same kind).
+    pub fn same_kind(&self, other: &Write) -> bool {
+        matches!(
+            (self, other),
+            (Write::Request(_), Write::Request(_)) | (Write::Txn(_), Write::Txn(_))
+        )
+    }
+
+    /// Its encoded size in bytes (what it adds to an entry, about).
+    pub fn encoded_len(&self) -> usize {
+        match self {
+            Write::Request(request) => kvcodec::encode(request).len(),
+            Write::Txn(txn) => kvcodec::encode(txn).len(),
+        }
+    }
+
+    /// The command of an entry holding `writes`; `None` if they are not
+    /// all of one kind (see [`Write::same_kind`]; the batcher never mixes).
+    pub fn command(writes: Vec<Write>) -> Option<Command> {
+        let mut requests = Vec::new();
+        let mut txns = Vec::new();
+        for write in writes {
+            match write {
+                Write::Request(request) => requests.push(request),
+                Write::Txn(txn) => txns.push(txn),
+            }
+        }
+        match (requests.is_empty(), txns.is_empty()) {
+            (_, true) => Some(Command::Writes(requests)),
+            (true, false) => Some(Command::Txns(txns)),
+            (false, false) => None,
+        }
+    }
+}
+
+impl From<Request> for Write {
+    fn from(request: Request) -> Write {
+        Write::Request(request)
+    }
+}
+
+impl From<TxnRequest> for Write {
+    fn from(txn: TxnRequest) -> Write {
+        Write::Txn(txn)
     }
 }
 
@@ -166,6 +270,7 @@ impl std::fmt::Display for Proposal {
         match &self.command {
             Command::Requests(requests) => write!(f, "requests({})", requests.len())?,
             Command::Writes(requests) => write!(f, "writes({})", requests.len())?,
+            Command::Txns(txns) => write!(f, "txns({})", txns.len())?,
             Command::Tick => write!(f, "tick")?,
             Command::Advance => write!(f, "advance")?,
             Command::Merge { inputs } => write!(f, "merge({} inputs)", inputs.len())?,
@@ -205,10 +310,18 @@ pub enum Outcome {
     /// it applied the first time is unknown to the server.
     SessionExpired,
     /// The request was refused before it touched state (reserved key,
-    /// too many ops); nothing applied.
+    /// too many ops; for a transaction, any [`crate::txn::TxnError`],
+    /// whose message starts with etcd's); nothing applied.
     Rejected {
         /// Why.
         reason: String,
+    },
+    /// A transaction applied one of its branches.
+    Txn {
+        /// Whether every compare held (the `success` branch applied).
+        succeeded: bool,
+        /// One per op of the branch that applied, in order.
+        results: Vec<TxnOpResult>,
     },
 }
 
@@ -226,8 +339,8 @@ pub struct Answer {
 /// The state machine's answer to one entry.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EntryResponse {
-    /// One answer per request of a `Requests` or `Writes` entry; empty
-    /// otherwise.
+    /// One answer per request of a `Requests`, `Writes` or `Txns` entry;
+    /// empty otherwise.
     pub answers: Vec<Answer>,
     /// The store revision after the entry.
     pub revision: u64,
@@ -272,6 +385,34 @@ mod tests {
         session: Option<SessionRef>,
         conditions: Vec<PlainCondition>,
         ops: Vec<PlainOp>,
+    }
+
+    /// bincode numbers enum variants: entries in logs and answers in
+    /// session records decode only while every old variant keeps its number.
+    #[test]
+    fn variants_keep_their_numbers_and_new_ones_come_last() {
+        let first_byte = |bytes: Vec<u8>| bytes[0];
+        assert_eq!(first_byte(codec::encode(&Command::Requests(Vec::new()))), 0);
+        assert_eq!(first_byte(codec::encode(&Command::Tick)), 1);
+        assert_eq!(
+            first_byte(codec::encode(&Command::Merge { inputs: Vec::new() })),
+            2
+        );
+        assert_eq!(first_byte(codec::encode(&Command::Writes(Vec::new()))), 3);
+        assert_eq!(first_byte(codec::encode(&Command::Advance)), 4);
+        assert_eq!(first_byte(codec::encode(&Command::Txns(Vec::new()))), 5);
+        assert_eq!(first_byte(codec::encode(&Outcome::SessionExpired)), 3);
+        let rejected = Outcome::Rejected {
+            reason: String::new(),
+        };
+        assert_eq!(first_byte(codec::encode(&rejected)), 4);
+        let txn = Outcome::Txn {
+            succeeded: true,
+            results: Vec::new(),
+        };
+        assert_eq!(first_byte(codec::encode(&txn)), 5);
+        let decoded: Outcome = codec::decode(&codec::encode(&txn)).unwrap();
+        assert_eq!(decoded, txn);
     }
 
     #[test]

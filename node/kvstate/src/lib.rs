@@ -10,16 +10,85 @@
 //!
 //! ## Modules
 //! - [`command`]: what a Raft entry carries — the leader's cluster time and
-//!   a command (client requests, tick, merge) — the outcome per request,
-//!   and the limits on them.
+//!   a command (client requests, transactions, tick, merge) — the outcome
+//!   per request, and the limits on them.
 //! - [`revision`]: revisions as etcd counts them: the store revision in
 //!   each commit record, each key's create / mod revision, version and
 //!   lease in its engine record's meta, and how both are encoded.
+//! - [`range`]: etcd's range reads (limit, count, sort, revision filters)
+//!   against the engine, outside the log ([`range::range`]) or under an
+//!   entry's pending writes.
+//! - [`txn`]: etcd's transactions: compares, the ops of two branches, the
+//!   checks etcd makes before it applies one, and their results.
 //! - [`apply`]: applying one entry deterministically: one engine batch per
 //!   entry, sequence numbers `index × 65536 + position`, a revision per
-//!   changing request, conditions, TTLs deleted by cluster time through an
-//!   expiry index, exactly-once sessions.
+//!   changing request or transaction, conditions, TTLs deleted by cluster
+//!   time through an expiry index, exactly-once sessions.
+//!
+//! ## Limits
+//! - Per entry: [`command::ENTRY_OPS_MAX`] records (65 535).
+//! - Per session: [`command::SESSION_ANSWERS_MAX`] answers kept (1024); a
+//!   transaction's answer is kept only up to
+//!   [`command::SESSION_ANSWER_BYTES_MAX`] (4 KiB), beyond which its retry
+//!   is answered `SessionExpired`.
+//! - Per transaction: [`txn::TXN_OPS_MAX`] compares and ops per branch
+//!   (128, etcd's default); reads of at most [`txn::TXN_READ_KEYS_MAX`]
+//!   keys (10 000) and [`txn::TXN_READ_BYTES_MAX`] bytes (4 MiB) in all;
+//!   writes that keep the entry's batch under
+//!   [`txn::TXN_ENTRY_BATCH_BYTES_MAX`] (32 MiB).
+//! - Per range read outside the log: [`range::RANGE_KEYS_MAX`] keys
+//!   (100 000) and [`range::RANGE_READ_BYTES_MAX`] bytes (64 MiB).
+//!
+//! ## Example
+//! ```
+//! use std::sync::Arc;
+//!
+//! use bitcask::{Engine, Options, SyncPolicy};
+//! use kvstate::apply::Applier;
+//! use kvstate::command::{Command, Outcome, Proposal};
+//! use kvstate::range::{RangeSpec, range};
+//! use kvstate::txn::{Compare, CompareResult, CompareTarget, TxnOp, TxnRequest};
+//!
+//! let fs = vfs::sim::SimFs::new();
+//! let options = Options { sync: SyncPolicy::Never, vfs: Arc::new(fs), ..Options::default() };
+//! let engine = Engine::open("/sm", options)?;
+//! let mut applier = Applier::default();
+//! // Create "k" if it does not exist (its version is 0), else read it.
+//! let create = TxnRequest {
+//!     session: None,
+//!     compares: vec![Compare {
+//!         key: b"k".to_vec(),
+//!         range_end: Vec::new(),
+//!         target: CompareTarget::Version(0),
+//!         result: CompareResult::Equal,
+//!     }],
+//!     success: vec![TxnOp::Put {
+//!         key: b"k".to_vec(),
+//!         value: b"v".to_vec(),
+//!         ttl_ms: 0,
+//!         lease: 0,
+//!         prev_kv: false,
+//!         ignore_value: false,
+//!         ignore_lease: false,
+//!     }],
+//!     failure: vec![TxnOp::Range(RangeSpec::key("k"))],
+//! };
+//! let entry = Proposal { time_ms: 0, command: Command::Txns(vec![create.clone(), create]) };
+//! let response = applier.apply(&engine, 1, &entry, Vec::new())?;
+//! let branches: Vec<bool> = response
+//!     .answers
+//!     .iter()
+//!     .map(|answer| matches!(answer.outcome, Outcome::Txn { succeeded: true, .. }))
+//!     .collect();
+//! assert_eq!(branches, [true, false]); // the second saw the first's put
+//! assert_eq!(response.revision, 2); // one write, one revision
+//! let read = range(&engine, &RangeSpec::key("k"), 0, applier.header().revision)?;
+//! assert_eq!((read.count, read.kvs[0].mod_revision), (1, 2));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod apply;
 pub mod command;
+pub mod range;
 pub mod revision;
+pub mod txn;

@@ -131,6 +131,21 @@ impl Kv for Fake {
     ) -> Result<Response<pb::BatchResponse>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    async fn range(
+        &self,
+        _: Request<pb::RangeRequest>,
+    ) -> Result<Response<pb::RangeResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn delete_range(
+        &self,
+        _: Request<pb::DeleteRangeRequest>,
+    ) -> Result<Response<pb::DeleteRangeResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn txn(&self, _: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
 }
 
 /// Starts a fake on an ephemeral port; returns its address and the sessions

@@ -3,9 +3,13 @@
 //! code. One file a command; what they share (the [`Context`], key checks)
 //! is here.
 //!
-//! - [`get`]: `get KEY` (linearizable or stale).
+//! - [`get`]: `get KEY` (linearizable or stale), and ranges as etcdctl
+//!   reads them (`--prefix`, `--rev`, `--limit`, `--sort-by`, ...).
 //! - [`put`]: `put KEY VALUE` (text, `@FILE` or `-`), TTL and conditions.
-//! - [`del`]: `del KEY`, optionally conditional on a version.
+//! - [`del`]: `del KEY`, optionally conditional on a mod revision, and
+//!   range deletes (`--prefix`, `--prev-kv`).
+//! - [`txn`]: `txn`, reading etcdctl's transaction format from standard
+//!   input.
 //! - [`expire`]: `expire KEY TTL` and `persist KEY`.
 //! - [`scan`]: `scan` by prefix or range, paged.
 //! - [`status`]: every member's status, asked concurrently, as one table.
@@ -35,6 +39,7 @@ pub mod put;
 pub mod scan;
 pub mod snapshot;
 pub mod status;
+pub mod txn;
 
 /// Largest key, in bytes: the cluster's limit (DESIGN §4), checked before
 /// sending so the message comes at once.
@@ -103,12 +108,10 @@ pub async fn run(cli: Cli, printer: Printer) -> Result<(), Failure> {
         token: cli.token,
     };
     match cli.command {
-        Command::Get { key, consistency } => get::run(&context, key, consistency).await,
+        Command::Get(args) => get::run(&context, args).await,
         Command::Put(args) => put::run(&context, args).await,
-        Command::Del {
-            key,
-            if_mod_revision,
-        } => del::run(&context, key, if_mod_revision).await,
+        Command::Del(args) => del::run(&context, args).await,
+        Command::Txn => txn::run(&context).await,
         Command::Expire { key, ttl } => expire::run(&context, key, Some(ttl)).await,
         Command::Persist { key } => expire::run(&context, key, None).await,
         Command::Scan(args) => scan::run(&context, args).await,

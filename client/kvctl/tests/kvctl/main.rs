@@ -5,4 +5,5 @@ mod bad_input;
 mod cluster;
 mod harness;
 mod keys;
+mod ranges;
 mod tls;

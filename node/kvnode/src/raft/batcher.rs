@@ -13,13 +13,20 @@ use std::sync::Arc;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use kvstate::command::{Answer, ENTRY_OPS_MAX, Request};
+use kvstate::apply::{EXPIRY_DELETES_PER_ENTRY_MAX, SESSION_EVICTIONS_PER_ENTRY_MAX};
+use kvstate::command::{Answer, ENTRY_OPS_MAX, Write};
 
 /// Requests in one entry at most.
 pub const ENTRY_REQUESTS_MAX: usize = 1024;
 /// User ops in one entry at most: below [`ENTRY_OPS_MAX`], leaving room for
-/// the session records the same entry writes (one per request at most).
-pub const ENTRY_USER_OPS_MAX: usize = ENTRY_OPS_MAX - ENTRY_REQUESTS_MAX - 1;
+/// the session records the same entry writes (one per request at most), the
+/// idle sessions it may evict and the expired keys it may delete (kvstate's
+/// per-entry caps), so apply never refuses a request the batcher let in.
+pub const ENTRY_USER_OPS_MAX: usize = ENTRY_OPS_MAX
+    - ENTRY_REQUESTS_MAX
+    - 1
+    - SESSION_EVICTIONS_PER_ENTRY_MAX
+    - EXPIRY_DELETES_PER_ENTRY_MAX;
 /// Encoded bytes of one entry at most (DESIGN §4: one Raft entry ≤ 4 MiB).
 pub const ENTRY_SIZE_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Entries proposed and not yet answered at once. Two let one entry
@@ -63,10 +70,10 @@ pub enum ProposeError {
     Stopped,
 }
 
-/// What proposes one entry: given the requests, returns one answer per
-/// request, in order.
+/// What proposes one entry: given the writes (all of one kind), returns
+/// one answer per write, in order.
 pub type ProposeFn = Arc<
-    dyn Fn(Vec<Request>) -> Pin<Box<dyn Future<Output = Result<Vec<Answer>, ProposeError>> + Send>>
+    dyn Fn(Vec<Write>) -> Pin<Box<dyn Future<Output = Result<Vec<Answer>, ProposeError>> + Send>>
         + Send
         + Sync,
 >;
@@ -76,7 +83,7 @@ pub type ProposeFn = Arc<
 pub type ProposalObserver = Arc<dyn Fn(usize) + Send + Sync>;
 
 struct Pending {
-    request: Request,
+    request: Write,
     size_bytes: usize,
     reply: oneshot::Sender<Result<Answer, ProposeError>>,
 }
@@ -108,18 +115,22 @@ impl Batcher {
         Batcher { queue }
     }
 
-    /// Submits one request and waits for its answer.
-    pub async fn submit(&self, request: Request) -> Result<Answer, ProposeError> {
-        let size_bytes = crate::codec::encode(&request).len();
+    /// Submits one request or transaction and waits for its answer.
+    pub async fn submit(&self, request: impl Into<Write>) -> Result<Answer, ProposeError> {
+        let request = request.into();
+        let size_bytes = request.encoded_len();
         if size_bytes > ENTRY_SIZE_BYTES_MAX {
             return Err(ProposeError::TooLarge {
                 len: size_bytes,
                 max: ENTRY_SIZE_BYTES_MAX,
             });
         }
-        if request.ops.len() > ENTRY_USER_OPS_MAX {
+        // A transaction's count is an upper bound (range deletes count as
+        // many keys as one may visit); apply refuses one that does not fit,
+        // so only a request is refused here.
+        if matches!(request, Write::Request(_)) && request.ops() > ENTRY_USER_OPS_MAX {
             return Err(ProposeError::TooManyOps {
-                ops: request.ops.len(),
+                ops: request.ops(),
                 max: ENTRY_USER_OPS_MAX,
             });
         }
@@ -134,6 +145,13 @@ impl Batcher {
             .map_err(|_| ProposeError::Stopped)?;
         answer.await.map_err(|_| ProposeError::Stopped)?
     }
+}
+
+/// What a write counts toward an entry's [`ENTRY_USER_OPS_MAX`]: its
+/// records at most, and never more than a whole entry (a transaction whose
+/// bound is larger goes in an entry of its own).
+fn weight(write: &Write) -> usize {
+    write.ops().min(ENTRY_USER_OPS_MAX)
 }
 
 async fn run(
@@ -167,21 +185,24 @@ async fn run(
             }
         };
         let mut bytes = first.size_bytes;
-        let mut ops = first.request.ops.len();
+        let mut ops = weight(&first.request);
         let mut batch = vec![first];
         while batch.len() < ENTRY_REQUESTS_MAX {
             let Ok(next) = incoming.try_recv() else { break };
             if next.reply.is_closed() {
                 continue;
             }
+            // An entry holds one kind: a transaction after requests (or
+            // the other way round) starts the next entry.
             if bytes + next.size_bytes > ENTRY_SIZE_BYTES_MAX
-                || ops + next.request.ops.len() > ENTRY_USER_OPS_MAX
+                || ops + weight(&next.request) > ENTRY_USER_OPS_MAX
+                || !next.request.same_kind(&batch[0].request)
             {
                 carried = Some(next);
                 break;
             }
             bytes += next.size_bytes;
-            ops += next.request.ops.len();
+            ops += weight(&next.request);
             batch.push(next);
         }
         if let Some(observe) = &observer {
@@ -189,7 +210,7 @@ async fn run(
         }
         let propose = propose.clone();
         tokio::spawn(async move {
-            let (requests, replies): (Vec<Request>, Vec<_>) = batch
+            let (requests, replies): (Vec<Write>, Vec<_>) = batch
                 .into_iter()
                 .map(|pending| (pending.request, pending.reply))
                 .unzip();
@@ -226,7 +247,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use kvstate::command::{Op, Outcome};
+    use kvstate::command::{Op, Outcome, Request};
+    use kvstate::txn::{TxnOp, TxnRequest};
 
     /// An applied answer whose sequence numbers name the request.
     fn answer(versions: Vec<u64>) -> Answer {
@@ -267,8 +289,31 @@ mod tests {
     /// a version naming the request (its first key), after a delay like a
     /// log fsync.
     fn recording(entries: Arc<Mutex<Vec<Vec<Request>>>>, fail: bool, delay_ms: u64) -> ProposeFn {
-        Arc::new(move |requests: Vec<Request>| {
+        Arc::new(move |writes: Vec<Write>| {
             let entries = entries.clone();
+            // A transaction is recorded as a request of its puts' keys.
+            let requests: Vec<Request> = writes
+                .into_iter()
+                .map(|write| match write {
+                    Write::Request(request) => request,
+                    Write::Txn(txn) => Request {
+                        session: None,
+                        conditions: Vec::new(),
+                        ops: txn
+                            .success
+                            .into_iter()
+                            .map(|op| match op {
+                                TxnOp::Put { key, value, .. } => Op::Put {
+                                    key,
+                                    value,
+                                    ttl_ms: 0,
+                                },
+                                other => panic!("test transactions only put: {other:?}"),
+                            })
+                            .collect(),
+                    },
+                })
+                .collect();
             Box::pin(async move {
                 tokio::time::sleep(Duration::from_millis(delay_ms)).await;
                 let outcomes = requests.iter().map(|r| answer(vec![id_of(r)])).collect();
@@ -355,10 +400,16 @@ mod tests {
         let gate = Arc::new(Semaphore::new(0));
         let propose: ProposeFn = {
             let (proposed, gate) = (proposed.clone(), gate.clone());
-            Arc::new(move |requests: Vec<Request>| {
+            Arc::new(move |writes: Vec<Write>| {
                 let (proposed, gate) = (proposed.clone(), gate.clone());
                 Box::pin(async move {
-                    let ids: Vec<u64> = requests.iter().map(id_of).collect();
+                    let ids: Vec<u64> = writes
+                        .iter()
+                        .map(|write| match write {
+                            Write::Request(request) => id_of(request),
+                            Write::Txn(_) => panic!("this test proposes requests"),
+                        })
+                        .collect();
                     proposed.lock().unwrap().extend(&ids);
                     // A stuck pipeline (a leader without its majority).
                     gate.acquire().await.unwrap().forget();
@@ -419,5 +470,56 @@ mod tests {
             outcome,
             Err(ProposeError::NotApplied("not the leader".to_string()))
         );
+    }
+
+    /// A transaction never shares an entry with plain requests: an entry's
+    /// command holds one kind.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn transactions_and_requests_go_in_entries_of_their_own_kind() {
+        let kinds = Arc::new(Mutex::new(Vec::new()));
+        let seen = kinds.clone();
+        let propose: ProposeFn = Arc::new(move |writes: Vec<Write>| {
+            let seen = seen.clone();
+            Box::pin(async move {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                let command = Write::command(writes.clone()).expect("one kind per entry");
+                seen.lock()
+                    .unwrap()
+                    .push(matches!(command, kvstate::command::Command::Txns(_)));
+                Ok(writes.iter().map(|_| answer(vec![0])).collect())
+            })
+        });
+        let batcher = Batcher::spawn(propose);
+        let tasks: Vec<_> = (0..200u64)
+            .map(|id| {
+                let batcher = batcher.clone();
+                tokio::spawn(async move {
+                    if id % 3 == 0 {
+                        let txn = TxnRequest {
+                            session: None,
+                            compares: Vec::new(),
+                            success: vec![TxnOp::Put {
+                                key: format!("{id}/0").into_bytes(),
+                                value: Vec::new(),
+                                ttl_ms: 0,
+                                lease: 0,
+                                prev_kv: false,
+                                ignore_value: false,
+                                ignore_lease: false,
+                            }],
+                            failure: Vec::new(),
+                        };
+                        batcher.submit(txn).await
+                    } else {
+                        batcher.submit(request(id, 1, 8)).await
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap().unwrap();
+        }
+        let kinds = kinds.lock().unwrap();
+        assert!(kinds.iter().any(|txns| *txns) && kinds.iter().any(|txns| !*txns));
     }
 }

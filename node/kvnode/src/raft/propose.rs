@@ -12,7 +12,7 @@ use crate::raft::batcher::{ProposeError, ProposeFn};
 use crate::raft::merge_policy::ProposeMerge;
 use crate::raft::types::{NodeMetrics, NodeRaft};
 use crate::raft::watch::MetricsWatch;
-use kvstate::command::{Answer, Command, Proposal, Request};
+use kvstate::command::{Answer, Command, Proposal, Write};
 
 /// How long a new leader waits to apply its predecessors' entries before
 /// it stamps its first proposal.
@@ -44,14 +44,17 @@ pub(crate) async fn leader_caught_up(raft: &NodeRaft) -> Result<u64, ProposeErro
 }
 
 pub(crate) fn propose_fn(raft: NodeRaft, clock: Arc<ClusterClock>) -> ProposeFn {
-    Arc::new(move |requests: Vec<Request>| {
+    Arc::new(move |writes: Vec<Write>| {
         let raft = raft.clone();
         let clock = clock.clone();
         Box::pin(async move {
+            let command = Write::command(writes).ok_or_else(|| {
+                ProposeError::NotApplied("requests and transactions in one entry".to_string())
+            })?;
             let term = leader_caught_up(&raft).await?;
             let proposal = Proposal {
                 time_ms: clock.stamp(term),
-                command: Command::Writes(requests),
+                command,
             };
             match raft.client_write(proposal).await {
                 Ok(response) => Ok::<Vec<Answer>, ProposeError>(response.data.answers),

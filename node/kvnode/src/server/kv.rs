@@ -1,5 +1,6 @@
-//! The client `Kv` gRPC service: Put, Delete, Expire, Persist, Get, Scan
-//! and Batch.
+//! The client `Kv` gRPC service: Put, Delete, Expire, Persist, Get, Scan,
+//! Batch, and etcd's Range, DeleteRange and Txn (their wire conversions in
+//! `txn.rs`).
 //!
 //! Writes go through the proposal batcher on the leader; a follower fails
 //! them fast with FAILED_PRECONDITION + `NotLeader`. Linearizable reads get
@@ -20,6 +21,10 @@ use kvproto::kv::v1::{
     ScanRequest, ScanResponse, SessionExpired, batch_op, batch_response, delete_response,
     error_detail, put_request, put_response, scan_request,
 };
+use kvproto::kv::v1::{
+    DeleteRangeRequest, DeleteRangeResponse, RangeRequest, RangeResponse, TxnDeleteRange,
+    TxnOp as PbTxnOp, TxnRequest, TxnResponse, txn_op, txn_op_result,
+};
 use tonic::{Code, Request, Response, Status};
 
 use crate::hooks::Faults;
@@ -31,8 +36,11 @@ use crate::raft::watch::MetricsWatch;
 use crate::server::cluster;
 use crate::server::convert::{self, check_key, check_value};
 use crate::server::metrics::{Metrics, RequestOp, RequestTimer};
+use crate::server::txn;
 use crate::state_machine::StateMachine;
-use kvstate::command::{self, Answer, Condition, Op, Outcome, RESERVED_KEY_PREFIX, SessionRef};
+use kvstate::command::{
+    self, Answer, Condition, Op, Outcome, RESERVED_KEY_PREFIX, SessionRef, Write,
+};
 use kvstate::revision::KeyMeta;
 
 /// Largest client request or response message, in bytes: above the largest
@@ -170,12 +178,13 @@ impl KvService {
         }
     }
 
-    async fn write(&self, request: command::Request) -> Result<Answer, Status> {
+    async fn write(&self, request: impl Into<Write>) -> Result<Answer, Status> {
+        let request: Write = request.into();
         self.require_leader()?;
         if let Some(watermark) = &self.watermark {
             watermark.check_write()?;
         }
-        let session = request.session;
+        let session = request.session();
         // NEGATIVE CONTROL (feature nc-ack-before-commit): a write not
         // committed in time is acknowledged anyway, with a guessed version.
         #[cfg(feature = "nc-ack-before-commit")]
@@ -247,11 +256,11 @@ impl KvService {
     #[cfg(feature = "nc-ack-before-commit")]
     async fn ack_before_commit(
         &self,
-        request: command::Request,
+        request: Write,
     ) -> Result<Result<Result<Answer, ProposeError>, tokio::time::error::Elapsed>, Answer> {
         /// How long a write may take to commit before it is acknowledged anyway.
         const ACK_EARLY_AFTER: Duration = Duration::from_millis(100);
-        let ops = request.ops.len();
+        let ops = request.ops();
         let submit = tokio::time::timeout(WRITE_TIMEOUT, self.batcher.submit(request));
         tokio::pin!(submit);
         match tokio::time::timeout(ACK_EARLY_AFTER, &mut submit).await {
@@ -308,7 +317,7 @@ impl KvService {
     }
 }
 
-fn session(session: Option<kvproto::kv::v1::Session>) -> Option<SessionRef> {
+pub(crate) fn session(session: Option<kvproto::kv::v1::Session>) -> Option<SessionRef> {
     session.filter(|s| s.client_id != 0).map(|s| SessionRef {
         client_id: s.client_id,
         sequence: s.sequence,
@@ -673,6 +682,83 @@ impl Kv for KvService {
             entries,
             more,
             next_after,
+        }))
+    }
+
+    async fn range(
+        &self,
+        request: Request<RangeRequest>,
+    ) -> Result<Response<RangeResponse>, Status> {
+        let request = request.into_inner();
+        let _timer = self.request_timer(RequestOp::Range);
+        let spec = txn::range_spec(&request)?;
+        self.prepare_read(consistency_of(request.consistency)?, request.min_index)
+            .await?;
+        let now = self.state_machine.cluster_time_ms();
+        let engine = self.state_machine.engine();
+        let revision = self.state_machine.revision();
+        // Up to RANGE_KEYS_MAX keys and a sort: off the async workers.
+        let result = tokio::task::spawn_blocking(move || {
+            kvstate::range::range(&engine, &spec, now, revision)
+        })
+        .await
+        .map_err(|err| Status::internal(format!("the range read failed: {err}")))?
+        .map_err(txn::range_error)?;
+        // After the read (see `get`).
+        let header = self.header();
+        Ok(Response::new(txn::range_response(result, Some(header))))
+    }
+
+    async fn delete_range(
+        &self,
+        request: Request<DeleteRangeRequest>,
+    ) -> Result<Response<DeleteRangeResponse>, Status> {
+        let request = request.into_inner();
+        let _timer = self.request_timer(RequestOp::DeleteRange);
+        // A transaction of one range delete: one revision for every key.
+        let txn = txn::txn_request(TxnRequest {
+            session: request.session,
+            compare: Vec::new(),
+            success: vec![PbTxnOp {
+                op: Some(txn_op::Op::DeleteRange(TxnDeleteRange {
+                    key: request.key,
+                    range_end: request.range_end,
+                    prev_kv: request.prev_kv,
+                })),
+            }],
+            failure: Vec::new(),
+        })?;
+        let answer = self.write(txn).await?;
+        let Outcome::Txn { results, .. } = answer.outcome else {
+            return Err(unexpected(answer.outcome));
+        };
+        let Some(txn_op_result::Result::DeleteRange(deleted)) = txn::txn_results(results)
+            .into_iter()
+            .next()
+            .and_then(|result| result.result)
+        else {
+            return Err(Status::internal(
+                "a range delete's transaction answered no range delete",
+            ));
+        };
+        Ok(Response::new(DeleteRangeResponse {
+            header: Some(self.write_header(answer.revision)),
+            ..deleted
+        }))
+    }
+
+    async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
+        let request = request.into_inner();
+        let _timer = self.request_timer(RequestOp::Txn);
+        let txn = txn::txn_request(request)?;
+        let answer = self.write(txn).await?;
+        let Outcome::Txn { succeeded, results } = answer.outcome else {
+            return Err(unexpected(answer.outcome));
+        };
+        Ok(Response::new(TxnResponse {
+            header: Some(self.write_header(answer.revision)),
+            succeeded,
+            responses: txn::txn_results(results),
         }))
     }
 

@@ -66,11 +66,17 @@ pub enum RequestOp {
     Scan,
     /// `Kv.Batch`.
     Batch,
+    /// `Kv.Range`.
+    Range,
+    /// `Kv.DeleteRange`.
+    DeleteRange,
+    /// `Kv.Txn`.
+    Txn,
 }
 
 impl RequestOp {
     /// Every op, in label order.
-    pub const ALL: [RequestOp; 7] = [
+    pub const ALL: [RequestOp; 10] = [
         RequestOp::Get,
         RequestOp::Put,
         RequestOp::Delete,
@@ -78,6 +84,9 @@ impl RequestOp {
         RequestOp::Persist,
         RequestOp::Scan,
         RequestOp::Batch,
+        RequestOp::Range,
+        RequestOp::DeleteRange,
+        RequestOp::Txn,
     ];
 
     /// The value of the `op` label.
@@ -90,6 +99,9 @@ impl RequestOp {
             RequestOp::Persist => "persist",
             RequestOp::Scan => "scan",
             RequestOp::Batch => "batch",
+            RequestOp::Range => "range",
+            RequestOp::DeleteRange => "delete_range",
+            RequestOp::Txn => "txn",
         }
     }
 }

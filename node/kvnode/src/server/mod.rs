@@ -7,6 +7,8 @@
 //!
 //! - [`kv`]: the client `Kv` service (writes through the batcher, reads by
 //!   consistency).
+//! - [`txn`]: the wire form of `Kv.Range`, `Kv.DeleteRange` and `Kv.Txn`
+//!   (checked into kvstate's range and transaction types, and back).
 //! - [`cluster`]: the client `Cluster` service (status, membership,
 //!   snapshots, SaveSnapshot streaming).
 //! - [`raft`]: the peer `Raft` service (AppendEntries, Vote, ReadIndex,
@@ -29,3 +31,4 @@ pub mod limits;
 pub mod metrics;
 pub mod raft;
 pub mod security;
+pub mod txn;

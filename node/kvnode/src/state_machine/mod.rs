@@ -258,9 +258,22 @@ impl StateMachine {
         &self,
         entries: impl IntoIterator<Item = NodeEntry>,
     ) -> Result<Vec<EntryResponse>, SmError> {
+        self.apply_entries_answering(entries, |_| true)
+    }
+
+    /// [`StateMachine::apply_entries`], keeping the response of the `i`-th
+    /// entry only where `wanted(i)` (the others are replaced by an empty
+    /// one as soon as they are made): nobody waits for a follower's
+    /// answers, and a transaction's answer may be megabytes.
+    pub fn apply_entries_answering(
+        &self,
+        entries: impl IntoIterator<Item = NodeEntry>,
+        wanted: impl Fn(usize) -> bool,
+    ) -> Result<Vec<EntryResponse>, SmError> {
         let mut inner = self.lock();
         let mut responses = Vec::new();
         for entry in entries {
+            let position = responses.len();
             let log_id = entry.log_id;
             let index = log_id.index;
             if inner
@@ -317,7 +330,11 @@ impl StateMachine {
             inner.membership = membership;
             inner.time_ms = time_ms;
             self.shared.cluster_time_ms.store(time_ms, Ordering::SeqCst);
-            responses.push(response);
+            responses.push(if wanted(position) {
+                response
+            } else {
+                EntryResponse::default()
+            });
         }
         Ok(responses)
     }
@@ -470,7 +487,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     Poll::Pending => break,
                 }
             }
-            let responses = self.apply_entries(batch.drain(..)).map_err(sm_err)?;
+            let wanted: Vec<bool> = responders.iter().map(Option::is_some).collect();
+            let responses = self
+                .apply_entries_answering(batch.drain(..), |i| wanted[i])
+                .map_err(sm_err)?;
             for (responder, response) in responders.drain(..).zip(responses) {
                 if let Some(responder) = responder {
                     responder.send(response);

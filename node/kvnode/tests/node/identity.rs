@@ -112,14 +112,14 @@ async fn forged_peer_requests_are_refused_with_the_mismatch_named() {
                 protocol_version: 0,
                 ..good
             },
-            "speaks peer protocol 1, this member speaks 3",
+            "speaks peer protocol 1, this member speaks 4",
         ),
         (
             Identity {
                 protocol_version: kvproto::PEER_PROTOCOL_VERSION + 1,
                 ..good
             },
-            "speaks peer protocol 4, this member speaks 3",
+            "speaks peer protocol 5, this member speaks 4",
         ),
     ];
     for (identity, named) in cases {

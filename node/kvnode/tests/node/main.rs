@@ -30,4 +30,5 @@ mod snapshot_transfer;
 mod state_machine;
 mod suite;
 mod tls;
+mod transactions;
 mod ttl;

@@ -1,0 +1,777 @@
+//! Range reads as etcd v3 serves them (`RangeRequest` / `RangeResponse`,
+//! server v3.4/v3.5), evaluated against the engine at a cluster time.
+//!
+//! A range names keys the etcd way ([`RangeSpec::key`] and
+//! [`RangeSpec::range_end`]): an empty `range_end` is the single key, `"\0"`
+//! is every key at or after `key`, anything else is `[key, range_end)`.
+//! Expired keys are absent, and keys under [`RESERVED_KEY_PREFIX`] (the
+//! node's own bookkeeping) are never visited: a range that spans them is
+//! read as the two ranges around them.
+//!
+//! The order of work is etcd's (`applierV3backend.Range`): the keys in the
+//! range are counted ([`RangeResult::count`], before filters and limit);
+//! when a sort order or a min/max revision filter is set every key is
+//! fetched, otherwise only `limit + 1` (to know [`RangeResult::more`]);
+//! then the filters, then the sort, then the cut to `limit`.
+//!
+//! Two callers: [`range`] reads the engine alone (a read outside the log),
+//! and the apply of a transaction reads the engine under the entry's
+//! pending writes (an [`Overlay`]), so a range inside a transaction sees
+//! the transaction's earlier puts and deletes, as etcd's do. Every read is
+//! bounded by a [`Budget`]: keys visited, and bytes of keys visited and
+//! values returned; past it the read fails with an error naming the limit.
+
+use std::cmp::Ordering;
+use std::ops::Bound;
+
+use bitcask::{Engine, KeyRange, Scan};
+use serde::{Deserialize, Serialize};
+
+use crate::command::RESERVED_KEY_PREFIX;
+use crate::revision::{KeyMeta, RevisionError};
+
+/// Keys a read outside the log ([`range`]) may visit: every key in the
+/// range is visited to count it, and the key directory hands them over in
+/// one pass (so the keys and revisions read are one consistent state).
+/// 100 000 keys of a typical 50 bytes are about 10 MiB.
+pub const RANGE_KEYS_MAX: usize = 100_000;
+/// Bytes a read outside the log ([`range`]) may visit: the keys in the
+/// range plus the values it returns. Below the node's largest client
+/// message (8 MiB), so a range that passes it also fits its answer.
+pub const RANGE_READ_BYTES_MAX: usize = 6 * 1024 * 1024;
+/// Times [`range`] starts over when an entry applied between its pass over
+/// the key directory and its value reads (a key changed under it).
+pub const RANGE_READ_ATTEMPTS_MAX: usize = 8;
+/// Bytes of a key shown in an error message; longer keys are cut.
+const KEY_SHOWN_BYTES_MAX: usize = 64;
+/// The first key after every key that starts with [`RESERVED_KEY_PREFIX`]
+/// (its last byte, `/`, plus one). Checked against the prefix in a test.
+const RESERVED_KEY_END: &[u8] = b"\xff\xffraftcask0";
+
+/// How a range sorts its keys (etcd's `RangeRequest.SortOrder`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SortOrder {
+    /// Key order, unless [`RangeSpec::sort_target`] is not
+    /// [`SortTarget::Key`]: then ascending (etcd's default).
+    #[default]
+    None,
+    /// Lowest first.
+    Ascend,
+    /// Highest first.
+    Descend,
+}
+
+/// What a range sorts by (etcd's `RangeRequest.SortTarget`). Keys that tie
+/// stay in ascending key order (etcd leaves ties unordered).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SortTarget {
+    /// The key.
+    #[default]
+    Key,
+    /// The key's version.
+    Version,
+    /// The key's create revision.
+    Create,
+    /// The key's mod revision.
+    Mod,
+    /// The value's bytes.
+    Value,
+}
+
+/// A range read, field for field etcd's `RangeRequest`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RangeSpec {
+    /// The first key; must not be empty (etcd: "key is not provided").
+    #[serde(with = "serde_bytes")]
+    pub key: Vec<u8>,
+    /// Empty: `key` alone; `"\0"`: every key at or after `key`; otherwise
+    /// the keys in `[key, range_end)`.
+    #[serde(with = "serde_bytes")]
+    pub range_end: Vec<u8>,
+    /// Keys returned at most; 0 = no limit.
+    pub limit: u64,
+    /// Return keys and revisions with empty values.
+    pub keys_only: bool,
+    /// Return only [`RangeResult::count`], no keys.
+    pub count_only: bool,
+    /// The order of the keys returned.
+    pub sort_order: SortOrder,
+    /// What [`RangeSpec::sort_order`] sorts by.
+    pub sort_target: SortTarget,
+    /// Leave out keys whose mod revision is below this; 0 = no bound.
+    pub min_mod_revision: u64,
+    /// Leave out keys whose mod revision is above this; 0 = no bound.
+    pub max_mod_revision: u64,
+    /// Leave out keys whose create revision is below this; 0 = no bound.
+    pub min_create_revision: u64,
+    /// Leave out keys whose create revision is above this; 0 = no bound.
+    pub max_create_revision: u64,
+    /// The store revision to read at; 0 = the current one. Any other value
+    /// than the current store revision is refused for now (reads at a past
+    /// revision need the change history).
+    pub revision: u64,
+}
+
+impl RangeSpec {
+    /// A read of the single key `key`, every other field at its default.
+    pub fn key(key: impl Into<Vec<u8>>) -> RangeSpec {
+        RangeSpec {
+            key: key.into(),
+            ..RangeSpec::default()
+        }
+    }
+
+    /// A read of `[key, range_end)` (with `range_end`'s etcd meanings),
+    /// every other field at its default.
+    pub fn between(key: impl Into<Vec<u8>>, range_end: impl Into<Vec<u8>>) -> RangeSpec {
+        RangeSpec {
+            key: key.into(),
+            range_end: range_end.into(),
+            ..RangeSpec::default()
+        }
+    }
+
+    /// Whether etcd fetches every key of the range before it filters, sorts
+    /// and cuts to the limit (a sort order or a revision filter is set);
+    /// otherwise it fetches `limit + 1` keys in key order.
+    fn fetches_all(&self) -> bool {
+        self.sort_order != SortOrder::None
+            || self.min_mod_revision != 0
+            || self.max_mod_revision != 0
+            || self.min_create_revision != 0
+            || self.max_create_revision != 0
+    }
+}
+
+/// A key as a range returns it (etcd's `mvccpb.KeyValue`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct KeyValue {
+    /// The key.
+    #[serde(with = "serde_bytes")]
+    pub key: Vec<u8>,
+    /// The value (empty for a keys-only read).
+    #[serde(with = "serde_bytes")]
+    pub value: Vec<u8>,
+    /// Revision of the write that created the key.
+    pub create_revision: u64,
+    /// Revision of the write that last changed it.
+    pub mod_revision: u64,
+    /// Changes since creation: 1 on create.
+    pub version: u64,
+    /// The lease the key is attached to; 0 = none.
+    pub lease: u64,
+}
+
+impl KeyValue {
+    /// A key, its value and its revisions.
+    pub(crate) fn from_meta(key: Vec<u8>, value: Vec<u8>, meta: &KeyMeta) -> KeyValue {
+        KeyValue {
+            key,
+            value,
+            create_revision: meta.create_revision,
+            mod_revision: meta.mod_revision,
+            version: meta.version,
+            lease: meta.lease,
+        }
+    }
+}
+
+/// What a range read found (etcd's `RangeResponse`, without its header).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RangeResult {
+    /// The keys, in the order asked for (empty for a count-only read).
+    pub kvs: Vec<KeyValue>,
+    /// Whether keys were left out by the limit.
+    pub more: bool,
+    /// Keys in the range, before the revision filters and the limit.
+    pub count: u64,
+}
+
+/// Why a range read was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RangeError {
+    /// The range's `key` is empty.
+    #[error("etcdserver: key is not provided (field `key` is empty)")]
+    KeyEmpty,
+    /// The range's `key` is one of the node's own.
+    #[error("key {} starts with the reserved prefix RESERVED_KEY_PREFIX", shown(.key))]
+    ReservedKey {
+        /// The key.
+        key: Vec<u8>,
+    },
+    /// `revision` is above the store revision (etcd's `ErrFutureRev`).
+    #[error(
+        "mvcc: required revision is a future revision: field `revision` is {requested}, \
+         the store revision is {current}"
+    )]
+    FutureRevision {
+        /// The revision asked for.
+        requested: u64,
+        /// The store revision.
+        current: u64,
+    },
+    /// `revision` is below the store revision: not served yet.
+    #[error(
+        "field `revision` is {requested}, below the store revision {current}: reads at a \
+         past revision are not supported yet (leave `revision` 0 to read the current one)"
+    )]
+    PastRevision {
+        /// The revision asked for.
+        requested: u64,
+        /// The store revision.
+        current: u64,
+    },
+    /// The read would visit more keys than its budget allows.
+    #[error("the read visits more than {max} keys (the limit {limit})")]
+    TooManyKeys {
+        /// The limit's name.
+        limit: &'static str,
+        /// Its value.
+        max: usize,
+    },
+    /// The read would visit or return more bytes than its budget allows.
+    #[error(
+        "the read visits or returns more than {max} bytes of keys and values (the limit {limit})"
+    )]
+    TooManyBytes {
+        /// The limit's name.
+        limit: &'static str,
+        /// Its value.
+        max: usize,
+    },
+    /// A key changed between the pass over the key directory and the read
+    /// of its value: an entry applied meanwhile. [`range`] starts over; in
+    /// the apply, where nothing else writes, it is an inconsistent engine.
+    #[error("key {} changed while it was read", shown(.key))]
+    KeyChanged {
+        /// The key.
+        key: Vec<u8>,
+    },
+    /// [`range`] found keys changing under it on every attempt.
+    #[error(
+        "entries kept applying under the read: {RANGE_READ_ATTEMPTS_MAX} attempts (the limit RANGE_READ_ATTEMPTS_MAX) saw a key change"
+    )]
+    Unstable,
+    /// The engine failed.
+    #[error("engine: {0}")]
+    Engine(#[from] bitcask::Error),
+    /// A key's revision metadata does not decode.
+    #[error(transparent)]
+    Revision(#[from] RevisionError),
+}
+
+/// Reads `spec` from the engine alone, at cluster time `now_ms`, when the
+/// store revision is `store_revision` (what [`crate::apply::Applier`]
+/// publishes; a `spec.revision` other than 0 or this is refused), within
+/// [`RANGE_KEYS_MAX`] and [`RANGE_READ_BYTES_MAX`].
+///
+/// The keys and their revisions come from one pass over the key directory
+/// (one consistent state), except that a range spanning the reserved keys
+/// takes one pass each side of them. Values are read after: if an entry
+/// changed one of the keys meanwhile, the read starts over, at most
+/// [`RANGE_READ_ATTEMPTS_MAX`] times.
+pub fn range(
+    engine: &Engine,
+    spec: &RangeSpec,
+    now_ms: u64,
+    store_revision: u64,
+) -> Result<RangeResult, RangeError> {
+    for _ in 0..RANGE_READ_ATTEMPTS_MAX {
+        let mut budget = Budget::new(
+            ("RANGE_KEYS_MAX", RANGE_KEYS_MAX),
+            ("RANGE_READ_BYTES_MAX", RANGE_READ_BYTES_MAX),
+        );
+        match evaluate(engine, None, spec, now_ms, store_revision, &mut budget) {
+            Err(RangeError::KeyChanged { .. }) => continue,
+            other => return other,
+        }
+    }
+    Err(RangeError::Unstable)
+}
+
+/// What reads may still cost: keys visited, and bytes of keys visited and
+/// values returned, each with the name and value of its limit for errors.
+#[derive(Clone, Debug)]
+pub(crate) struct Budget {
+    keys_left: usize,
+    keys_limit: (&'static str, usize),
+    bytes_left: usize,
+    bytes_limit: (&'static str, usize),
+}
+
+impl Budget {
+    /// A budget of `keys` keys and `bytes` bytes, each `(name, value)`.
+    pub(crate) fn new(keys: (&'static str, usize), bytes: (&'static str, usize)) -> Budget {
+        Budget {
+            keys_left: keys.1,
+            keys_limit: keys,
+            bytes_left: bytes.1,
+            bytes_limit: bytes,
+        }
+    }
+
+    fn too_many_keys(&self) -> RangeError {
+        RangeError::TooManyKeys {
+            limit: self.keys_limit.0,
+            max: self.keys_limit.1,
+        }
+    }
+
+    fn take_keys(&mut self, keys: usize) -> Result<(), RangeError> {
+        self.keys_left = self
+            .keys_left
+            .checked_sub(keys)
+            .ok_or_else(|| self.too_many_keys())?;
+        Ok(())
+    }
+
+    /// Bytes taken so far.
+    pub(crate) fn bytes_used(&self) -> usize {
+        self.bytes_limit.1 - self.bytes_left
+    }
+
+    pub(crate) fn take_bytes(&mut self, bytes: usize) -> Result<(), RangeError> {
+        self.bytes_left = self
+            .bytes_left
+            .checked_sub(bytes)
+            .ok_or(RangeError::TooManyBytes {
+                limit: self.bytes_limit.0,
+                max: self.bytes_limit.1,
+            })?;
+        Ok(())
+    }
+}
+
+/// The keys a range, a compare or a delete names: from `start` (included)
+/// to `end`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct KeyBounds {
+    start: Vec<u8>,
+    end: Bound<Vec<u8>>,
+}
+
+impl KeyBounds {
+    /// etcd's reading of a key and a range end: empty = `key` alone,
+    /// `"\0"` = every key at or after `key`, otherwise `[key, range_end)`.
+    pub(crate) fn new(key: &[u8], range_end: &[u8]) -> KeyBounds {
+        let end = match range_end {
+            [] => Bound::Included(key.to_vec()),
+            [0] => Bound::Unbounded,
+            end => Bound::Excluded(end.to_vec()),
+        };
+        KeyBounds {
+            start: key.to_vec(),
+            end,
+        }
+    }
+
+    /// Whether `key` is within the bounds.
+    pub(crate) fn contains(&self, key: &[u8]) -> bool {
+        key >= self.start.as_slice() && below_end(key, &self.end)
+    }
+
+    /// The bounds without the reserved keys: none, one or two ranges, each
+    /// non-empty, ascending.
+    fn parts(&self) -> Vec<(Vec<u8>, Bound<Vec<u8>>)> {
+        let mut parts = Vec::with_capacity(2);
+        if self.start.as_slice() < RESERVED_KEY_PREFIX {
+            let end = if below_end(RESERVED_KEY_PREFIX, &self.end) {
+                Bound::Excluded(RESERVED_KEY_PREFIX.to_vec())
+            } else {
+                self.end.clone()
+            };
+            if !is_empty(&self.start, &end) {
+                parts.push((self.start.clone(), end));
+            }
+        }
+        let start = self.start.as_slice().max(RESERVED_KEY_END).to_vec();
+        if !is_empty(&start, &self.end) {
+            parts.push((start, self.end.clone()));
+        }
+        parts
+    }
+}
+
+/// Whether `key` is before `end`.
+fn below_end(key: &[u8], end: &Bound<Vec<u8>>) -> bool {
+    match end {
+        Bound::Included(end) => key <= end.as_slice(),
+        Bound::Excluded(end) => key < end.as_slice(),
+        Bound::Unbounded => true,
+    }
+}
+
+/// Whether no key is at or after `start` and before `end`.
+fn is_empty(start: &[u8], end: &Bound<Vec<u8>>) -> bool {
+    !below_end(start, end)
+}
+
+/// A key as a layer of writes not yet in the engine holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pending {
+    /// Deleted (or expired).
+    Deleted,
+    /// Written, with these revisions.
+    Written(KeyMeta),
+}
+
+/// Writes a read sees on top of the engine: those of earlier ops of the
+/// entry being applied (and of the transaction being evaluated).
+pub(crate) trait Overlay {
+    /// The keys from `start` to `end` this overlay holds, ascending.
+    fn changed(&self, start: &[u8], end: &Bound<Vec<u8>>) -> Vec<(Vec<u8>, Pending)>;
+    /// The value of `key`, which [`Overlay::changed`] reported written.
+    fn value(&self, key: &[u8]) -> Result<Vec<u8>, bitcask::Error>;
+}
+
+/// A key a read found present, before its value is read.
+#[derive(Clone, Debug)]
+pub(crate) struct Found {
+    /// The key.
+    pub(crate) key: Vec<u8>,
+    /// Its revisions.
+    pub(crate) meta: KeyMeta,
+    /// Where its value is: the engine (at this sequence number), or the
+    /// overlay.
+    engine_seq: Option<u64>,
+}
+
+/// Every present key within `bounds`, ascending: the engine's under the
+/// overlay's, reserved keys left out; charges `budget` one key and the
+/// key's bytes for each.
+pub(crate) fn visit(
+    engine: &Engine,
+    overlay: Option<&dyn Overlay>,
+    bounds: &KeyBounds,
+    now_ms: u64,
+    budget: &mut Budget,
+) -> Result<Vec<Found>, RangeError> {
+    let mut found = Vec::new();
+    for (start, end) in bounds.parts() {
+        let changed = overlay.map_or_else(Vec::new, |overlay| overlay.changed(&start, &end));
+        let deleted = changed
+            .iter()
+            .filter(|(_, pending)| *pending == Pending::Deleted)
+            .count();
+        // One key past the budget tells that the budget is exceeded; each
+        // deleted overlay key may hide one engine key.
+        let room = budget.keys_left.saturating_sub(found.len());
+        let scan = Scan {
+            range: KeyRange::Range(Bound::Included(start), end),
+            after: None,
+            limit: room.saturating_add(deleted).saturating_add(1),
+            keys_only: true,
+        };
+        let stored = engine.scan(&scan, now_ms)?;
+        let mut changed = changed.into_iter().peekable();
+        for entry in stored {
+            // The overlay's keys up to this one; the overlay's word wins.
+            let mut shadowed = false;
+            while let Some((key, pending)) = changed.next_if(|(key, _)| *key <= entry.key) {
+                shadowed = key == entry.key;
+                if let Pending::Written(meta) = pending {
+                    found.push(Found {
+                        key,
+                        meta,
+                        engine_seq: None,
+                    });
+                }
+            }
+            if !shadowed {
+                found.push(Found {
+                    meta: KeyMeta::decode(&entry.meta)?,
+                    key: entry.key,
+                    engine_seq: Some(entry.seq),
+                });
+            }
+        }
+        for (key, pending) in changed {
+            if let Pending::Written(meta) = pending {
+                found.push(Found {
+                    key,
+                    meta,
+                    engine_seq: None,
+                });
+            }
+        }
+        if found.len() > budget.keys_left {
+            return Err(budget.too_many_keys());
+        }
+    }
+    budget.take_keys(found.len())?;
+    budget.take_bytes(found.iter().map(|f| f.key.len()).sum())?;
+    Ok(found)
+}
+
+/// The value of a key [`visit`] found, charged to `budget`.
+fn read_value(
+    engine: &Engine,
+    overlay: Option<&dyn Overlay>,
+    found: &Found,
+    now_ms: u64,
+    budget: &mut Budget,
+) -> Result<Vec<u8>, RangeError> {
+    let value = match found.engine_seq {
+        Some(seq) => match engine.get(&found.key, now_ms)? {
+            Some(item) if item.seq == seq => item.value,
+            _ => {
+                return Err(RangeError::KeyChanged {
+                    key: found.key.clone(),
+                });
+            }
+        },
+        None => overlay
+            .expect("a key found in an overlay was visited with that overlay")
+            .value(&found.key)?,
+    };
+    budget.take_bytes(value.len())?;
+    Ok(value)
+}
+
+/// The keys [`visit`] found as [`KeyValue`]s, with their values when
+/// `with_values` (charged to `budget`), else with empty ones.
+pub(crate) fn key_values(
+    engine: &Engine,
+    overlay: Option<&dyn Overlay>,
+    found: Vec<Found>,
+    with_values: bool,
+    now_ms: u64,
+    budget: &mut Budget,
+) -> Result<Vec<KeyValue>, RangeError> {
+    found
+        .into_iter()
+        .map(|found| {
+            let value = if with_values {
+                read_value(engine, overlay, &found, now_ms, budget)?
+            } else {
+                Vec::new()
+            };
+            Ok(KeyValue::from_meta(found.key, value, &found.meta))
+        })
+        .collect()
+}
+
+/// Checks a read's `revision` against the store revision `current`: 0 and
+/// `current` are served, anything else is refused.
+pub(crate) fn check_revision(requested: u64, current: u64) -> Result<(), RangeError> {
+    match requested {
+        0 => Ok(()),
+        requested if requested == current => Ok(()),
+        requested if requested > current => Err(RangeError::FutureRevision { requested, current }),
+        requested => Err(RangeError::PastRevision { requested, current }),
+    }
+}
+
+/// Evaluates `spec` against the engine under `overlay`, at cluster time
+/// `now_ms`, when the store revision is `store_revision`, within `budget`:
+/// etcd's order of work (see the module documentation).
+pub(crate) fn evaluate(
+    engine: &Engine,
+    overlay: Option<&dyn Overlay>,
+    spec: &RangeSpec,
+    now_ms: u64,
+    store_revision: u64,
+    budget: &mut Budget,
+) -> Result<RangeResult, RangeError> {
+    if spec.key.is_empty() {
+        return Err(RangeError::KeyEmpty);
+    }
+    if spec.key.starts_with(RESERVED_KEY_PREFIX) {
+        return Err(RangeError::ReservedKey {
+            key: spec.key.clone(),
+        });
+    }
+    check_revision(spec.revision, store_revision)?;
+    let bounds = KeyBounds::new(&spec.key, &spec.range_end);
+    let mut found = visit(engine, overlay, &bounds, now_ms, budget)?;
+    let count = found.len() as u64;
+    if spec.count_only {
+        return Ok(RangeResult {
+            kvs: Vec::new(),
+            more: false,
+            count,
+        });
+    }
+    // 0 = no limit; a limit past the address space is no limit either.
+    let limit = usize::try_from(spec.limit).unwrap_or(0);
+    if !spec.fetches_all() && limit > 0 {
+        found.truncate(limit.saturating_add(1));
+    }
+    let bound = |bound: u64, keep: bool| bound == 0 || keep;
+    found.retain(|f| {
+        bound(
+            spec.max_mod_revision,
+            f.meta.mod_revision <= spec.max_mod_revision,
+        ) && bound(
+            spec.min_mod_revision,
+            f.meta.mod_revision >= spec.min_mod_revision,
+        ) && bound(
+            spec.max_create_revision,
+            f.meta.create_revision <= spec.max_create_revision,
+        ) && bound(
+            spec.min_create_revision,
+            f.meta.create_revision >= spec.min_create_revision,
+        )
+    });
+    // etcd: no order with a target other than the key means ascending; the
+    // keys already come in ascending key order.
+    let order = match (spec.sort_order, spec.sort_target) {
+        (SortOrder::None, SortTarget::Key) | (SortOrder::Ascend, SortTarget::Key) => {
+            SortOrder::None
+        }
+        (SortOrder::None, _) => SortOrder::Ascend,
+        (order, _) => order,
+    };
+    let mut rows: Vec<(Found, Option<Vec<u8>>)> = Vec::with_capacity(found.len());
+    let by_value = order != SortOrder::None && spec.sort_target == SortTarget::Value;
+    for found in found {
+        let value = if by_value {
+            Some(read_value(engine, overlay, &found, now_ms, budget)?)
+        } else {
+            None
+        };
+        rows.push((found, value));
+    }
+    if order != SortOrder::None {
+        let target = spec.sort_target;
+        // Stable: keys that tie stay in ascending key order either way.
+        rows.sort_by(|a, b| {
+            let ordering = compare_by(target, a, b);
+            if order == SortOrder::Descend {
+                ordering.reverse()
+            } else {
+                ordering
+            }
+        });
+    }
+    let more = limit > 0 && rows.len() > limit;
+    if more {
+        rows.truncate(limit);
+    }
+    let mut kvs = Vec::with_capacity(rows.len());
+    for (found, value) in rows {
+        let value = match (spec.keys_only, value) {
+            (true, _) => Vec::new(),
+            (false, Some(value)) => value,
+            (false, None) => read_value(engine, overlay, &found, now_ms, budget)?,
+        };
+        kvs.push(KeyValue::from_meta(found.key, value, &found.meta));
+    }
+    Ok(RangeResult { kvs, more, count })
+}
+
+/// How two rows compare by `target` (values are read when sorting by value).
+fn compare_by(
+    target: SortTarget,
+    (a, a_value): &(Found, Option<Vec<u8>>),
+    (b, b_value): &(Found, Option<Vec<u8>>),
+) -> Ordering {
+    match target {
+        SortTarget::Key => a.key.cmp(&b.key),
+        SortTarget::Version => a.meta.version.cmp(&b.meta.version),
+        SortTarget::Create => a.meta.create_revision.cmp(&b.meta.create_revision),
+        SortTarget::Mod => a.meta.mod_revision.cmp(&b.meta.mod_revision),
+        SortTarget::Value => a_value.cmp(b_value),
+    }
+}
+
+/// A key for an error message: lossy UTF-8, cut at [`KEY_SHOWN_BYTES_MAX`].
+pub(crate) fn shown(key: &[u8]) -> String {
+    let cut = &key[..key.len().min(KEY_SHOWN_BYTES_MAX)];
+    let more = if cut.len() < key.len() { "…" } else { "" };
+    format!("{:?}{more}", String::from_utf8_lossy(cut))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn excluded(end: &[u8]) -> Bound<Vec<u8>> {
+        Bound::Excluded(end.to_vec())
+    }
+
+    #[test]
+    fn the_reserved_end_follows_every_reserved_key() {
+        let mut end = RESERVED_KEY_PREFIX.to_vec();
+        let last = end.pop().unwrap();
+        end.push(last + 1);
+        assert_eq!(end, RESERVED_KEY_END);
+    }
+
+    #[test]
+    fn range_ends_read_as_etcd_reads_them() {
+        let single = KeyBounds::new(b"k", b"");
+        assert!(single.contains(b"k"));
+        assert!(!single.contains(b"k\0"));
+        let from = KeyBounds::new(b"k", b"\0");
+        assert!(from.contains(b"k") && from.contains(b"zzz") && !from.contains(b"j"));
+        let all = KeyBounds::new(b"\0", b"\0");
+        assert!(all.contains(b"\0") && all.contains(&[0xff; 9]));
+        let between = KeyBounds::new(b"a", b"c");
+        assert!(between.contains(b"b") && !between.contains(b"c"));
+        // An end at or before the key: nothing.
+        assert!(KeyBounds::new(b"c", b"a").parts().is_empty());
+        assert!(KeyBounds::new(b"c", b"c").parts().is_empty());
+    }
+
+    #[test]
+    fn parts_go_around_the_reserved_keys() {
+        let all = KeyBounds::new(b"\0", b"\0");
+        assert_eq!(
+            all.parts(),
+            vec![
+                (b"\0".to_vec(), excluded(RESERVED_KEY_PREFIX)),
+                (RESERVED_KEY_END.to_vec(), Bound::Unbounded),
+            ]
+        );
+        assert_eq!(
+            KeyBounds::new(b"a", b"b").parts(),
+            vec![(b"a".to_vec(), excluded(b"b"))]
+        );
+        // A range inside the reserved keys: nothing.
+        let inside = [RESERVED_KEY_PREFIX, b"a"].concat();
+        assert!(
+            KeyBounds::new(&inside, &[RESERVED_KEY_PREFIX, b"z"].concat())
+                .parts()
+                .is_empty()
+        );
+        // A range ending inside them stops before them.
+        assert_eq!(
+            KeyBounds::new(b"a", &inside).parts(),
+            vec![(b"a".to_vec(), excluded(RESERVED_KEY_PREFIX))]
+        );
+        // A single key that is not reserved stays itself.
+        assert_eq!(
+            KeyBounds::new(&[0xff, 0xff, b's'], b"").parts(),
+            vec![(
+                vec![0xff, 0xff, b's'],
+                Bound::Included(vec![0xff, 0xff, b's'])
+            )]
+        );
+    }
+
+    #[test]
+    fn revisions_other_than_the_current_one_are_refused_by_name() {
+        assert!(check_revision(0, 9).is_ok());
+        assert!(check_revision(9, 9).is_ok());
+        let future = check_revision(10, 9).unwrap_err().to_string();
+        assert!(
+            future.contains("future revision") && future.contains("10") && future.contains('9'),
+            "{future}"
+        );
+        assert!(matches!(
+            check_revision(3, 9),
+            Err(RangeError::PastRevision {
+                requested: 3,
+                current: 9
+            })
+        ));
+    }
+
+    #[test]
+    fn long_keys_are_cut_in_messages() {
+        assert_eq!(shown(b"k"), "\"k\"");
+        let long = shown(&[b'x'; 100]);
+        assert!(long.ends_with('…') && long.len() < 100, "{long}");
+    }
+}
