@@ -25,9 +25,10 @@
 //! - `hint`: writing and loading hint files.
 //! - `recovery`: opening a directory (list, plan, load), torn-tail repair,
 //!   merge leftovers.
-//! - `merge`: deterministic merge (write parts, publish, swap in, retire).
+//! - `merge`: deterministic merge (plan what history to retain, write
+//!   parts, publish, swap in, retire).
 //! - `walk`: the put and tombstone records of one data file with their
-//!   offsets, from its hint or its data (record listing).
+//!   offsets, from its hint or its data (listing and retaining merges).
 //! - `engine`: the [`Engine`], one submodule a job:
 //!   - `engine` (`mod.rs`): the handle and its shared state, open, close;
 //!   - `engine::batch`: [`Batch`], [`Op`], [`Written`];

@@ -2,13 +2,28 @@
 //! files, then swap them in.
 //!
 //! The input is (the input files, the records of theirs that are live at the
-//! cut-off, the "now" for expiry). The output is a function of that input
-//! alone: live records are copied byte for byte in key order, parts rotate
-//! at the same size threshold as segments, and the last part ends with the
-//! commit record of the inputs' last batch (so the highest sequence and the
-//! last metadata survive). Because the inputs are a prefix that includes all
-//! earlier merge output, every older version of a key in them is in them
-//! too, so tombstones and expired records are simply dropped.
+//! cut-off, the "now" for expiry, and optionally a retention predicate).
+//! The output is a function of that input alone: live records are copied
+//! byte for byte in key order, parts rotate at the same size threshold as
+//! segments, and the last part ends with the commit record of the inputs'
+//! last batch (so the highest sequence and the last metadata survive).
+//! Because the inputs are a prefix that includes all earlier merge output,
+//! every older version of a key in them is in them too, so tombstones and
+//! expired records are simply dropped — unless the predicate keeps them.
+//!
+//! Retention ([`Retain`]): the merge walks the inputs' records (hints, no
+//! values) and asks the predicate about each one it would drop; those kept
+//! are copied byte for byte too, in (key, sequence) order, a key's history
+//! before its live record. Recovery replays files in order and the last
+//! record of a key wins, so sequence order within a key keeps the live
+//! record the winner. One more rule makes that hold whatever the predicate
+//! says: when anything of a key is kept, the key's latest input record is
+//! kept too if it is a tombstone or an expired put (it stays in the key
+//! directory then, expired, as it does after a restart), so a kept older
+//! put can never come back to life. A key whose latest record is in a later
+//! file needs nothing: that file is replayed after the merge output.
+//! Without a predicate, or when it keeps nothing, the output is byte for
+//! byte what it was before retention existed.
 //!
 //! Crash safety: parts are written as `*.tmp`, fsynced, renamed from the
 //! last part down to part 1, the directory fsynced, then part 0 renamed and
@@ -16,24 +31,29 @@
 //! as never having happened, and one with part 0 as complete. Inputs are
 //! deleted only after that, and a pinned input only at its last unpin.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::engine::{FileMeta, MergeReport, Shared, lock, read, write};
+use crate::engine::{
+    FileMeta, MergeReport, RecordBytes, Retain, Shared, StoredKind, lock, read, write,
+};
 use crate::error::{Error, Result};
 use crate::format::{
     DATA_MAGIC, FileId, HintEntry, RECORD_HEADER_SIZE_BYTES, RecordKind, TEMP_SUFFIX,
-    encode_record, path_in,
+    encode_record, path_in, verify_record,
 };
 use crate::hint::HintWriter;
 use crate::keydir::Location;
 use crate::options::MERGE_SWAP_CHUNK_KEYS;
+use crate::walk::{Walked, walk_file};
 use vfs::VfsFile;
 
 /// Output bytes buffered before a write.
 const MERGE_WRITE_BUFFER_BYTES: usize = 1 << 20;
+/// Records handled between two checks whether the engine was closed.
+const CLOSED_CHECK_EVERY_RECORDS: usize = 1024;
 
 struct Part {
     id: FileId,
@@ -83,6 +103,7 @@ pub struct MergeJob {
     last_commit_seq: u64,
     last_commit_meta: Vec<u8>,
     now_ms: u64,
+    retain: Option<Retain>,
 }
 
 /// The right to run the one merge; released on drop.
@@ -111,12 +132,23 @@ impl Drop for MergeSlot {
 }
 
 /// Captures and runs a merge in the calling thread.
-pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Result<MergeReport> {
-    begin(shared, inputs, now_ms)?.run()
+pub(crate) fn merge(
+    shared: &Arc<Shared>,
+    inputs: &[String],
+    now_ms: u64,
+    retain: Option<Retain>,
+) -> Result<MergeReport> {
+    begin(shared, inputs, now_ms, retain)?.run()
 }
 
-/// Captures a merge of `inputs` at the engine's current state (see [`MergeJob`]).
-pub(crate) fn begin(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Result<MergeJob> {
+/// Captures a merge of `inputs` at the engine's current state (see
+/// [`MergeJob`]), keeping what `retain` asks for of what it would drop.
+pub(crate) fn begin(
+    shared: &Arc<Shared>,
+    inputs: &[String],
+    now_ms: u64,
+    retain: Option<Retain>,
+) -> Result<MergeJob> {
     let slot = MergeSlot::take(shared);
     shared.check_poison()?;
 
@@ -193,6 +225,7 @@ pub(crate) fn begin(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Res
         last_commit_seq,
         last_commit_meta,
         now_ms,
+        retain,
     })
 }
 
@@ -214,6 +247,7 @@ impl MergeJob {
             last_commit_seq,
             last_commit_meta,
             now_ms,
+            retain,
         } = self;
         let shared = &shared;
         shared.check_poison()?;
@@ -224,12 +258,18 @@ impl MergeJob {
         let written = lock(&shared.writer).written_total;
         shared.sync_to(written)?;
         let last_commit = (last_commit_seq, last_commit_meta);
-        // 3. Write the output parts.
+        // 3. Plan what history to keep (nothing without a predicate), then
+        //    write the output parts.
+        let history = match &retain {
+            None => History::default(),
+            Some(retain) => plan_history(shared, &input_metas, &live, now_ms, retain)?,
+        };
         let mut output = Output::default();
         let result = write_parts(
             shared,
             &mut output,
             &live,
+            &history,
             cutoff,
             boundary,
             now_ms,
@@ -239,6 +279,7 @@ impl MergeJob {
             parts,
             moved,
             dropped,
+            retained,
         } = output;
         if let Err(e) = result {
             for part in parts {
@@ -259,6 +300,7 @@ impl MergeJob {
             inputs: input_metas.iter().map(|meta| meta.id.data_name()).collect(),
             outputs: new_metas.iter().map(|meta| meta.id.data_name()).collect(),
             records_kept: moved.len() as u64,
+            records_retained: retained,
             bytes_before: input_metas.iter().map(|meta| meta.len).sum(),
             bytes_after: new_metas.iter().map(|meta| meta.len).sum(),
         };
@@ -268,6 +310,7 @@ impl MergeJob {
             outputs = report.outputs.len(),
             bytes_before = report.bytes_before,
             bytes_after = report.bytes_after,
+            records_retained = report.records_retained,
             "merge swapped in"
         );
         Ok(report)
@@ -275,12 +318,159 @@ impl MergeJob {
 }
 
 /// What step 3 wrote: the parts (as `*.tmp` files), where each copied
-/// record went, and the records dropped as expired (indices into `live`).
+/// live record went, the records dropped as expired (indices into `live`),
+/// and how many history records were copied.
 #[derive(Default)]
 struct Output {
     parts: Vec<Part>,
     moved: Vec<Moved>,
     dropped: Vec<usize>,
+    retained: u64,
+}
+
+/// What a retaining merge keeps besides the live records (nothing without
+/// a predicate).
+#[derive(Default)]
+struct History {
+    /// Superseded puts and tombstones to copy, in (key, sequence) order.
+    records: Vec<Retained>,
+    /// Indices into `live` of expired records to keep, ascending.
+    expired_kept: Vec<usize>,
+}
+
+/// A superseded record of the inputs to copy into the output.
+struct Retained {
+    key: Vec<u8>,
+    kind: StoredKind,
+    seq: u64,
+    /// Engine file number of the input holding it.
+    num: u32,
+    offset: u32,
+    size: u32,
+}
+
+/// A record of the inputs as the retention plan remembers it.
+#[derive(Clone, Copy)]
+struct Seen {
+    kind: StoredKind,
+    seq: u64,
+    num: u32,
+    offset: u32,
+    size: u32,
+    /// Index into `live` if it is the key directory's record of its key.
+    live: Option<usize>,
+}
+
+/// The records of one key the plan keeps, and the key's latest input record.
+struct KeyHistory {
+    kept: Vec<Seen>,
+    latest: Seen,
+    latest_kept: bool,
+}
+
+/// Step 3a: walks the inputs' records in file order (hints; a data file
+/// only where its hint is missing), asks `retain` about every record the
+/// merge would drop, and returns what to keep: the kept superseded records
+/// by key and sequence, and the kept expired live ones. Applies the rule
+/// that keeps a key's latest tombstone or expired put whenever anything
+/// older of the key is kept (see the module documentation).
+fn plan_history(
+    shared: &Shared,
+    input_metas: &[Arc<FileMeta>],
+    live: &[(Vec<u8>, Location)],
+    now_ms: u64,
+    retain: &Retain,
+) -> Result<History> {
+    let vfs = shared.opts.vfs.as_ref();
+    let mut keys: BTreeMap<Vec<u8>, KeyHistory> = BTreeMap::new();
+    let mut walked = 0usize;
+    for meta in input_metas {
+        let num = meta.num;
+        walk_file(
+            vfs,
+            &shared.dir,
+            &meta.id,
+            meta.len,
+            true,
+            &mut |record: &Walked<'_>| {
+                walked += 1;
+                if walked.is_multiple_of(CLOSED_CHECK_EVERY_RECORDS)
+                    && shared.closed.load(Ordering::SeqCst)
+                {
+                    return Err(Error::Closed);
+                }
+                let view = &record.view;
+                let live_index = match view.kind {
+                    StoredKind::Put => live
+                        .binary_search_by(|(key, _)| key.as_slice().cmp(view.key))
+                        .ok()
+                        .filter(|&index| live[index].1.seq == view.seq),
+                    StoredKind::Tombstone => None,
+                };
+                // A live record that has not expired is copied anyway: it
+                // is not the predicate's to judge.
+                let droppable = live_index.is_none_or(|index| live[index].1.expired(now_ms));
+                let kept = droppable && retain.keeps(view);
+                let seen = Seen {
+                    kind: view.kind,
+                    seq: view.seq,
+                    num,
+                    offset: record.offset,
+                    size: record.size,
+                    live: live_index,
+                };
+                match keys.get_mut(view.key) {
+                    Some(history) => {
+                        history.latest = seen;
+                        history.latest_kept = kept;
+                        if kept {
+                            history.kept.push(seen);
+                        }
+                    }
+                    None if kept => {
+                        keys.insert(
+                            view.key.to_vec(),
+                            KeyHistory {
+                                kept: vec![seen],
+                                latest: seen,
+                                latest_kept: true,
+                            },
+                        );
+                    }
+                    None => {}
+                }
+                Ok(())
+            },
+        )?;
+    }
+    let mut history = History::default();
+    for (key, mut key_history) in keys {
+        let latest = key_history.latest;
+        let must_keep = match latest.live {
+            Some(index) => live[index].1.expired(now_ms),
+            None => latest.kind == StoredKind::Tombstone,
+        };
+        if !key_history.latest_kept && must_keep {
+            key_history.kept.push(latest);
+        }
+        // Walked in file order, which is sequence order within a key.
+        key_history.kept.sort_by_key(|seen| seen.seq);
+        for seen in key_history.kept {
+            match seen.live {
+                Some(index) => history.expired_kept.push(index),
+                None => history.records.push(Retained {
+                    key: key.clone(),
+                    kind: seen.kind,
+                    seq: seen.seq,
+                    num: seen.num,
+                    offset: seen.offset,
+                    size: seen.size,
+                }),
+            }
+        }
+    }
+    history.expired_kept.sort_unstable();
+    Ok(history)
 }
 
 /// A part written and fsynced under its temporary name: what the swap
@@ -294,14 +484,18 @@ struct WrittenPart {
     last_commit: Option<(u64, Vec<u8>)>,
 }
 
-/// Step 3: copies the live records of `live` (those not expired at
-/// `now_ms`) in key order into parts named after `cutoff`, rotating at the
-/// segment size, ends the last part with the inputs' last commit record,
-/// and fsyncs every part. On error the caller deletes what `output` holds.
+/// Step 3b: copies the live records of `live` (those not expired at
+/// `now_ms`, and the expired ones `history` keeps) in key order into parts
+/// named after `cutoff`, each key's kept history just before it, rotating
+/// at the segment size; ends the last part with the inputs' last commit
+/// record, and fsyncs every part. On error the caller deletes what
+/// `output` holds.
+#[allow(clippy::too_many_arguments)]
 fn write_parts(
     shared: &Shared,
     output: &mut Output,
     live: &[(Vec<u8>, Location)],
+    history: &History,
     cutoff: u64,
     boundary: u64,
     now_ms: u64,
@@ -311,21 +505,29 @@ fn write_parts(
         parts,
         moved,
         dropped,
+        retained,
     } = output;
     moved.reserve(live.len());
     parts.push(new_part(shared, cutoff, 0, boundary)?);
+    let mut history_records = history.records.iter().peekable();
+    let mut expired_kept = history.expired_kept.iter().copied().peekable();
     for (index, (key, location)) in live.iter().enumerate() {
-        if index % 1024 == 0 && shared.closed.load(Ordering::SeqCst) {
+        if index.is_multiple_of(CLOSED_CHECK_EVERY_RECORDS) && shared.closed.load(Ordering::SeqCst)
+        {
             return Err(Error::Closed);
         }
-        if location.expired(now_ms) {
+        // The kept history of the keys up to this one (a key's history
+        // has lower sequence numbers than its live record: it goes first).
+        while let Some(record) = history_records.next_if(|record| record.key <= *key) {
+            copy_retained(shared, parts, cutoff, boundary, record)?;
+            *retained += 1;
+        }
+        let keep_expired = expired_kept.next_if_eq(&index).is_some();
+        if location.expired(now_ms) && !keep_expired {
             dropped.push(index);
             continue;
         }
-        if parts.last().expect("one part at least").len >= shared.opts.segment_size_bytes {
-            let next = parts.len() as u32;
-            parts.push(new_part(shared, cutoff, next, boundary)?);
-        }
+        current_part(shared, parts, cutoff, boundary)?;
         let part_index = parts.len() - 1;
         let part = parts.last_mut().expect("one part at least");
         let offset = part.len as u32;
@@ -335,11 +537,7 @@ fn write_parts(
             record.len() as u64
         })?;
         let Some(copied) = copied else {
-            return Err(Error::Corruption {
-                file: format!("file #{}", location.file),
-                offset: location.offset as u64,
-                reason: "merge input vanished during the merge".to_string(),
-            });
+            return Err(vanished(location.file, location.offset));
         };
         part.len += copied;
         part.max_seq = part.max_seq.max(location.seq);
@@ -360,6 +558,14 @@ fn write_parts(
         if part.buf.len() >= MERGE_WRITE_BUFFER_BYTES {
             part.flush()?;
         }
+    }
+    for (count, record) in history_records.enumerate() {
+        if count.is_multiple_of(CLOSED_CHECK_EVERY_RECORDS) && shared.closed.load(Ordering::SeqCst)
+        {
+            return Err(Error::Closed);
+        }
+        copy_retained(shared, parts, cutoff, boundary, record)?;
+        *retained += 1;
     }
     let part = parts.last_mut().expect("one part at least");
     let offset = part.len as u32;
@@ -386,6 +592,85 @@ fn write_parts(
         shared.sync_file(part.file.as_ref(), name)?;
     }
     Ok(())
+}
+
+/// The part the next record goes into: the last one, or a new one once the
+/// last reached the segment size.
+fn current_part<'a>(
+    shared: &Shared,
+    parts: &'a mut Vec<Part>,
+    cutoff: u64,
+    boundary: u64,
+) -> Result<&'a mut Part> {
+    if parts.last().expect("one part at least").len >= shared.opts.segment_size_bytes {
+        let next = parts.len() as u32;
+        parts.push(new_part(shared, cutoff, next, boundary)?);
+    }
+    Ok(parts.last_mut().expect("one part at least"))
+}
+
+/// Copies one kept history record byte for byte into the current part, with
+/// the hint entry a scan of the output would write for it.
+fn copy_retained(
+    shared: &Shared,
+    parts: &mut Vec<Part>,
+    cutoff: u64,
+    boundary: u64,
+    record: &Retained,
+) -> Result<()> {
+    let part = current_part(shared, parts, cutoff, boundary)?;
+    let offset = part.len;
+    let corruption = |reason: String| Error::Corruption {
+        file: shared.file_name(record.num),
+        offset: u64::from(record.offset),
+        reason,
+    };
+    let copied = shared.with_bytes(
+        record.num,
+        u64::from(record.offset),
+        record.size as usize,
+        |bytes| -> Result<()> {
+            let header = verify_record(bytes).map_err(|fault| corruption(format!("{fault:?}")))?;
+            let (meta, key, _) = header.split(bytes);
+            let kind = match record.kind {
+                StoredKind::Put => RecordKind::Put,
+                StoredKind::Tombstone => RecordKind::Tombstone,
+            };
+            if header.kind != kind || header.seq != record.seq || key != record.key.as_slice() {
+                return Err(corruption(
+                    "record is not the one the merge's walk of its hint found".to_string(),
+                ));
+            }
+            part.buf.extend_from_slice(bytes);
+            part.hint
+                .add(&HintEntry::of_record(&header, meta, key, offset))
+        },
+    )?;
+    match copied {
+        RecordBytes::Read(result) => result?,
+        RecordBytes::Gone => return Err(vanished(record.num, record.offset)),
+        RecordBytes::OutOfRange { file_len } => {
+            return Err(corruption(format!(
+                "record runs past the end of the {file_len}-byte file"
+            )));
+        }
+    }
+    part.len += u64::from(record.size);
+    part.max_seq = part.max_seq.max(record.seq);
+    if part.buf.len() >= MERGE_WRITE_BUFFER_BYTES {
+        part.flush()?;
+    }
+    Ok(())
+}
+
+/// The error for an input that left the engine during its merge (only the
+/// merge itself retires inputs, so this is a bug or tampering).
+fn vanished(num: u32, offset: u32) -> Error {
+    Error::Corruption {
+        file: format!("file #{num}"),
+        offset: u64::from(offset),
+        reason: "merge input vanished during the merge".to_string(),
+    }
 }
 
 /// Step 4: finishes the parts' hints, then renames parts n-1..1 to their

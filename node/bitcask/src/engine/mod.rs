@@ -48,6 +48,7 @@ pub use batch::{Batch, Op, RecordMeta, Written};
 pub use files::{FileInfo, Pin};
 pub(crate) use files::{FileMeta, FileSet, checksum_file};
 pub use merging::MergeReport;
+pub(crate) use read::RecordBytes;
 pub use read::{Entry, Item, ItemMeta, KeyRange, Scan};
 pub use records::{RecordLocation, RecordView, Retain, StoredKind, StoredRecord, StoredValue};
 pub use stats::{FileStats, Stats};
