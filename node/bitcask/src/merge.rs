@@ -12,9 +12,9 @@
 //! expired records are simply dropped — unless the predicate keeps them.
 //!
 //! Retention ([`Retain`]): the merge walks the inputs' records (hints, no
-//! values) and asks the predicate about each one it would drop; those kept
-//! are copied byte for byte too, in (key, sequence) order, a key's history
-//! before its live record. Recovery replays files in order and the last
+//! values) and asks the predicate about each; of those it would drop, the
+//! ones kept are copied byte for byte too, in (key, sequence) order, a
+//! key's history before its live record. Recovery replays files in order and the last
 //! record of a key wins, so sequence order within a key keeps the live
 //! record the winner. One more rule makes that hold whatever the predicate
 //! says: when anything of a key is kept, the key's latest input record is
@@ -357,11 +357,10 @@ struct Seen {
     num: u32,
     offset: u32,
     size: u32,
-    /// Index into `live` if it is the key directory's record of its key.
-    live: Option<usize>,
 }
 
-/// The records of one key the plan keeps, and the key's latest input record.
+/// The records of one key the predicate keeps, and the key's latest input
+/// record.
 struct KeyHistory {
     kept: Vec<Seen>,
     latest: Seen,
@@ -369,11 +368,15 @@ struct KeyHistory {
 }
 
 /// Step 3a: walks the inputs' records in file order (hints; a data file
-/// only where its hint is missing), asks `retain` about every record the
-/// merge would drop, and returns what to keep: the kept superseded records
-/// by key and sequence, and the kept expired live ones. Applies the rule
-/// that keeps a key's latest tombstone or expired put whenever anything
-/// older of the key is kept (see the module documentation).
+/// only where its hint is missing), asks `retain` about each, and returns
+/// what to keep besides the live records: the kept superseded records by
+/// key and sequence, and the kept expired live ones. Applies the rule that
+/// keeps a key's latest tombstone or expired put whenever anything older
+/// of the key is kept (see the module documentation).
+///
+/// Cheap when the predicate keeps little: a record costs its hint entry's
+/// decoding and one predicate call; only keys with a kept record are looked
+/// up in `live` (once each, at the end) and remembered.
 fn plan_history(
     shared: &Shared,
     input_metas: &[Arc<FileMeta>],
@@ -400,24 +403,16 @@ fn plan_history(
                     return Err(Error::Closed);
                 }
                 let view = &record.view;
-                let live_index = match view.kind {
-                    StoredKind::Put => live
-                        .binary_search_by(|(key, _)| key.as_slice().cmp(view.key))
-                        .ok()
-                        .filter(|&index| live[index].1.seq == view.seq),
-                    StoredKind::Tombstone => None,
-                };
-                // A live record that has not expired is copied anyway: it
-                // is not the predicate's to judge.
-                let droppable = live_index.is_none_or(|index| live[index].1.expired(now_ms));
-                let kept = droppable && retain.keeps(view);
+                // Asked about live records too: the answer does not matter
+                // for those, and asking first spares a directory lookup for
+                // every record the predicate does not keep.
+                let kept = retain.keeps(view);
                 let seen = Seen {
                     kind: view.kind,
                     seq: view.seq,
                     num,
                     offset: record.offset,
                     size: record.size,
-                    live: live_index,
                 };
                 match keys.get_mut(view.key) {
                     Some(history) => {
@@ -445,10 +440,20 @@ fn plan_history(
     }
     let mut history = History::default();
     for (key, mut key_history) in keys {
+        // The key's directory record, if it is in the inputs.
+        let live_index = live
+            .binary_search_by(|(live_key, _)| live_key.as_slice().cmp(&key))
+            .ok();
+        let is_live = |seen: &Seen| {
+            seen.kind == StoredKind::Put
+                && live_index.is_some_and(|index| live[index].1.seq == seen.seq)
+        };
+        let expired = live_index.is_some_and(|index| live[index].1.expired(now_ms));
         let latest = key_history.latest;
-        let must_keep = match latest.live {
-            Some(index) => live[index].1.expired(now_ms),
-            None => latest.kind == StoredKind::Tombstone,
+        let must_keep = if is_live(&latest) {
+            expired
+        } else {
+            latest.kind == StoredKind::Tombstone
         };
         if !key_history.latest_kept && must_keep {
             key_history.kept.push(latest);
@@ -456,9 +461,12 @@ fn plan_history(
         // Walked in file order, which is sequence order within a key.
         key_history.kept.sort_by_key(|seen| seen.seq);
         for seen in key_history.kept {
-            match seen.live {
-                Some(index) => history.expired_kept.push(index),
-                None => history.records.push(Retained {
+            match (is_live(&seen), live_index) {
+                // Copied with the live records; kept even though expired.
+                (true, Some(index)) if expired => history.expired_kept.push(index),
+                // Live and unexpired: copied with the live records anyway.
+                (true, _) => {}
+                (false, _) => history.records.push(Retained {
                     key: key.clone(),
                     kind: seen.kind,
                     seq: seen.seq,

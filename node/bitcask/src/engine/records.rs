@@ -123,14 +123,16 @@ pub struct StoredValue {
     pub meta: RecordMeta,
 }
 
-/// A merge's retention predicate: called for every record the merge would
-/// otherwise drop (superseded puts, superseded and final tombstones, expired
-/// puts), it says which to keep in the merge output. It is captured when the
-/// merge is ([`Engine::begin_merge_retaining`]), so it must be a pure
-/// function of the record and of values fixed at capture (say, the
-/// compaction floor as of that point of the write stream): replicas that
-/// capture the same merge at the same point then write the same bytes.
-/// It may be called from the thread that runs the merge.
+/// A merge's retention predicate: it says which of the records the merge
+/// would otherwise drop (superseded puts, superseded and final tombstones,
+/// expired puts) to keep in the merge output. It is called once for every
+/// put and tombstone of the merge's inputs, in file order; its answer for a
+/// live record does not matter (live records are copied whatever it says).
+/// It is captured with the merge ([`Engine::begin_merge_retaining`]), so it
+/// must be a pure function of the record and of values fixed at capture
+/// (say, the compaction floor as of that point of the write stream):
+/// replicas that capture the same merge at the same point then write the
+/// same bytes. It is called on the thread that runs the merge.
 #[derive(Clone)]
 pub struct Retain(Arc<dyn Fn(&RecordView<'_>) -> bool + Send + Sync>);
 
