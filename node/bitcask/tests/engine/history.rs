@@ -18,7 +18,8 @@
 //! - a second merge with a higher floor drops what fell below it;
 //! - replicas fed the same batches and merged with the same predicate write
 //!   identical files; a predicate that keeps nothing writes exactly what a
-//!   plain merge writes;
+//!   plain merge writes, and what the build before retention wrote (the
+//!   checked-in seed corpus, rebuilt byte for byte);
 //! - a location into a merged-away file errs with `LocationGone` (even while
 //!   the file is pinned on disk), and made-up locations with
 //!   `InvalidLocation`, never a panic or a wrong value;
@@ -587,6 +588,28 @@ fn replicas_merging_with_the_same_predicate_write_identical_files() {
     );
     assert!(nothing.1.iter().all(|report| report.records_retained == 0));
     assert_ne!(plain.0, a.0, "retention must have written something");
+}
+
+#[test]
+fn a_predicate_keeping_nothing_writes_what_the_build_before_retention_wrote() {
+    // The checked-in seed corpus (its merge included) was written by a
+    // build without retention.
+    let rebuilt = crate::fuzz::build_corpus_merging(|engine, inputs, now_ms| {
+        engine.merge_retaining(inputs, now_ms, Retain::new(|_| false))
+    });
+    let checked_in = crate::fuzz::corpus();
+    assert_eq!(names_of(&rebuilt), names_of(&checked_in));
+    assert!(
+        checked_in
+            .iter()
+            .any(|(name, _)| name.starts_with("merge-"))
+    );
+    for ((name, new), (_, old)) in rebuilt.iter().zip(&checked_in) {
+        assert!(
+            new == old,
+            "{name} differs from the file written before retention"
+        );
+    }
 }
 
 fn names_of(files: &[(String, Vec<u8>)]) -> Vec<&str> {
