@@ -29,7 +29,7 @@ use crate::format::{
     RECORD_WITH_META_HEADER_SIZE_BYTES, RecordFault, RecordHeader, RecordKind, TEMP_SUFFIX,
     decode_record_header, path_in,
 };
-use crate::hint::{self, HintWriter};
+use crate::hint::{self, HintRead, HintWriter};
 use crate::keydir::{KeyDir, Location};
 use crate::options::Options;
 use crate::record_meta::RecordMeta;
@@ -497,7 +497,7 @@ fn load_sealed(
     let len = file.len().map_err(|e| Error::io(&path, e))?;
     let mut max_seq = 0;
     let mut last_commit = None;
-    if let Some(hint) = hint::load(vfs, dir, id, &header, len)? {
+    if let Some(hint) = hint::load(vfs, dir, id, &header, len, HintRead::Read)? {
         for entry in hint.entries() {
             max_seq = max_seq.max(entry.seq);
             match entry.kind {

@@ -27,7 +27,7 @@ use crate::format::{
     FILE_HEADER_SIZE_BYTES, FileId, RECORD_WITH_META_HEADER_SIZE_BYTES, RecordKind,
     decode_record_header, path_in, record_size,
 };
-use crate::hint;
+use crate::hint::{self, HintRead};
 use crate::record_meta::RecordMeta;
 use crate::recovery::{Scanner, open_data};
 
@@ -55,7 +55,7 @@ pub(crate) fn walk_file(
     f: &mut dyn FnMut(&Walked<'_>) -> Result<()>,
 ) -> Result<()> {
     let (file, header) = open_data(vfs, dir, id)?;
-    if use_hint && let Some(hint) = hint::load(vfs, dir, id, &header, len)? {
+    if use_hint && let Some(hint) = hint::load(vfs, dir, id, &header, len, HintRead::Map)? {
         let mut previous: Option<(u64, u64)> = None; // (seq, end) of the last record listed
         for entry in hint.entries() {
             let kind = match entry.kind {
