@@ -1,7 +1,9 @@
 //! Measures what a merge's retention predicate costs: the same merge of the
-//! same files without a predicate, with one that keeps nothing, and with
-//! one that keeps the upper half of the history; plus listing every record
-//! (`Engine::records`) of the data set. Each variant runs on a fresh copy
+//! same files without a predicate, with one that keeps nothing (without and
+//! with a `min_seq` past every record), and with one that keeps the upper
+//! half of the history (without and with the `min_seq` of its floor); plus
+//! listing every record (`Engine::records`) of the data set. Wall and CPU
+//! time of the merging thread are printed. Each variant runs on a fresh copy
 //! of one data set, alternating, `RUNS` times; the medians are printed.
 //!
 //! ```sh
@@ -110,25 +112,35 @@ fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// One timed merge of every sealed file of a fresh copy of `data`.
+/// CPU time the calling thread has used (Linux: its schedstat; zero
+/// where that is not available).
+fn thread_cpu() -> Duration {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|stat| stat.split_whitespace().next()?.parse().ok())
+        .map_or(Duration::ZERO, Duration::from_nanos)
+}
+
+/// One merge of every sealed file of a fresh copy of `data` (in the
+/// calling thread): its wall time, its CPU time, and its report.
 fn merge_once(
     data: &Path,
     work: &Path,
     retain: Option<Retain>,
-) -> Result<(Duration, MergeReport), Box<dyn std::error::Error>> {
+) -> Result<(Duration, Duration, MergeReport), Box<dyn std::error::Error>> {
     let _ = std::fs::remove_dir_all(work);
     copy_dir(data, work)?;
     let engine = Engine::open(work, options())?;
     let inputs = engine.sealed_data_files();
-    let start = Instant::now();
+    let (start, cpu_start) = (Instant::now(), thread_cpu());
     let report = match retain {
         None => engine.merge(&inputs, 0)?,
         Some(retain) => engine.merge_retaining(&inputs, 0, retain)?,
     };
-    let elapsed = start.elapsed();
+    let (elapsed, cpu) = (start.elapsed(), thread_cpu() - cpu_start);
     engine.close()?;
     std::fs::remove_dir_all(work)?;
-    Ok((elapsed, report))
+    Ok((elapsed, cpu, report))
 }
 
 fn median(mut times: Vec<Duration>) -> Duration {
@@ -156,22 +168,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         keys.div_ceil(DELETE_EVERY_KEYS),
         start.elapsed()
     );
-    {
+    let floor = last_rev / 2;
+    // The lowest sequence number above the floor (the KV layer reads it
+    // from its history index), and one above everything (floor caught up).
+    let (floor_seq, past_seq) = {
         let engine = Engine::open(&data, options())?;
         let mut listing = Vec::new();
-        let mut count = 0;
+        let mut records = Vec::new();
         for _ in 0..runs {
             let start = Instant::now();
-            count = engine.records()?.len();
+            records = engine.records()?;
             listing.push(start.elapsed());
         }
         println!(
-            "records(): {count} records listed in {:.1?} (median of {runs})",
+            "records(): {} records listed in {:.1?} (median of {runs})",
+            records.len(),
             median(listing)
         );
+        let floor_seq = records
+            .iter()
+            .filter(|record| revision(&record.meta) > floor)
+            .map(|record| record.seq)
+            .min()
+            .unwrap_or(u64::MAX);
+        let past_seq = engine.last_seq() + 1;
         engine.close()?;
-    }
-    let floor = last_rev / 2;
+        (floor_seq, past_seq)
+    };
     let variants: Vec<Variant> = vec![
         ("merge (no predicate)", Box::new(|| None)),
         (
@@ -179,26 +202,46 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Box::new(|| Some(Retain::new(|_| false))),
         ),
         (
+            "merge_retaining (keeps nothing, min_seq past every record)",
+            Box::new(move || Some(Retain::new(|_| false).with_min_seq(past_seq))),
+        ),
+        (
             "merge_retaining (revision > half)",
             Box::new(move || Some(Retain::new(move |r| revision(&r.meta) > floor))),
         ),
+        (
+            "merge_retaining (revision > half, min_seq of the floor)",
+            Box::new(move || {
+                Some(Retain::new(move |r| revision(&r.meta) > floor).with_min_seq(floor_seq))
+            }),
+        ),
     ];
     let mut times: Vec<Vec<Duration>> = vec![Vec::new(); variants.len()];
+    let mut cpus: Vec<Vec<Duration>> = vec![Vec::new(); variants.len()];
     let mut reports: Vec<Option<MergeReport>> = vec![None; variants.len()];
     for _ in 0..runs {
         for (index, (_, retain)) in variants.iter().enumerate() {
-            let (elapsed, report) = merge_once(&data, &work, retain())?;
+            let (elapsed, cpu, report) = merge_once(&data, &work, retain())?;
             times[index].push(elapsed);
+            cpus[index].push(cpu);
             reports[index] = Some(report);
         }
     }
-    for ((name, _), (times, report)) in variants.iter().zip(times.into_iter().zip(reports)) {
+    for (((name, _), (times, report)), cpus) in variants
+        .iter()
+        .zip(times.into_iter().zip(reports))
+        .zip(cpus)
+    {
         let report = report.expect("at least one run");
-        let all: Vec<String> = times.iter().map(|t| format!("{:.0?}", t)).collect();
+        let all: Vec<String> = times
+            .iter()
+            .map(|t| format!("{} ms", t.as_millis()))
+            .collect();
         println!(
-            "{name}: median {:.0?} [{}]; {} inputs ({} MiB) -> {} outputs ({} MiB), kept {}, retained {}",
-            median(times.clone()),
+            "{name}: wall median {} ms [{}], CPU median {} ms; {} inputs ({} MiB) -> {} outputs ({} MiB), kept {}, retained {}",
+            median(times.clone()).as_millis(),
             all.join(", "),
+            median(cpus).as_millis(),
             report.inputs.len(),
             report.bytes_before >> 20,
             report.outputs.len(),

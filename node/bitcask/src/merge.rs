@@ -14,14 +14,17 @@
 //! Retention ([`Retain`]): the merge walks the inputs' records (hints, no
 //! values) and asks the predicate about each; of those it would drop, the
 //! ones kept are copied byte for byte too, in (key, sequence) order, a
-//! key's history before its live record. Recovery replays files in order and the last
-//! record of a key wins, so sequence order within a key keeps the live
-//! record the winner. One more rule makes that hold whatever the predicate
-//! says: when anything of a key is kept, the key's latest input record is
-//! kept too if it is a tombstone or an expired put (it stays in the key
-//! directory then, expired, as it does after a restart), so a kept older
-//! put can never come back to life. A key whose latest record is in a later
-//! file needs nothing: that file is replayed after the merge output.
+//! key's history before its live record. Recovery replays files in order
+//! and the last record of a key wins, so sequence order within a key keeps
+//! the live record the winner. One more rule makes that hold whatever the
+//! predicate says, so a kept older put can never come back to life: when
+//! anything of a key is kept and its live record is in the inputs, that
+//! record is copied even if it expired (it stays in the key directory then,
+//! expired, as it does after a restart); when its live record is not in the
+//! inputs (the key is deleted, or lives in a later file), the key's last
+//! tombstone in the inputs is kept if it is newer than every kept record of
+//! the key. A later file needs nothing: it is replayed after the merge
+//! output.
 //! Without a predicate, or when it keeps nothing, the output is byte for
 //! byte what it was before retention existed.
 //!
@@ -31,7 +34,8 @@
 //! as never having happened, and one with part 0 as complete. Inputs are
 //! deleted only after that, and a pinned input only at its last unpin.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -332,15 +336,26 @@ struct Output {
 /// a predicate).
 #[derive(Default)]
 struct History {
+    /// The keys of `records`, back to back.
+    keys: Vec<u8>,
     /// Superseded puts and tombstones to copy, in (key, sequence) order.
     records: Vec<Retained>,
     /// Indices into `live` of expired records to keep, ascending.
     expired_kept: Vec<usize>,
 }
 
-/// A superseded record of the inputs to copy into the output.
+impl History {
+    /// The key of `record`.
+    fn key(&self, record: &Retained) -> &[u8] {
+        &self.keys[record.key.clone()]
+    }
+}
+
+/// A record of the inputs the plan looked at: where it is, and where its
+/// key is in the plan's key bytes.
+#[derive(Clone)]
 struct Retained {
-    key: Vec<u8>,
+    key: Range<usize>,
     kind: StoredKind,
     seq: u64,
     /// Engine file number of the input holding it.
@@ -349,34 +364,19 @@ struct Retained {
     size: u32,
 }
 
-/// A record of the inputs as the retention plan remembers it.
-#[derive(Clone, Copy)]
-struct Seen {
-    kind: StoredKind,
-    seq: u64,
-    num: u32,
-    offset: u32,
-    size: u32,
-}
-
-/// The records of one key the predicate keeps, and the key's latest input
-/// record.
-struct KeyHistory {
-    kept: Vec<Seen>,
-    latest: Seen,
-    latest_kept: bool,
-}
-
 /// Step 3a: walks the inputs' records in file order (hints; a data file
 /// only where its hint is missing), asks `retain` about each, and returns
 /// what to keep besides the live records: the kept superseded records by
 /// key and sequence, and the kept expired live ones. Applies the rule that
-/// keeps a key's latest tombstone or expired put whenever anything older
-/// of the key is kept (see the module documentation).
+/// keeps a record newer than those kept where one is needed (see the module
+/// documentation).
 ///
 /// Cheap when the predicate keeps little: a record costs its hint entry's
-/// decoding and one predicate call; only keys with a kept record are looked
-/// up in `live` (once each, at the end) and remembered.
+/// decoding and one predicate call. The plan remembers only the kept
+/// records and, once something is kept, the tombstones (which the rule may
+/// need); it sorts them by key and sequence and matches them against `live`
+/// in one pass. Inputs whose records are all below [`Retain::min_seq`] are
+/// not read at all.
 fn plan_history(
     shared: &Shared,
     input_metas: &[Arc<FileMeta>],
@@ -385,9 +385,15 @@ fn plan_history(
     retain: &Retain,
 ) -> Result<History> {
     let vfs = shared.opts.vfs.as_ref();
-    let mut keys: BTreeMap<Vec<u8>, KeyHistory> = BTreeMap::new();
+    let mut keys: Vec<u8> = Vec::new();
+    // (record, whether the predicate kept it)
+    let mut seen: Vec<(Retained, bool)> = Vec::new();
     let mut walked = 0usize;
-    for meta in input_metas {
+    // Nothing below `min_seq` is kept, and any record that a kept one needs
+    // is newer than it: records below it need no look, files holding
+    // nothing else no read.
+    let min_seq = retain.min_seq();
+    for meta in input_metas.iter().filter(|meta| meta.max_seq >= min_seq) {
         let num = meta.num;
         walk_file(
             vfs,
@@ -403,78 +409,96 @@ fn plan_history(
                     return Err(Error::Closed);
                 }
                 let view = &record.view;
+                if view.seq < min_seq {
+                    return Ok(());
+                }
                 // Asked about live records too: the answer does not matter
-                // for those, and asking first spares a directory lookup for
-                // every record the predicate does not keep.
+                // for those, and telling them apart takes a look at `live`
+                // that asking first spares every record it does not keep.
                 let kept = retain.keeps(view);
-                let seen = Seen {
-                    kind: view.kind,
-                    seq: view.seq,
-                    num,
-                    offset: record.offset,
-                    size: record.size,
-                };
-                match keys.get_mut(view.key) {
-                    Some(history) => {
-                        history.latest = seen;
-                        history.latest_kept = kept;
-                        if kept {
-                            history.kept.push(seen);
-                        }
-                    }
-                    None if kept => {
-                        keys.insert(
-                            view.key.to_vec(),
-                            KeyHistory {
-                                kept: vec![seen],
-                                latest: seen,
-                                latest_kept: true,
-                            },
-                        );
-                    }
-                    None => {}
+                // A tombstone matters only after a kept record of its key;
+                // until something is kept, none does.
+                let tombstone_after_kept = view.kind == StoredKind::Tombstone && !seen.is_empty();
+                if kept || tombstone_after_kept {
+                    let start = keys.len();
+                    keys.extend_from_slice(view.key);
+                    seen.push((
+                        Retained {
+                            key: start..keys.len(),
+                            kind: view.kind,
+                            seq: view.seq,
+                            num,
+                            offset: record.offset,
+                            size: record.size,
+                        },
+                        kept,
+                    ));
                 }
                 Ok(())
             },
         )?;
     }
+    seen.sort_unstable_by(|(a, _), (b, _)| {
+        keys[a.key.clone()]
+            .cmp(&keys[b.key.clone()])
+            .then(a.seq.cmp(&b.seq))
+    });
     let mut history = History::default();
-    for (key, mut key_history) in keys {
-        // The key's directory record, if it is in the inputs.
-        let live_index = live
-            .binary_search_by(|(live_key, _)| live_key.as_slice().cmp(&key))
-            .ok();
-        let is_live = |seen: &Seen| {
-            seen.kind == StoredKind::Put
-                && live_index.is_some_and(|index| live[index].1.seq == seen.seq)
+    // `seen` and `live` are both in key order: one pass over each.
+    let mut live_cursor = 0;
+    for group in seen.chunk_by(|(a, _), (b, _)| keys[a.key.clone()] == keys[b.key.clone()]) {
+        // Tombstones of a key with nothing kept need nothing.
+        let Some(last_kept) = group.iter().rposition(|(_, kept)| *kept) else {
+            continue;
         };
-        let expired = live_index.is_some_and(|index| live[index].1.expired(now_ms));
-        let latest = key_history.latest;
-        let must_keep = if is_live(&latest) {
-            expired
-        } else {
-            latest.kind == StoredKind::Tombstone
-        };
-        if !key_history.latest_kept && must_keep {
-            key_history.kept.push(latest);
+        let key = &keys[group[0].0.key.clone()];
+        while live
+            .get(live_cursor)
+            .is_some_and(|(live_key, _)| live_key.as_slice() < key)
+        {
+            live_cursor += 1;
         }
-        // Walked in file order, which is sequence order within a key.
-        key_history.kept.sort_by_key(|seen| seen.seq);
-        for seen in key_history.kept {
-            match (is_live(&seen), live_index) {
-                // Copied with the live records; kept even though expired.
-                (true, Some(index)) if expired => history.expired_kept.push(index),
-                // Live and unexpired: copied with the live records anyway.
-                (true, _) => {}
-                (false, _) => history.records.push(Retained {
-                    key: key.clone(),
-                    kind: seen.kind,
-                    seq: seen.seq,
-                    num: seen.num,
-                    offset: seen.offset,
-                    size: seen.size,
-                }),
+        let live_index = live
+            .get(live_cursor)
+            .is_some_and(|(live_key, _)| live_key.as_slice() == key)
+            .then_some(live_cursor);
+        let kept = group[..=last_kept]
+            .iter()
+            .filter(|(_, kept)| *kept)
+            .map(|(record, _)| record);
+        let start = history.records.len();
+        match live_index {
+            // The key's directory record is in the inputs: it is the key's
+            // latest record there and is copied with the live records
+            // (expired or not, now that something older of the key stays).
+            Some(index) => {
+                let live_seq = live[index].1.seq;
+                if live[index].1.expired(now_ms) {
+                    history.expired_kept.push(index);
+                }
+                history.records.extend(
+                    kept.filter(|record| {
+                        !(record.kind == StoredKind::Put && record.seq == live_seq)
+                    })
+                    .cloned(),
+                );
             }
+            // Deleted (in the inputs or later), or live in a later file: the
+            // last tombstone after the kept records (if any) keeps them from
+            // coming back.
+            None => {
+                history.records.extend(kept.cloned());
+                if last_kept + 1 < group.len() {
+                    let (tombstone, _) = &group[group.len() - 1];
+                    history.records.push(tombstone.clone());
+                }
+            }
+        }
+        // Point the records at the history's own copy of the key.
+        let key_start = history.keys.len();
+        history.keys.extend_from_slice(key);
+        for record in &mut history.records[start..] {
+            record.key = key_start..history.keys.len();
         }
     }
     history.expired_kept.sort_unstable();
@@ -526,8 +550,10 @@ fn write_parts(
         }
         // The kept history of the keys up to this one (a key's history
         // has lower sequence numbers than its live record: it goes first).
-        while let Some(record) = history_records.next_if(|record| record.key <= *key) {
-            copy_retained(shared, parts, cutoff, boundary, record)?;
+        while let Some(record) =
+            history_records.next_if(|record| history.key(record) <= key.as_slice())
+        {
+            copy_retained(shared, parts, cutoff, boundary, history, record)?;
             *retained += 1;
         }
         let keep_expired = expired_kept.next_if_eq(&index).is_some();
@@ -572,7 +598,7 @@ fn write_parts(
         {
             return Err(Error::Closed);
         }
-        copy_retained(shared, parts, cutoff, boundary, record)?;
+        copy_retained(shared, parts, cutoff, boundary, history, record)?;
         *retained += 1;
     }
     let part = parts.last_mut().expect("one part at least");
@@ -624,6 +650,7 @@ fn copy_retained(
     parts: &mut Vec<Part>,
     cutoff: u64,
     boundary: u64,
+    history: &History,
     record: &Retained,
 ) -> Result<()> {
     let part = current_part(shared, parts, cutoff, boundary)?;
@@ -644,7 +671,7 @@ fn copy_retained(
                 StoredKind::Put => RecordKind::Put,
                 StoredKind::Tombstone => RecordKind::Tombstone,
             };
-            if header.kind != kind || header.seq != record.seq || key != record.key.as_slice() {
+            if header.kind != kind || header.seq != record.seq || key != history.key(record) {
                 return Err(corruption(
                     "record is not the one the merge's walk of its hint found".to_string(),
                 ));

@@ -126,37 +126,65 @@ pub struct StoredValue {
 /// A merge's retention predicate: it says which of the records the merge
 /// would otherwise drop (superseded puts, superseded and final tombstones,
 /// expired puts) to keep in the merge output. It is called once for every
-/// put and tombstone of the merge's inputs, in file order; its answer for a
-/// live record does not matter (live records are copied whatever it says).
+/// put and tombstone of the merge's inputs (with a sequence number from
+/// [`Retain::min_seq`] on), in file order; its answer for a live record does
+/// not matter (live records are copied whatever it says).
 /// It is captured with the merge ([`Engine::begin_merge_retaining`]), so it
 /// must be a pure function of the record and of values fixed at capture
 /// (say, the compaction floor as of that point of the write stream):
 /// replicas that capture the same merge at the same point then write the
 /// same bytes. It is called on the thread that runs the merge.
+///
+/// [`Retain::with_min_seq`] adds a promise that makes merges cheaper: no
+/// record below a sequence number is kept, so the merge neither asks about
+/// those nor reads input files that hold nothing newer.
 #[derive(Clone)]
-pub struct Retain(Arc<dyn Fn(&RecordView<'_>) -> bool + Send + Sync>);
+pub struct Retain {
+    keep: Arc<dyn Fn(&RecordView<'_>) -> bool + Send + Sync>,
+    /// No record with a lower sequence number is kept (0: no promise).
+    min_seq: u64,
+}
 
 impl Retain {
     /// A predicate from a closure.
     pub fn new(keep: impl Fn(&RecordView<'_>) -> bool + Send + Sync + 'static) -> Retain {
-        Retain(Arc::new(keep))
+        Retain {
+            keep: Arc::new(keep),
+            min_seq: 0,
+        }
+    }
+
+    /// This predicate, except that it keeps no record with a sequence
+    /// number below `min_seq` (and is not asked about those). A caller
+    /// whose floor is a revision passes the lowest sequence number of a
+    /// record above that revision; when every input is below it, the merge
+    /// costs what a merge without a predicate costs.
+    pub fn with_min_seq(self, min_seq: u64) -> Retain {
+        Retain { min_seq, ..self }
+    }
+
+    /// The sequence number below which nothing is kept (0 if none was set).
+    pub fn min_seq(&self) -> u64 {
+        self.min_seq
     }
 
     /// Whether the predicate keeps `record`.
     pub fn keeps(&self, record: &RecordView<'_>) -> bool {
-        (self.0)(record)
+        record.seq >= self.min_seq && (self.keep)(record)
     }
 }
 
 impl From<Arc<dyn Fn(&RecordView<'_>) -> bool + Send + Sync>> for Retain {
     fn from(keep: Arc<dyn Fn(&RecordView<'_>) -> bool + Send + Sync>) -> Retain {
-        Retain(keep)
+        Retain { keep, min_seq: 0 }
     }
 }
 
 impl std::fmt::Debug for Retain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Retain(..)")
+        f.debug_struct("Retain")
+            .field("min_seq", &self.min_seq)
+            .finish_non_exhaustive()
     }
 }
 

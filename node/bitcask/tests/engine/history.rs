@@ -19,7 +19,9 @@
 //! - replicas fed the same batches and merged with the same predicate write
 //!   identical files; a predicate that keeps nothing writes exactly what a
 //!   plain merge writes, and what the build before retention wrote (the
-//!   checked-in seed corpus, rebuilt byte for byte);
+//!   checked-in seed corpus, rebuilt byte for byte); a sequence floor
+//!   (`Retain::with_min_seq`) at the predicate's own floor changes nothing,
+//!   one past every record makes it keep nothing;
 //! - a location into a merged-away file errs with `LocationGone` (even while
 //!   the file is pinned on disk), and made-up locations with
 //!   `InvalidLocation`, never a panic or a wrong value;
@@ -578,6 +580,21 @@ fn replicas_merging_with_the_same_predicate_write_identical_files() {
     assert_eq!(a, b, "replicas wrote different files");
     assert!(a.1.iter().all(|report| report.records_retained > 0));
 
+    // A sequence floor at the revision floor changes nothing; one above
+    // everything merged keeps nothing.
+    let floor_seq = stream
+        .wrote
+        .iter()
+        .find(|wrote| wrote.rev > 90)
+        .expect("revisions pass 90")
+        .seq;
+    let at_floor = run(SyncPolicy::Never, 0, &|| {
+        Some(keep_above(90).with_min_seq(floor_seq))
+    });
+    assert_eq!(a, at_floor, "min_seq at the floor changed the output");
+    let past = run(SyncPolicy::Never, 0, &|| {
+        Some(keep_above(90).with_min_seq(u64::MAX))
+    });
     // Keeping nothing is a plain merge, byte for byte.
     let plain = run(SyncPolicy::Never, 0, &|| None);
     let nothing = run(SyncPolicy::Never, 0, &|| Some(Retain::new(|_| false)));
@@ -587,6 +604,7 @@ fn replicas_merging_with_the_same_predicate_write_identical_files() {
         "a predicate keeping nothing changed the output"
     );
     assert!(nothing.1.iter().all(|report| report.records_retained == 0));
+    assert_eq!(plain, past, "min_seq past every record kept something");
     assert_ne!(plain.0, a.0, "retention must have written something");
 }
 
@@ -853,7 +871,11 @@ fn random_streams_predicates_and_inputs_keep_the_live_view() {
                 .min(sealed.len());
             let inputs = sealed[..take].to_vec();
             let now = if round == 1 { 0 } else { NOW_MS };
-            let retain = coin(seed * 7 + round);
+            // Every other seed promises a sequence floor somewhere in the stream.
+            let retain = match seed % 2 {
+                0 => coin(seed * 7 + round),
+                _ => coin(seed * 7 + round).with_min_seq(stream.next_seq * (seed % 5) / 5),
+            };
             engine.merge_retaining(&inputs, now, retain).unwrap();
             for at in [now, NOW_MS] {
                 assert_eq!(
