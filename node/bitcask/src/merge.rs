@@ -630,6 +630,7 @@ fn write_parts(
 
 /// The part the next record goes into: the last one, or a new one once the
 /// last reached the segment size.
+#[inline]
 fn current_part<'a>(
     shared: &Shared,
     parts: &'a mut Vec<Part>,

@@ -362,6 +362,7 @@ impl Shared {
     /// Hands the `size` bytes at `offset` of file `num` to `f`:
     /// [`RecordBytes::Gone`] if the file left the engine meanwhile (a merge
     /// swapped it out), [`RecordBytes::OutOfRange`] if the file is shorter.
+    #[inline]
     pub(crate) fn with_bytes<T>(
         &self,
         num: u32,
