@@ -8,9 +8,12 @@
 //! Listing snapshots the file list (holding the writer and file-set locks
 //! only for that), pins the files so a concurrent merge cannot delete them
 //! mid-read, and reads without any engine lock: from hints where they
-//! exist, from data files otherwise (`crate::walk`).
+//! exist, from data files otherwise (`crate::walk`). The active segment is
+//! listed up to its published length only (`Shared::active_published`), as
+//! `get` sees it.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use super::read::RecordBytes;
 use super::{Engine, lock, read};
@@ -192,15 +195,17 @@ impl std::fmt::Debug for Retain {
 struct Listed {
     id: FileId,
     /// Bytes to read: the whole sealed file, or the active segment's
-    /// committed prefix at the snapshot.
+    /// published prefix at the snapshot (batches whose key-directory
+    /// updates were applied; with `SyncPolicy::Always`, fsynced ones).
     len: u64,
     sealed: bool,
 }
 
 impl Engine {
     /// Every put and tombstone record in the engine's files — live and
-    /// superseded, sealed files and the active segment (every batch written
-    /// so far) — with where it is, in file order (merge parts, then
+    /// superseded, sealed files and the active segment (every batch `get`
+    /// sees: with `SyncPolicy::Always`, not one still awaiting its fsync) —
+    /// with where it is, in file order (merge parts, then
     /// segments; records in each file in order). See
     /// [`Engine::for_each_record`].
     pub fn records(&self) -> Result<Vec<StoredRecord>> {
@@ -219,8 +224,10 @@ impl Engine {
     /// (`None`) or of the data files named in `files`, in file order, with
     /// its location. Sealed files are read from their hints (no value is
     /// read) or, without a valid hint, from their data; the active segment
-    /// from its data, up to the end of the last batch written when the call
-    /// began. The file list is snapshotted and the files pinned (a merge
+    /// from its data, up to the end of the last batch published when the
+    /// call began (whose key-directory updates were applied, so `get` shows
+    /// it: with `SyncPolicy::Always`, once an fsync covered it). The file
+    /// list is snapshotted and the files pinned (a merge
     /// meanwhile defers deleting them); no engine lock is held while
     /// reading, so writers and readers carry on.
     ///
@@ -295,7 +302,7 @@ impl Engine {
         if let Some(active) = &writer.active {
             listed.push(Listed {
                 id: active.id,
-                len: active.len,
+                len: shared.active_published.load(Ordering::SeqCst),
                 sealed: false,
             });
         }
@@ -328,27 +335,32 @@ impl Engine {
     /// location's size and sequence number. [`Error::LocationGone`] if its
     /// file is no longer one of the engine's (merged away);
     /// [`Error::InvalidLocation`] if no such record is there (a location
-    /// not made by this engine); [`Error::Corruption`] if the bytes fail
-    /// their checksum.
+    /// not made by this engine, or one past the file's published end: in
+    /// the active segment, batches still awaiting their fsync are not
+    /// readable yet); [`Error::Corruption`] if the bytes fail their
+    /// checksum.
     pub fn read_record(&self, location: &RecordLocation) -> Result<StoredValue> {
         let shared = &self.shared;
         let name = location.file_name();
-        let num = {
+        // The file and its readable length: a sealed file's whole length,
+        // the active segment's published prefix (read under `files`, so it
+        // is this segment's).
+        let found = {
             let files = read(&shared.files);
             files
                 .sealed
                 .iter()
                 .find(|meta| meta.id == location.file)
-                .map(|meta| meta.num)
+                .map(|meta| (meta.num, meta.len))
                 .or_else(|| {
                     files
                         .active
                         .filter(|(_, id)| *id == location.file)
-                        .map(|(num, _)| num)
+                        .map(|(num, _)| (num, shared.active_published.load(Ordering::SeqCst)))
                 })
         };
         let gone = || Error::LocationGone { file: name.clone() };
-        let Some(num) = num else {
+        let Some((num, readable_len)) = found else {
             return Err(gone());
         };
         let offset = u64::from(location.offset);
@@ -357,6 +369,13 @@ impl Engine {
             offset,
             reason,
         };
+        if offset + u64::from(location.len) > readable_len {
+            return Err(invalid(format!(
+                "a {}-byte record there runs past the {readable_len} bytes written \
+                 and published in the file",
+                location.len
+            )));
+        }
         let read = shared.with_bytes(num, offset, location.len as usize, |record| {
             // A record of the location's size must start there; only then
             // is a checksum mismatch corruption rather than a bad location.

@@ -1010,3 +1010,69 @@ fn a_power_cut_during_a_retaining_merge_loses_nothing() {
         assert_live_matches(&engine, &stream, NOW_MS, &format!("attempt {attempt}"));
     }
 }
+
+// ---------------------------------------------------------------------------
+// Visibility of the active segment, made-up locations
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_listing_under_sync_always_omits_a_batch_awaiting_its_fsync() {
+    // With sync=always a batch is visible to readers only once an fsync
+    // covers it; until then a listing must not show it, nor may a read by
+    // location return it (FORMAT.md "Live or history": the last listed
+    // record of a key is the one `meta` names).
+    let fs = SimFs::new();
+    let engine = Arc::new(open_sim(&fs, SyncPolicy::Always, 1 << 20));
+    let first_seq = engine.put(b"k", b"v1").unwrap();
+    let first = engine.records().unwrap();
+    assert_eq!(first.len(), 1);
+    let first = first[0].location;
+    // The second put has the same sizes and follows the first batch's
+    // commit record (27 bytes: no key, no metadata).
+    let pending = RecordLocation {
+        offset: first.offset + first.len + 27,
+        seq: first_seq + 2,
+        ..first
+    };
+
+    fs.set_sync_delay(std::time::Duration::from_millis(400));
+    let done = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let engine = engine.clone();
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let seq = engine.put(b"k", b"v2").unwrap();
+            done.store(true, Ordering::SeqCst);
+            seq
+        })
+    };
+    // Written (the writer lock saw it) but still waiting for its fsync.
+    while engine.last_seq() < pending.seq + 1 {
+        std::thread::yield_now();
+    }
+    let listed = engine.records().unwrap();
+    let read = engine.read_record(&pending);
+    let seen = engine.meta(b"k", 0).unwrap().seq;
+    assert!(
+        !done.load(Ordering::SeqCst),
+        "the fsync finished before the listing: the delay is too short"
+    );
+    assert_eq!(seen, first_seq, "get shows the pending write");
+    assert_eq!(
+        listed.iter().map(|r| r.seq).collect::<Vec<_>>(),
+        vec![first_seq],
+        "the listing shows a batch awaiting its fsync"
+    );
+    match read {
+        Err(Error::InvalidLocation { reason, .. }) => {
+            assert!(reason.contains("published"), "{reason}")
+        }
+        other => panic!("a record awaiting its fsync was read: {other:?}"),
+    }
+
+    assert_eq!(writer.join().unwrap(), pending.seq);
+    fs.set_sync_delay(std::time::Duration::ZERO);
+    let listed = engine.records().unwrap();
+    assert_eq!(listed.last().unwrap().location, pending);
+    assert_eq!(engine.read_record(&pending).unwrap().value, b"v2");
+}
