@@ -19,6 +19,7 @@ use super::read::RecordBytes;
 use super::{Engine, lock, read};
 use crate::error::{Error, Result};
 use crate::format::{FileId, RecordKind, decode_record_header, verify_record};
+use crate::options::RECORD_SIZE_BYTES_MAX;
 use crate::record_meta::RecordMeta;
 use crate::walk::{Walked, walk_file};
 
@@ -335,10 +336,11 @@ impl Engine {
     /// location's size and sequence number. [`Error::LocationGone`] if its
     /// file is no longer one of the engine's (merged away);
     /// [`Error::InvalidLocation`] if no such record is there (a location
-    /// not made by this engine, or one past the file's published end: in
-    /// the active segment, batches still awaiting their fsync are not
-    /// readable yet); [`Error::Corruption`] if the bytes fail their
-    /// checksum.
+    /// not made by this engine, one longer than any record can be
+    /// ([`crate::RECORD_SIZE_BYTES_MAX`], refused before anything is read or
+    /// allocated), or one past the file's published end: in the active
+    /// segment, batches still awaiting their fsync are not readable yet);
+    /// [`Error::Corruption`] if the bytes fail their checksum.
     pub fn read_record(&self, location: &RecordLocation) -> Result<StoredValue> {
         let shared = &self.shared;
         let name = location.file_name();
@@ -369,6 +371,15 @@ impl Engine {
             offset,
             reason,
         };
+        // Checked before any byte is read (or a buffer allocated for them):
+        // a made-up location must not make the engine allocate gigabytes.
+        if location.len as usize > RECORD_SIZE_BYTES_MAX {
+            return Err(invalid(format!(
+                "the location says {} bytes, more than any record can be \
+                 (RECORD_SIZE_BYTES_MAX, {RECORD_SIZE_BYTES_MAX})",
+                location.len
+            )));
+        }
         if offset + u64::from(location.len) > readable_len {
             return Err(invalid(format!(
                 "a {}-byte record there runs past the {readable_len} bytes written \

@@ -1076,3 +1076,72 @@ fn a_listing_under_sync_always_omits_a_batch_awaiting_its_fsync() {
     assert_eq!(listed.last().unwrap().location, pending);
     assert_eq!(engine.read_record(&pending).unwrap().value, b"v2");
 }
+
+#[test]
+fn a_made_up_location_is_refused_before_anything_is_allocated() {
+    let fs = SimFs::new();
+    let engine = open_sim(&fs, SyncPolicy::Never, 1 << 20);
+    engine.put(b"k", b"v").unwrap();
+    let active = engine.records().unwrap()[0].location;
+    assert!(engine.active_file().is_some());
+    // A length near u32::MAX in the active segment (read with pread into a
+    // buffer) would allocate ~4 GiB if it were believed.
+    for (bad, what, says) in [
+        (
+            RecordLocation {
+                len: u32::MAX,
+                ..active
+            },
+            "a 4 GiB record",
+            "RECORD_SIZE_BYTES_MAX",
+        ),
+        (
+            RecordLocation {
+                len: bitcask::RECORD_SIZE_BYTES_MAX as u32 + 1,
+                ..active
+            },
+            "one byte more than any record",
+            "RECORD_SIZE_BYTES_MAX",
+        ),
+        (
+            RecordLocation {
+                len: bitcask::RECORD_SIZE_BYTES_MAX as u32,
+                ..active
+            },
+            "as long as a record can be, past the end",
+            "published",
+        ),
+        (
+            RecordLocation {
+                offset: active.offset + active.len,
+                ..active
+            },
+            "past the committed prefix",
+            "published",
+        ),
+    ] {
+        match engine.read_record(&bad) {
+            Err(Error::InvalidLocation { file, reason, .. }) => {
+                assert_eq!(file, active.file_name(), "{what}");
+                assert!(reason.contains(says), "{what}: {reason}");
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    // The same in a sealed file (a 64-byte threshold seals every batch).
+    let fs = SimFs::new();
+    let engine = open_sim(&fs, SyncPolicy::Never, 64);
+    engine.put(b"k", b"v").unwrap();
+    let sealed = engine.sealed_data_files();
+    let record = engine.records_in(&sealed).unwrap()[0].clone();
+    match engine.read_record(&RecordLocation {
+        len: u32::MAX,
+        ..record.location
+    }) {
+        Err(Error::InvalidLocation { reason, .. }) => {
+            assert!(reason.contains("RECORD_SIZE_BYTES_MAX"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(engine.read_record(&record.location).unwrap().value, b"v");
+}
