@@ -1145,3 +1145,44 @@ fn a_made_up_location_is_refused_before_anything_is_allocated() {
     }
     assert_eq!(engine.read_record(&record.location).unwrap().value, b"v");
 }
+
+#[test]
+fn the_expiry_high_water_after_a_reopen_counts_live_keys_only() {
+    // A superseded put with a far expiry, kept by a retaining merge, is
+    // replayed at open; it must not hold the expiry high-water up (kvnode
+    // proposes expiry ticks while its clock is below the mark).
+    const FAR_MS: u64 = 1 << 50;
+    const LIVE_MS: u64 = 7_000;
+    let fs = SimFs::new();
+    let engine = open_sim(&fs, SyncPolicy::Never, 64);
+    engine.put_with_expiry(b"k", b"v1", FAR_MS).unwrap();
+    engine.put(b"k", b"v2").unwrap();
+    engine.put_with_expiry(b"j", b"w", LIVE_MS).unwrap();
+    engine.put_with_expiry(b"gone", b"x", FAR_MS).unwrap();
+    engine.delete(b"gone").unwrap();
+    let report = engine
+        .merge_retaining(&engine.sealed_data_files(), 0, Retain::new(|_| true))
+        .unwrap();
+    let kept = engine.records_in(&report.outputs).unwrap();
+    assert!(
+        kept.iter()
+            .any(|r| r.key == b"k" && r.expiry_ms == FAR_MS && r.kind == StoredKind::Put),
+        "the superseded put was kept: {kept:?}"
+    );
+    assert!(
+        kept.iter()
+            .any(|r| r.key == b"gone" && r.expiry_ms == FAR_MS),
+        "the deleted put was kept: {kept:?}"
+    );
+    let engine = reopen(&fs, engine);
+    assert_eq!(engine.get(b"k", 0).unwrap().unwrap().value, b"v2");
+    assert_eq!(engine.expiry_high_water_ms(), LIVE_MS);
+    // Also with every hint gone (the data files are scanned).
+    delete_hints(&fs);
+    let engine = reopen(&fs, engine);
+    assert_eq!(engine.expiry_high_water_ms(), LIVE_MS);
+    // Once no live key expires, the mark is 0 at the next open.
+    engine.delete(b"j").unwrap();
+    let engine = reopen(&fs, engine);
+    assert_eq!(engine.expiry_high_water_ms(), 0);
+}
