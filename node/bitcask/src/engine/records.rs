@@ -56,8 +56,17 @@ pub struct RecordView<'a> {
 /// leaves the engine — a merge replaces its inputs — after which
 /// [`Engine::read_record`] answers [`Error::LocationGone`]; list the merge's
 /// outputs ([`Engine::records_in`] with [`crate::MergeReport::outputs`]) for
-/// the new locations. File names never repeat, so a location can never
-/// point into a different file of the same name.
+/// the new locations. A file name can come back: a crash that leaves an
+/// active segment with no complete batch deletes it at open, and a later
+/// batch with the same first sequence creates it again. What holds instead:
+/// a location carries its record's sequence number and a read checks it
+/// (and the record's size), so a location into a reused name never returns
+/// a record with another sequence number: it gets [`Error::InvalidLocation`]
+/// or the record it named. Only published records are listed, so with
+/// `SyncPolicy::Always` a listed record was fsynced and its sequence number
+/// is never written again; with a weaker policy a listed write the crash
+/// lost may have its sequence number reused by the next write, which its
+/// location then reads (as `get` would).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RecordLocation {
     /// The data file (its name is [`RecordLocation::file_name`]).
@@ -131,13 +140,24 @@ pub struct StoredValue {
 /// would otherwise drop (superseded puts, superseded and final tombstones,
 /// expired puts) to keep in the merge output. It is called once for every
 /// put and tombstone of the merge's inputs (with a sequence number from
-/// [`Retain::min_seq`] on), in file order; its answer for a live record does
-/// not matter (live records are copied whatever it says).
+/// [`Retain::min_seq`] on), in file order. A live put that has not expired
+/// at the merge's "now" is copied whatever it answers; an expired live put
+/// is one it would drop, so its answer matters there: keeping it writes it
+/// (and, with it, the key stays in the key directory, expired).
 /// It is captured with the merge ([`Engine::begin_merge_retaining`]), so it
 /// must be a pure function of the record and of values fixed at capture
 /// (say, the compaction floor as of that point of the write stream):
 /// replicas that capture the same merge at the same point then write the
 /// same bytes. It is called on the thread that runs the merge.
+///
+/// Kept history is not live: [`Engine::stats`] counts it as dead bytes, so
+/// a file full of retained history looks like a merge candidate. And a
+/// retaining merge reads, and checks against their checksums, superseded
+/// records a plain merge never reads (the records it keeps, and in data
+/// files without a valid hint, every record it walks): bit rot in a dead
+/// record can fail a retaining merge with [`Error::Corruption`] on the one
+/// replica whose disk rotted, while a plain merge there, and the retaining
+/// merges of the other replicas, succeed.
 ///
 /// [`Retain::with_min_seq`] adds a promise that makes merges cheaper: no
 /// record below a sequence number is kept, so the merge neither asks about
