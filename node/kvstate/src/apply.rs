@@ -52,8 +52,9 @@ use bitcask::{Batch, Engine};
 use serde::{Deserialize, Serialize};
 
 use crate::command::{
-    Answer, Command, ENTRY_OPS_MAX, EntryResponse, Op, Outcome, Proposal, RESERVED_KEY_PREFIX,
-    Request, SESSION_ANSWER_BYTES_MAX, SESSION_ANSWERS_MAX, SESSION_IDLE_MS_MAX, SessionRef,
+    Answer, Command, ENTRY_OPS_MAX, ENTRY_SESSION_BYTES_MAX, EntryResponse, Op, Outcome, Proposal,
+    RESERVED_KEY_PREFIX, Request, SESSION_ANSWER_BYTES_MAX, SESSION_ANSWERS_MAX,
+    SESSION_IDLE_MS_MAX, SESSION_RECORD_BYTES_MAX, SessionRef,
 };
 use crate::range::{self, Budget, KeyBounds, KeyValue, Overlay, Pending, RangeError};
 use crate::revision::{
@@ -140,6 +141,29 @@ impl SessionRecord {
         let mut bytes = vec![SESSION_RECORD_TAG];
         bytes.extend_from_slice(&codec::encode(self));
         bytes
+    }
+
+    /// The stored form, forgetting the oldest answers (as past
+    /// [`SESSION_ANSWERS_MAX`]) until it takes at most `room` bytes or no
+    /// answer is left.
+    fn encode_within(&mut self, room: usize) -> Vec<u8> {
+        let mut stored = self.encode();
+        while stored.len() > room && !self.answers.is_empty() {
+            // Drop as many of the oldest answers as their encoded sizes
+            // say are needed (a map entry encodes as its key then its
+            // value), then encode again: the map's length prefix may
+            // shrink by a byte, so the loop checks once more.
+            let mut excess = stored.len() - room;
+            while excess > 0 {
+                let Some((oldest, answer)) = self.answers.pop_first() else {
+                    break;
+                };
+                excess = excess.saturating_sub(codec::encode(&(oldest, answer)).len());
+                self.forgotten_below = self.forgotten_below.max(oldest + 1);
+            }
+            stored = self.encode();
+        }
+        stored
     }
 
     /// The stored form builds before revisions wrote (answers lose their
@@ -249,6 +273,9 @@ pub struct Applier {
     /// Whether revisions are on (see the module doc, "Entries from before
     /// revisions"): the last commit record carries a store header.
     revisions_on: bool,
+    /// [`SESSION_RECORD_BYTES_MAX`] and [`ENTRY_SESSION_BYTES_MAX`]
+    /// (smaller in this crate's tests only).
+    session_bytes_max: (usize, usize),
     /// Every user key with a TTL, by (expiry ms, key).
     expiries: BTreeSet<(u64, Vec<u8>)>,
     /// Where readers learn the store revision: set to an entry's revision
@@ -265,6 +292,7 @@ impl Default for Applier {
             session_idle_ms: SESSION_IDLE_MS_MAX,
             header: StoreHeader::default(),
             revisions_on: false,
+            session_bytes_max: (SESSION_RECORD_BYTES_MAX, ENTRY_SESSION_BYTES_MAX),
             expiries: BTreeSet::new(),
             published: None,
         }
@@ -430,13 +458,22 @@ impl Applier {
             touched_sessions.remove(&client_id);
             batch = batch.delete(session_key(client_id));
         }
+        let mut session_bytes = 0usize;
         for client_id in &touched_sessions {
-            let record = &self.sessions[client_id];
             let stored = if legacy {
-                record.encode_legacy()
+                self.sessions[client_id].encode_legacy()
             } else {
-                record.encode()
+                // Bounded per record and per entry (builds before
+                // revisions kept records whole; their entries replay as
+                // they wrote them).
+                let Some(record) = self.sessions.get_mut(client_id) else {
+                    continue;
+                };
+                let (record_max, entry_max) = self.session_bytes_max;
+                let room = record_max.min(entry_max.saturating_sub(session_bytes));
+                record.encode_within(room)
             };
+            session_bytes += stored.len();
             batch = batch.put(session_key(*client_id), stored);
         }
         if batch.ops.len() > ENTRY_OPS_MAX {
@@ -1418,6 +1455,103 @@ mod tests {
         assert_eq!(engine.last_commit_meta().unwrap(), b"meta");
         assert!(a.meta.is_empty());
         assert!(!applier.revisions_on());
+    }
+
+    /// Unacknowledged answers cannot grow a session record, or an entry's
+    /// session records, past their byte caps: the oldest answers are
+    /// forgotten (a retry of one is SessionExpired), the newest kept.
+    #[test]
+    fn session_records_stay_within_their_byte_caps() {
+        let fs = SimFs::new();
+        let engine = engine(&fs);
+        // Caps scaled down (64 KiB a record, 256 KiB an entry) so the test
+        // stays small; the code path is the one the real caps take.
+        let (record_max, entry_max) = (64 * 1024, 256 * 1024);
+        let mut applier = Applier {
+            session_bytes_max: (record_max, entry_max),
+            ..Applier::default()
+        };
+        // Each answer names 2000 records (about 8 KiB encoded); nothing is
+        // ever acknowledged.
+        let ops = |tag: u64| {
+            (0..2000)
+                .map(|i| put(&format!("{tag}/{i}"), ""))
+                .collect::<Vec<_>>()
+        };
+        let session = |client_id: u64, sequence: u64| {
+            Some(SessionRef {
+                client_id,
+                sequence,
+                lowest_unacked: 1,
+                opens: sequence == 1,
+            })
+        };
+        let mut index = 1;
+        let mut first_answer = None;
+        for sequence in 1..=20u64 {
+            let write = Request {
+                session: session(7, sequence),
+                ..request(ops(sequence))
+            };
+            let response = applier
+                .apply(&engine, index, &writes(0, vec![write]), Vec::new())
+                .unwrap();
+            first_answer.get_or_insert(response.answers[0].clone());
+            index += 1;
+        }
+        let stored = engine.get(&session_key(7), 0).unwrap().unwrap().value;
+        assert!(stored.len() <= record_max, "{}", stored.len());
+        assert!(stored.len() > record_max / 2);
+        // The oldest answer was forgotten; the newest is still replayed.
+        let retry = |sequence| Request {
+            session: session(7, sequence),
+            ..request(ops(sequence))
+        };
+        let old = applier
+            .apply(&engine, index, &writes(0, vec![retry(1)]), Vec::new())
+            .unwrap();
+        assert_eq!(old.answers[0].outcome, Outcome::SessionExpired);
+        assert_ne!(Some(&old.answers[0]), first_answer.as_ref());
+        let newest = applier
+            .apply(&engine, index + 1, &writes(0, vec![retry(20)]), Vec::new())
+            .unwrap();
+        assert!(matches!(newest.answers[0].outcome, Outcome::Applied { .. }));
+        // The same for an entry: 8 such sessions touched by one entry write
+        // at most the entry's cap of records.
+        let mut index = index + 2;
+        for client_id in 100..108u64 {
+            for sequence in 1..=9u64 {
+                let write = Request {
+                    session: session(client_id, sequence),
+                    ..request(ops(sequence))
+                };
+                applier
+                    .apply(&engine, index, &writes(0, vec![write]), Vec::new())
+                    .unwrap();
+                index += 1;
+            }
+        }
+        let touch_all: Vec<Request> = (100..108u64)
+            .map(|client_id| Request {
+                session: session(client_id, 10),
+                ..request(vec![put(&format!("touch{client_id}"), "")])
+            })
+            .collect();
+        applier
+            .apply(&engine, index, &writes(0, touch_all), Vec::new())
+            .unwrap();
+        let total: usize = (100..108u64)
+            .map(|client_id| {
+                engine
+                    .get(&session_key(client_id), 0)
+                    .unwrap()
+                    .unwrap()
+                    .value
+                    .len()
+            })
+            .sum();
+        assert!(total <= entry_max, "{total}");
+        assert!(total > entry_max / 2, "{total}");
     }
 
     /// More keys running out at once than one entry may delete: the next

@@ -33,6 +33,16 @@ pub const SESSION_ANSWERS_MAX: usize = 1024;
 /// [`Command::Requests`] and [`Command::Writes`] entries are kept whole, as
 /// builds before transactions kept them (replicas must write the same bytes).
 pub const SESSION_ANSWER_BYTES_MAX: usize = 4 * 1024;
+/// Bytes one stored session record may take: past it, its oldest answers
+/// are forgotten (a retry of one is told its outcome is unknown, as past
+/// [`SESSION_ANSWERS_MAX`]), so no record grows past what the engine
+/// stores in one value.
+pub const SESSION_RECORD_BYTES_MAX: usize = 1024 * 1024;
+/// Bytes the session records one entry rewrites may take in all: a record
+/// that would pass it forgets its oldest answers too, so an entry's batch
+/// stays within the engine's batch limit whatever its clients left
+/// unacknowledged.
+pub const ENTRY_SESSION_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 /// One write inside a client request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
