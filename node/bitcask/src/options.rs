@@ -100,6 +100,9 @@ pub struct Options {
     /// Open file handles kept for readers.
     pub open_files_max: usize,
     /// Merge on its own by dead-bytes ratio; `None` leaves merging to the caller.
+    /// Automatic merges retain no history (no retention predicate), and
+    /// records a retaining merge kept count as dead bytes: a caller that
+    /// keeps history ([`crate::Engine::merge_retaining`]) turns this off.
     pub auto_merge: Option<AutoMerge>,
     /// Published prefix of the active segment, if any.
     pub published_prefix: Option<PublishedPrefix>,

@@ -10,6 +10,9 @@
 //! - `read`: lookups and scans, and the cache of open files and maps;
 //! - `files`: the file API the Raft layer uses: file lists with checksums,
 //!   pins, retiring files;
+//! - `records`: listing every put and tombstone record with its location,
+//!   reading one back by location, and the merge retention predicate
+//!   ([`Retain`]) — the engine side of a change history;
 //! - `stats`: per-file live and dead bytes;
 //! - `merging`: the merge entry points and automatic merges (the merge
 //!   itself is `crate::merge`).
@@ -36,6 +39,7 @@ mod batch;
 mod files;
 mod merging;
 mod read;
+mod records;
 mod stats;
 mod sync;
 mod write;
@@ -44,7 +48,9 @@ pub use batch::{Batch, Op, RecordMeta, Written};
 pub use files::{FileInfo, Pin};
 pub(crate) use files::{FileMeta, FileSet, checksum_file};
 pub use merging::MergeReport;
+pub(crate) use read::RecordBytes;
 pub use read::{Entry, Item, ItemMeta, KeyRange, Scan};
+pub use records::{RecordLocation, RecordView, Retain, StoredKind, StoredRecord, StoredValue};
 pub use stats::{FileStats, Stats};
 pub(crate) use write::{Active, Writer};
 

@@ -15,7 +15,7 @@ pub struct FileStats {
     /// Bytes of records that are the latest version of their key.
     pub live_bytes: u64,
     /// Everything else: overwritten and deleted records, tombstones, commit
-    /// records, headers.
+    /// records, headers (and the history a retaining merge kept).
     pub dead_bytes: u64,
 }
 
