@@ -459,7 +459,8 @@ impl Applier {
             batch = batch.delete(session_key(client_id));
         }
         let mut session_bytes = 0usize;
-        for client_id in &touched_sessions {
+        let touched_count = touched_sessions.len();
+        for (position, client_id) in touched_sessions.iter().enumerate() {
             let stored = if legacy {
                 self.sessions[client_id].encode_legacy()
             } else {
@@ -469,8 +470,11 @@ impl Applier {
                 let Some(record) = self.sessions.get_mut(client_id) else {
                     continue;
                 };
+                // An equal share of what the entry has left, so the clients
+                // stored last are not starved by the first ones.
                 let (record_max, entry_max) = self.session_bytes_max;
-                let room = record_max.min(entry_max.saturating_sub(session_bytes));
+                let left = entry_max.saturating_sub(session_bytes);
+                let room = record_max.min(left / (touched_count - position));
                 record.encode_within(room)
             };
             session_bytes += stored.len();
@@ -1552,6 +1556,9 @@ mod tests {
             .sum();
         assert!(total <= entry_max, "{total}");
         assert!(total > entry_max / 2, "{total}");
+        // Shared out: the client stored last still keeps its answers.
+        let last = engine.get(&session_key(107), 0).unwrap().unwrap().value;
+        assert!(last.len() > entry_max / 16, "{}", last.len());
     }
 
     /// More keys running out at once than one entry may delete: the next

@@ -317,13 +317,28 @@ impl KvService {
     }
 }
 
-pub(crate) fn session(session: Option<kvproto::kv::v1::Session>) -> Option<SessionRef> {
-    session.filter(|s| s.client_id != 0).map(|s| SessionRef {
+/// The session of a write, checked: its sequence must be below
+/// `u64::MAX` (a stored answer's successor must exist, for `forgotten_below`).
+#[allow(clippy::result_large_err)]
+pub(crate) fn session(
+    session: Option<kvproto::kv::v1::Session>,
+) -> Result<Option<SessionRef>, Status> {
+    let Some(s) = session.filter(|s| s.client_id != 0) else {
+        return Ok(None);
+    };
+    if s.sequence == u64::MAX {
+        return Err(Status::invalid_argument(format!(
+            "session.sequence is {}, the largest allowed is {}",
+            s.sequence,
+            u64::MAX - 1
+        )));
+    }
+    Ok(Some(SessionRef {
         client_id: s.client_id,
         sequence: s.sequence,
         lowest_unacked: s.lowest_unacked_sequence,
         opens: s.opens,
-    })
+    }))
 }
 
 fn engine_error(err: bitcask::Error) -> Status {
@@ -471,7 +486,7 @@ impl Kv for KvService {
         };
         let answer = self
             .write(command::Request {
-                session: session(request.session),
+                session: session(request.session)?,
                 conditions,
                 ops: vec![Op::Put {
                     key,
@@ -521,7 +536,7 @@ impl Kv for KvService {
             .unwrap_or_default();
         let answer = self
             .write(command::Request {
-                session: session(request.session),
+                session: session(request.session)?,
                 conditions,
                 ops: vec![Op::Delete { key }],
             })
@@ -555,7 +570,7 @@ impl Kv for KvService {
         check_expire_ttl(request.ttl_ms)?;
         let answer = self
             .write(command::Request {
-                session: session(request.session),
+                session: session(request.session)?,
                 conditions: Vec::new(),
                 ops: vec![Op::Expire {
                     key: request.key.to_vec(),
@@ -580,7 +595,7 @@ impl Kv for KvService {
         check_key(&request.key)?;
         let answer = self
             .write(command::Request {
-                session: session(request.session),
+                session: session(request.session)?,
                 conditions: Vec::new(),
                 ops: vec![Op::Persist {
                     key: request.key.to_vec(),
@@ -788,7 +803,7 @@ impl Kv for KvService {
             .collect::<Result<Vec<_>, _>>()?;
         let answer = self
             .write(command::Request {
-                session: session(request.session),
+                session: session(request.session)?,
                 conditions,
                 ops,
             })

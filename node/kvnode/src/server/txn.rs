@@ -145,7 +145,7 @@ pub fn txn_request(request: pb::TxnRequest) -> Result<TxnRequest, Status> {
             .collect::<Result<Vec<_>, _>>()
     };
     let txn = TxnRequest {
-        session: super::kv::session(request.session),
+        session: super::kv::session(request.session)?,
         compares,
         success: ops("success", request.success)?,
         failure: ops("failure", request.failure)?,
