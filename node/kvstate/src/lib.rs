@@ -89,6 +89,7 @@
 
 pub mod apply;
 pub mod command;
+pub mod history;
 pub mod range;
 pub mod revision;
 pub mod txn;

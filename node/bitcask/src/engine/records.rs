@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::read::RecordBytes;
 use super::{Engine, lock, read};
 use crate::error::{Error, Result};
-use crate::format::{FileId, RecordKind, decode_record_header, verify_record};
+use crate::format::{FileId, RecordKind, decode_record_header, record_size, verify_record};
 use crate::record_meta::RecordMeta;
 use crate::walk::{Walked, walk_file};
 
@@ -198,6 +198,39 @@ struct Listed {
 }
 
 impl Engine {
+    /// Where `key`'s live record is, from the key directory alone (expired
+    /// or not): what a change history notes as a key's state before it
+    /// overwrites the key. `None` if the key is absent. The location is
+    /// valid until a merge moves the record (see [`RecordLocation`]).
+    pub fn locate(&self, key: &[u8]) -> Option<StoredRecord> {
+        let shared = &self.shared;
+        let files = read(&shared.files);
+        let location = read(&shared.keydir).get(key)?;
+        // Every file the key directory can point at has a path, merge
+        // outputs too while they are being swapped in (files before keydir
+        // is the engine's lock order).
+        let file = files
+            .paths
+            .get(&location.file)
+            .and_then(|path| path.file_stem())
+            .and_then(|stem| FileId::parse_stem(&stem.to_string_lossy()))?;
+        let len = record_size(key.len(), location.value_len as usize, location.meta.len());
+        Some(StoredRecord {
+            key: key.to_vec(),
+            kind: StoredKind::Put,
+            seq: location.seq,
+            expiry_ms: location.expiry_ms,
+            value_len: location.value_len,
+            meta: location.meta,
+            location: RecordLocation {
+                file,
+                offset: location.offset,
+                len: len as u32,
+                seq: location.seq,
+            },
+        })
+    }
+
     /// Every put and tombstone record in the engine's files — live and
     /// superseded, sealed files and the active segment (every batch written
     /// so far) — with where it is, in file order (merge parts, then

@@ -9,7 +9,7 @@ use vfs::VfsFile;
 
 use super::files::FileMeta;
 use super::read::Handle;
-use super::{Batch, Engine, Op, Shared, Written, lock, write};
+use super::{Batch, Engine, Op, RecordLocation, Shared, Written, lock, write};
 use crate::error::{Error, Result};
 use crate::format::{
     DATA_MAGIC, FileId, HintEntry, RecordKind, encode_record, path_in, record_size,
@@ -83,7 +83,21 @@ impl Engine {
 
     /// Writes a batch atomically: after a crash all of it or none of it is there.
     pub fn write_batch(&self, batch: &Batch) -> Result<Written> {
-        self.shared.write_batch(batch)
+        self.shared.write_batch(batch, None)
+    }
+
+    /// [`Engine::write_batch`], also telling where each op's record went:
+    /// `locations` is cleared and gets one [`RecordLocation`] per op, in op
+    /// order (what a change history indexes without listing the files).
+    /// The locations are readable by [`Engine::read_record`] once the batch
+    /// is visible to reads, which is when this returns.
+    pub fn write_batch_located(
+        &self,
+        batch: &Batch,
+        locations: &mut Vec<RecordLocation>,
+    ) -> Result<Written> {
+        locations.clear();
+        self.shared.write_batch(batch, Some(locations))
     }
 
     /// Highest sequence number stored.
@@ -148,7 +162,11 @@ impl Shared {
         Ok(size)
     }
 
-    fn write_batch(self: &Arc<Self>, batch: &Batch) -> Result<Written> {
+    fn write_batch(
+        self: &Arc<Self>,
+        batch: &Batch,
+        mut locations: Option<&mut Vec<RecordLocation>>,
+    ) -> Result<Written> {
         let size = self.validate(batch)?;
         let (written, end, sealed) = {
             let mut guard = lock(&self.writer);
@@ -231,6 +249,16 @@ impl Shared {
                         updates.push(Update::Delete(key.clone(), seq));
                     }
                 }
+            }
+            if let Some(locations) = locations.as_deref_mut() {
+                record_locations(batch, active.id, base, first_seq, locations);
+                debug_assert_eq!(
+                    locations
+                        .last()
+                        .map_or(base, |l| u64::from(l.offset) + u64::from(l.len)),
+                    base + buf.len() as u64,
+                    "record sizes agree with the encoding"
+                );
             }
             let commit_offset = (base + buf.len() as u64) as u32;
             encode_record(
@@ -391,5 +419,32 @@ pub(crate) fn apply_updates(keydir: &mut KeyDir, updates: Vec<Update>) {
             Update::Delete(key, seq) => keydir.delete(&key, seq),
             Update::Seq(seq) => keydir.note_seq(seq),
         }
+    }
+}
+
+/// Where the records of `batch` go when it is appended at `base` of the
+/// active segment `file`: each record's size follows from its op alone.
+fn record_locations(
+    batch: &Batch,
+    file: FileId,
+    base: u64,
+    first_seq: u64,
+    out: &mut Vec<RecordLocation>,
+) {
+    let mut offset = base;
+    for (i, op) in batch.ops.iter().enumerate() {
+        let len = match op {
+            Op::Put {
+                key, value, meta, ..
+            } => record_size(key.len(), value.len(), meta.len()),
+            Op::Delete { key, meta } => record_size(key.len(), 0, meta.len()),
+        };
+        out.push(RecordLocation {
+            file,
+            offset: offset as u32,
+            len: len as u32,
+            seq: first_seq + i as u64,
+        });
+        offset += len as u64;
     }
 }

@@ -697,9 +697,15 @@ impl Kv for KvService {
         let now = self.state_machine.cluster_time_ms();
         let engine = self.state_machine.engine();
         let revision = self.state_machine.revision();
-        // Up to RANGE_KEYS_MAX keys and a sort: off the async workers.
+        let state_machine = self.state_machine.clone();
+        // Up to RANGE_KEYS_MAX keys and a sort: off the async workers. A
+        // read at a past revision goes through the change history.
         let result = tokio::task::spawn_blocking(move || {
-            kvstate::range::range(&engine, &spec, now, revision)
+            if spec.revision == 0 {
+                kvstate::range::range(&engine, &spec, now, revision)
+            } else {
+                state_machine.range_at(&spec, now)
+            }
         })
         .await
         .map_err(|err| Status::internal(format!("the range read failed: {err}")))?
