@@ -1015,12 +1015,25 @@ fn a_power_cut_during_a_retaining_merge_loses_nothing() {
 // Visibility of the active segment, made-up locations
 // ---------------------------------------------------------------------------
 
+/// Waits (a failure guard, never a timing assumption) until `ready` holds.
+fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !ready() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never happened: {what}"
+        );
+        std::thread::yield_now();
+    }
+}
+
 #[test]
 fn a_listing_under_sync_always_omits_a_batch_awaiting_its_fsync() {
     // With sync=always a batch is visible to readers only once an fsync
     // covers it; until then a listing must not show it, nor may a read by
     // location return it (FORMAT.md "Live or history": the last listed
-    // record of a key is the one `meta` names).
+    // record of a key is the one `meta` names). The fsync is held by the
+    // simulated disk until the test releases it: no timing involved.
     let fs = SimFs::new();
     let engine = Arc::new(open_sim(&fs, SyncPolicy::Always, 1 << 20));
     let first_seq = engine.put(b"k", b"v1").unwrap();
@@ -1035,7 +1048,7 @@ fn a_listing_under_sync_always_omits_a_batch_awaiting_its_fsync() {
         ..first
     };
 
-    fs.set_sync_delay(std::time::Duration::from_millis(400));
+    fs.hold_syncs(true);
     let done = Arc::new(AtomicBool::new(false));
     let writer = {
         let engine = engine.clone();
@@ -1046,18 +1059,23 @@ fn a_listing_under_sync_always_omits_a_batch_awaiting_its_fsync() {
             seq
         })
     };
-    // Written (the writer lock saw it) but still waiting for its fsync.
-    while engine.last_seq() < pending.seq + 1 {
-        std::thread::yield_now();
-    }
+    // Written (the batch is appended before its fsync starts) and its
+    // fsync blocked on the simulated disk.
+    wait_until("the second put's fsync starts", || fs.syncs_held() == 1);
+    assert_eq!(engine.last_seq(), pending.seq + 1, "the batch is written");
     let listed = engine.records().unwrap();
     let read = engine.read_record(&pending);
     let seen = engine.meta(b"k", 0).unwrap().seq;
+    let got = engine.get(b"k", 0).unwrap().unwrap().value;
     assert!(
         !done.load(Ordering::SeqCst),
-        "the fsync finished before the listing: the delay is too short"
+        "the put returned before its fsync"
     );
-    assert_eq!(seen, first_seq, "get shows the pending write");
+    assert_eq!(
+        (seen, got.as_slice()),
+        (first_seq, &b"v1"[..]),
+        "get shows the pending write"
+    );
     assert_eq!(
         listed.iter().map(|r| r.seq).collect::<Vec<_>>(),
         vec![first_seq],
@@ -1070,8 +1088,9 @@ fn a_listing_under_sync_always_omits_a_batch_awaiting_its_fsync() {
         other => panic!("a record awaiting its fsync was read: {other:?}"),
     }
 
+    fs.hold_syncs(false);
     assert_eq!(writer.join().unwrap(), pending.seq);
-    fs.set_sync_delay(std::time::Duration::ZERO);
+    assert_eq!(engine.meta(b"k", 0).unwrap().seq, pending.seq);
     let listed = engine.records().unwrap();
     assert_eq!(listed.last().unwrap().location, pending);
     assert_eq!(engine.read_record(&pending).unwrap().value, b"v2");
