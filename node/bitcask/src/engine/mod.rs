@@ -79,9 +79,12 @@ pub(crate) struct Shared {
     /// Length of the active segment's published prefix: the end of the
     /// last batch whose key-directory updates were applied (with
     /// `SyncPolicy::Always`, only once an fsync covered it). Record listing
-    /// and reads by location see no further. Stored under `writer`; changed
-    /// to another segment's only under `files` (write), so read under
-    /// `files` it belongs to `files.active`.
+    /// and reads by location see no further. Stored under `writer`, and
+    /// while `keydir` is still write-locked by the update it publishes (a
+    /// reader that sees a batch in the key directory sees it published, and
+    /// the reverse); changed to another segment's only under `files`
+    /// (write), so read under `files` it belongs to `files.active` (which
+    /// a seal that failed midway leaves set, the writer's segment gone).
     pub(crate) active_published: AtomicU64,
     /// Set by the first failed write or fsync; then every write is refused.
     poisoned: Poison,

@@ -305,8 +305,15 @@ impl Engine {
     }
 
     /// The files to list (all, or those named) and a pin on them. Holds the
-    /// writer lock only to read the active segment's length and the file
-    /// list consistently (the active segment may be sealed right after).
+    /// writer lock only to read the file list and the active segment's
+    /// published length between batches (the active segment may be sealed
+    /// right after).
+    ///
+    /// The active segment is the file set's, not the writer's: a seal that
+    /// fails midway (its fsync, or the hint after it) has taken the segment
+    /// from the writer but left it the active file, which `get` goes on
+    /// reading (up to the published length, which the key directory
+    /// matches: the failed seal published all or nothing).
     fn snapshot_files(&self, names: Option<&[String]>) -> Result<(Vec<Listed>, super::Pin)> {
         let shared = &self.shared;
         let writer = lock(&shared.writer);
@@ -320,9 +327,10 @@ impl Engine {
                 sealed: true,
             })
             .collect();
-        if let Some(active) = &writer.active {
+        if let Some((_, id)) = files.active {
             listed.push(Listed {
-                id: active.id,
+                id,
+                // Read under `files`: this segment's.
                 len: shared.active_published.load(Ordering::SeqCst),
                 sealed: false,
             });

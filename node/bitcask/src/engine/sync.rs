@@ -111,15 +111,14 @@ impl Shared {
             published = Some(file_end);
             ready.push(updates);
         }
-        if !ready.is_empty() {
+        if let Some(file_end) = published {
             let mut keydir = write(&self.keydir);
             for updates in ready {
                 apply_updates(&mut keydir, updates);
             }
-        }
-        // Pending batches are all in the active segment (sealing applies
-        // them all), so this is its published length now.
-        if let Some(file_end) = published {
+            // Pending batches are all in the active segment (sealing applies
+            // them all), so this is its published length now; stored before
+            // the key directory is unlocked (see `Shared::active_published`).
             self.active_published.store(file_end, Ordering::SeqCst);
         }
         self.synced_total.fetch_max(end, Ordering::SeqCst);

@@ -282,7 +282,10 @@ impl Shared {
             if self.opts.sync == SyncPolicy::Always {
                 writer.pending.push_back((end, file_end, updates));
             } else {
-                apply_updates(&mut write(&self.keydir), updates);
+                let mut keydir = write(&self.keydir);
+                apply_updates(&mut keydir, updates);
+                // Published before the key directory is unlocked, so a
+                // reader that sees the batch there can read it by location.
                 self.active_published.store(file_end, Ordering::SeqCst);
             }
             let rotate = writer
@@ -359,8 +362,8 @@ impl Shared {
             for (_, _, updates) in pending {
                 apply_updates(&mut keydir, updates);
             }
+            self.active_published.store(active.len, Ordering::SeqCst);
         }
-        self.active_published.store(active.len, Ordering::SeqCst);
         self.synced_total
             .fetch_max(writer.written_total, Ordering::SeqCst);
         let crc = active.hasher.clone().finalize();

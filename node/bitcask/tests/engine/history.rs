@@ -1097,6 +1097,67 @@ fn a_listing_under_sync_always_omits_a_batch_awaiting_its_fsync() {
 }
 
 #[test]
+fn a_seal_that_fails_midway_leaves_the_segment_listed_as_get_sees_it() {
+    // A rotation's seal can fail after the segment left the writer (its
+    // fsync, or the hint after it): the engine is poisoned, but reads go
+    // on, and the segment stays the active file for them. The listing must
+    // still show what `get` shows of it: each key's last listed record is
+    // the one `meta` names, and every listed location reads back.
+    // (The seal's fsync failing, and the hint failing after it succeeded.)
+    for (sync, fail_hint, v2_visible) in [
+        (SyncPolicy::Always, true, true),
+        (SyncPolicy::Always, false, false),
+        (SyncPolicy::Never, false, true),
+    ] {
+        let what = format!(
+            "{sync:?}, the seal's {}",
+            if fail_hint { "hint" } else { "fsync" }
+        );
+        let fs = SimFs::new();
+        let engine = open_sim(&fs, sync, 200);
+        let v1 = engine.put(b"k", b"v1").unwrap();
+        engine.put(b"other", b"o").unwrap();
+        assert!(engine.sealed_data_files().is_empty(), "{what}");
+        if fail_hint {
+            // The batch's data write succeeds, the hint's first write fails.
+            fs.fail_writes_after(Some(1));
+        } else {
+            fs.set_fail_sync(true);
+        }
+        // 200 bytes of value: this batch reaches the rotation size.
+        let err = engine.put(b"k", &[b'2'; 200]).unwrap_err();
+        assert!(matches!(err, Error::Io { .. }), "{what}: {err}");
+        assert!(engine.is_poisoned(), "{what}");
+        assert!(engine.sealed_data_files().is_empty(), "{what}: not sealed");
+        let live = engine.meta(b"k", 0).unwrap().seq;
+        assert_eq!(live > v1, v2_visible, "{what}");
+
+        let listed = engine.records().unwrap();
+        let last_of_k = listed.iter().rev().find(|r| r.key == b"k");
+        assert_eq!(
+            last_of_k.map(|r| r.seq),
+            Some(live),
+            "{what}: the listing does not end with the record get sees: {listed:?}"
+        );
+        assert_eq!(listed.len(), if v2_visible { 3 } else { 2 }, "{what}");
+        for record in &listed {
+            let read = engine.read_record(&record.location).unwrap();
+            assert_eq!(
+                (read.key.as_slice(), read.seq),
+                (&record.key[..], record.seq)
+            );
+        }
+        assert_eq!(
+            engine
+                .records_in(&[listed[0].location.file_name()])
+                .unwrap(),
+            listed,
+            "{what}: the segment can be named"
+        );
+    }
+}
+
+#[test]
 fn a_made_up_location_is_refused_before_anything_is_allocated() {
     let fs = SimFs::new();
     let engine = open_sim(&fs, SyncPolicy::Never, 1 << 20);
