@@ -240,6 +240,9 @@ fn load_files(
             files.sealed.push(Arc::new(meta));
         }
     }
+    // Replay put history too (superseded puts not merged away yet, and those
+    // a retaining merge kept): the high-water reflects the live keys only.
+    keydir.reset_expiry_high();
     Ok((keydir, files, active))
 }
 

@@ -264,9 +264,10 @@ impl Engine {
 
     /// The latest expiry (ms) any put since open carried, 0 = none: while
     /// the caller's clock is below it, some key may still be due to expire
-    /// (a high-water mark; deletes and overwrites do not lower it, and at
-    /// open the puts a retaining merge kept as history count too: it may be
-    /// too high, never too low).
+    /// (a high-water mark: deletes and overwrites do not lower it, so it may
+    /// be too high, never too low). At open it is the latest expiry of the
+    /// live keys (expired or not) only: overwritten or deleted puts, and
+    /// puts a retaining merge kept as history, do not count.
     pub fn expiry_high_water_ms(&self) -> u64 {
         read(&self.shared.keydir).expiry_high_ms()
     }

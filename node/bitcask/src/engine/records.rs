@@ -8,14 +8,18 @@
 //! Listing snapshots the file list (holding the writer and file-set locks
 //! only for that), pins the files so a concurrent merge cannot delete them
 //! mid-read, and reads without any engine lock: from hints where they
-//! exist, from data files otherwise (`crate::walk`).
+//! exist, from data files otherwise (`crate::walk`). The active segment is
+//! listed up to its published length only (`Shared::active_published`), as
+//! `get` sees it.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use super::read::RecordBytes;
 use super::{Engine, lock, read};
 use crate::error::{Error, Result};
 use crate::format::{FileId, RecordKind, decode_record_header, record_size, verify_record};
+use crate::options::RECORD_SIZE_BYTES_MAX;
 use crate::record_meta::RecordMeta;
 use crate::walk::{Walked, walk_file};
 
@@ -52,8 +56,17 @@ pub struct RecordView<'a> {
 /// leaves the engine — a merge replaces its inputs — after which
 /// [`Engine::read_record`] answers [`Error::LocationGone`]; list the merge's
 /// outputs ([`Engine::records_in`] with [`crate::MergeReport::outputs`]) for
-/// the new locations. File names never repeat, so a location can never
-/// point into a different file of the same name.
+/// the new locations. A file name can come back: a crash that leaves an
+/// active segment with no complete batch deletes it at open, and a later
+/// batch with the same first sequence creates it again. What holds instead:
+/// a location carries its record's sequence number and a read checks it
+/// (and the record's size), so a location into a reused name never returns
+/// a record with another sequence number: it gets [`Error::InvalidLocation`]
+/// or the record it named. Only published records are listed, so with
+/// `SyncPolicy::Always` a listed record was fsynced and its sequence number
+/// is never written again; with a weaker policy a listed write the crash
+/// lost may have its sequence number reused by the next write, which its
+/// location then reads (as `get` would).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RecordLocation {
     /// The data file (its name is [`RecordLocation::file_name`]).
@@ -127,13 +140,24 @@ pub struct StoredValue {
 /// would otherwise drop (superseded puts, superseded and final tombstones,
 /// expired puts) to keep in the merge output. It is called once for every
 /// put and tombstone of the merge's inputs (with a sequence number from
-/// [`Retain::min_seq`] on), in file order; its answer for a live record does
-/// not matter (live records are copied whatever it says).
+/// [`Retain::min_seq`] on), in file order. A live put that has not expired
+/// at the merge's "now" is copied whatever it answers; an expired live put
+/// is one it would drop, so its answer matters there: keeping it writes it
+/// (and, with it, the key stays in the key directory, expired).
 /// It is captured with the merge ([`Engine::begin_merge_retaining`]), so it
 /// must be a pure function of the record and of values fixed at capture
 /// (say, the compaction floor as of that point of the write stream):
 /// replicas that capture the same merge at the same point then write the
 /// same bytes. It is called on the thread that runs the merge.
+///
+/// Kept history is not live: [`Engine::stats`] counts it as dead bytes, so
+/// a file full of retained history looks like a merge candidate. And a
+/// retaining merge reads, and checks against their checksums, superseded
+/// records a plain merge never reads (the records it keeps, and in data
+/// files without a valid hint, every record it walks): bit rot in a dead
+/// record can fail a retaining merge with [`Error::Corruption`] on the one
+/// replica whose disk rotted, while a plain merge there, and the retaining
+/// merges of the other replicas, succeed.
 ///
 /// [`Retain::with_min_seq`] adds a promise that makes merges cheaper: no
 /// record below a sequence number is kept, so the merge neither asks about
@@ -192,7 +216,8 @@ impl std::fmt::Debug for Retain {
 struct Listed {
     id: FileId,
     /// Bytes to read: the whole sealed file, or the active segment's
-    /// committed prefix at the snapshot.
+    /// published prefix at the snapshot (batches whose key-directory
+    /// updates were applied; with `SyncPolicy::Always`, fsynced ones).
     len: u64,
     sealed: bool,
 }
@@ -232,8 +257,9 @@ impl Engine {
     }
 
     /// Every put and tombstone record in the engine's files — live and
-    /// superseded, sealed files and the active segment (every batch written
-    /// so far) — with where it is, in file order (merge parts, then
+    /// superseded, sealed files and the active segment (every batch `get`
+    /// sees: with `SyncPolicy::Always`, not one still awaiting its fsync) —
+    /// with where it is, in file order (merge parts, then
     /// segments; records in each file in order). See
     /// [`Engine::for_each_record`].
     pub fn records(&self) -> Result<Vec<StoredRecord>> {
@@ -252,8 +278,10 @@ impl Engine {
     /// (`None`) or of the data files named in `files`, in file order, with
     /// its location. Sealed files are read from their hints (no value is
     /// read) or, without a valid hint, from their data; the active segment
-    /// from its data, up to the end of the last batch written when the call
-    /// began. The file list is snapshotted and the files pinned (a merge
+    /// from its data, up to the end of the last batch published when the
+    /// call began (whose key-directory updates were applied, so `get` shows
+    /// it: with `SyncPolicy::Always`, once an fsync covered it). The file
+    /// list is snapshotted and the files pinned (a merge
     /// meanwhile defers deleting them); no engine lock is held while
     /// reading, so writers and readers carry on.
     ///
@@ -310,8 +338,15 @@ impl Engine {
     }
 
     /// The files to list (all, or those named) and a pin on them. Holds the
-    /// writer lock only to read the active segment's length and the file
-    /// list consistently (the active segment may be sealed right after).
+    /// writer lock only to read the file list and the active segment's
+    /// published length between batches (the active segment may be sealed
+    /// right after).
+    ///
+    /// The active segment is the file set's, not the writer's: a seal that
+    /// fails midway (its fsync, or the hint after it) has taken the segment
+    /// from the writer but left it the active file, which `get` goes on
+    /// reading (up to the published length, which the key directory
+    /// matches: the failed seal published all or nothing).
     fn snapshot_files(&self, names: Option<&[String]>) -> Result<(Vec<Listed>, super::Pin)> {
         let shared = &self.shared;
         let writer = lock(&shared.writer);
@@ -325,10 +360,11 @@ impl Engine {
                 sealed: true,
             })
             .collect();
-        if let Some(active) = &writer.active {
+        if let Some((_, id)) = files.active {
             listed.push(Listed {
-                id: active.id,
-                len: active.len,
+                id,
+                // Read under `files`: this segment's.
+                len: shared.active_published.load(Ordering::SeqCst),
                 sealed: false,
             });
         }
@@ -361,27 +397,33 @@ impl Engine {
     /// location's size and sequence number. [`Error::LocationGone`] if its
     /// file is no longer one of the engine's (merged away);
     /// [`Error::InvalidLocation`] if no such record is there (a location
-    /// not made by this engine); [`Error::Corruption`] if the bytes fail
-    /// their checksum.
+    /// not made by this engine, one longer than any record can be
+    /// ([`crate::RECORD_SIZE_BYTES_MAX`], refused before anything is read or
+    /// allocated), or one past the file's published end: in the active
+    /// segment, batches still awaiting their fsync are not readable yet);
+    /// [`Error::Corruption`] if the bytes fail their checksum.
     pub fn read_record(&self, location: &RecordLocation) -> Result<StoredValue> {
         let shared = &self.shared;
         let name = location.file_name();
-        let num = {
+        // The file and its readable length: a sealed file's whole length,
+        // the active segment's published prefix (read under `files`, so it
+        // is this segment's).
+        let found = {
             let files = read(&shared.files);
             files
                 .sealed
                 .iter()
                 .find(|meta| meta.id == location.file)
-                .map(|meta| meta.num)
+                .map(|meta| (meta.num, meta.len))
                 .or_else(|| {
                     files
                         .active
                         .filter(|(_, id)| *id == location.file)
-                        .map(|(num, _)| num)
+                        .map(|(num, _)| (num, shared.active_published.load(Ordering::SeqCst)))
                 })
         };
         let gone = || Error::LocationGone { file: name.clone() };
-        let Some(num) = num else {
+        let Some((num, readable_len)) = found else {
             return Err(gone());
         };
         let offset = u64::from(location.offset);
@@ -390,6 +432,22 @@ impl Engine {
             offset,
             reason,
         };
+        // Checked before any byte is read (or a buffer allocated for them):
+        // a made-up location must not make the engine allocate gigabytes.
+        if location.len as usize > RECORD_SIZE_BYTES_MAX {
+            return Err(invalid(format!(
+                "the location says {} bytes, more than any record can be \
+                 (RECORD_SIZE_BYTES_MAX, {RECORD_SIZE_BYTES_MAX})",
+                location.len
+            )));
+        }
+        if offset + u64::from(location.len) > readable_len {
+            return Err(invalid(format!(
+                "a {}-byte record there runs past the {readable_len} bytes written \
+                 and published in the file",
+                location.len
+            )));
+        }
         let read = shared.with_bytes(num, offset, location.len as usize, |record| {
             // A record of the location's size must start there; only then
             // is a checksum mismatch corruption rather than a bad location.

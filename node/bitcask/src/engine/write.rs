@@ -46,8 +46,10 @@ pub(crate) struct Writer {
     pub(crate) last_meta: Option<Vec<u8>>,
     /// Bytes appended since open, over all files: group-commit positions.
     pub(crate) written_total: u64,
-    /// Batches appended but not yet fsynced, in order, with their end position.
-    pub(crate) pending: VecDeque<(u64, Vec<Update>)>,
+    /// Batches appended but not yet fsynced, in order, with their end
+    /// position (over all files, as `written_total`) and their end offset
+    /// in the active segment (the published length once applied).
+    pub(crate) pending: VecDeque<(u64, u64, Vec<Update>)>,
     buf: Vec<u8>,
 }
 
@@ -304,10 +306,15 @@ impl Shared {
             writer.last_seq = commit_seq;
             writer.last_meta = Some(batch.meta.clone());
             let end = writer.written_total;
+            let file_end = writer.active.as_ref().map_or(0, |a| a.len);
             if self.opts.sync == SyncPolicy::Always {
-                writer.pending.push_back((end, updates));
+                writer.pending.push_back((end, file_end, updates));
             } else {
-                apply_updates(&mut write(&self.keydir), updates);
+                let mut keydir = write(&self.keydir);
+                apply_updates(&mut keydir, updates);
+                // Published before the key directory is unlocked, so a
+                // reader that sees the batch there can read it by location.
+                self.active_published.store(file_end, Ordering::SeqCst);
             }
             let rotate = writer
                 .active
@@ -351,6 +358,8 @@ impl Shared {
             let mut files = write(&self.files);
             let num = files.allocate(path);
             files.active = Some((num, id));
+            self.active_published
+                .store(header_bytes.len() as u64, Ordering::SeqCst);
             num
         };
         write(&self.handles).insert(num, Handle::File(file.clone()), self.opts.open_files_max);
@@ -375,12 +384,13 @@ impl Shared {
         };
         self.sync_file(active.file.as_ref(), &active.id.data_name())?;
         // Everything written so far is durable now.
-        let pending: Vec<(u64, Vec<Update>)> = writer.pending.drain(..).collect();
+        let pending: Vec<(u64, u64, Vec<Update>)> = writer.pending.drain(..).collect();
         {
             let mut keydir = write(&self.keydir);
-            for (_, updates) in pending {
+            for (_, _, updates) in pending {
                 apply_updates(&mut keydir, updates);
             }
+            self.active_published.store(active.len, Ordering::SeqCst);
         }
         self.synced_total
             .fetch_max(writer.written_total, Ordering::SeqCst);

@@ -1010,3 +1010,259 @@ fn a_power_cut_during_a_retaining_merge_loses_nothing() {
         assert_live_matches(&engine, &stream, NOW_MS, &format!("attempt {attempt}"));
     }
 }
+
+// ---------------------------------------------------------------------------
+// Visibility of the active segment, made-up locations
+// ---------------------------------------------------------------------------
+
+/// Waits (a failure guard, never a timing assumption) until `ready` holds.
+fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !ready() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never happened: {what}"
+        );
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn a_listing_under_sync_always_omits_a_batch_awaiting_its_fsync() {
+    // With sync=always a batch is visible to readers only once an fsync
+    // covers it; until then a listing must not show it, nor may a read by
+    // location return it (FORMAT.md "Live or history": the last listed
+    // record of a key is the one `meta` names). The fsync is held by the
+    // simulated disk until the test releases it: no timing involved.
+    let fs = SimFs::new();
+    let engine = Arc::new(open_sim(&fs, SyncPolicy::Always, 1 << 20));
+    let first_seq = engine.put(b"k", b"v1").unwrap();
+    let first = engine.records().unwrap();
+    assert_eq!(first.len(), 1);
+    let first = first[0].location;
+    // The second put has the same sizes and follows the first batch's
+    // commit record (27 bytes: no key, no metadata).
+    let pending = RecordLocation {
+        offset: first.offset + first.len + 27,
+        seq: first_seq + 2,
+        ..first
+    };
+
+    fs.hold_syncs(true);
+    let done = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let engine = engine.clone();
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let seq = engine.put(b"k", b"v2").unwrap();
+            done.store(true, Ordering::SeqCst);
+            seq
+        })
+    };
+    // Written (the batch is appended before its fsync starts) and its
+    // fsync blocked on the simulated disk.
+    wait_until("the second put's fsync starts", || fs.syncs_held() == 1);
+    assert_eq!(engine.last_seq(), pending.seq + 1, "the batch is written");
+    let listed = engine.records().unwrap();
+    let read = engine.read_record(&pending);
+    let seen = engine.meta(b"k", 0).unwrap().seq;
+    let got = engine.get(b"k", 0).unwrap().unwrap().value;
+    assert!(
+        !done.load(Ordering::SeqCst),
+        "the put returned before its fsync"
+    );
+    assert_eq!(
+        (seen, got.as_slice()),
+        (first_seq, &b"v1"[..]),
+        "get shows the pending write"
+    );
+    assert_eq!(
+        listed.iter().map(|r| r.seq).collect::<Vec<_>>(),
+        vec![first_seq],
+        "the listing shows a batch awaiting its fsync"
+    );
+    match read {
+        Err(Error::InvalidLocation { reason, .. }) => {
+            assert!(reason.contains("published"), "{reason}")
+        }
+        other => panic!("a record awaiting its fsync was read: {other:?}"),
+    }
+
+    fs.hold_syncs(false);
+    assert_eq!(writer.join().unwrap(), pending.seq);
+    assert_eq!(engine.meta(b"k", 0).unwrap().seq, pending.seq);
+    let listed = engine.records().unwrap();
+    assert_eq!(listed.last().unwrap().location, pending);
+    assert_eq!(engine.read_record(&pending).unwrap().value, b"v2");
+}
+
+#[test]
+fn a_seal_that_fails_midway_leaves_the_segment_listed_as_get_sees_it() {
+    // A rotation's seal can fail after the segment left the writer (its
+    // fsync, or the hint after it): the engine is poisoned, but reads go
+    // on, and the segment stays the active file for them. The listing must
+    // still show what `get` shows of it: each key's last listed record is
+    // the one `meta` names, and every listed location reads back.
+    // (The seal's fsync failing, and the hint failing after it succeeded.)
+    for (sync, fail_hint, v2_visible) in [
+        (SyncPolicy::Always, true, true),
+        (SyncPolicy::Always, false, false),
+        (SyncPolicy::Never, false, true),
+    ] {
+        let what = format!(
+            "{sync:?}, the seal's {}",
+            if fail_hint { "hint" } else { "fsync" }
+        );
+        let fs = SimFs::new();
+        let engine = open_sim(&fs, sync, 200);
+        let v1 = engine.put(b"k", b"v1").unwrap();
+        engine.put(b"other", b"o").unwrap();
+        assert!(engine.sealed_data_files().is_empty(), "{what}");
+        if fail_hint {
+            // The batch's data write succeeds, the hint's first write fails.
+            fs.fail_writes_after(Some(1));
+        } else {
+            fs.set_fail_sync(true);
+        }
+        // 200 bytes of value: this batch reaches the rotation size.
+        let err = engine.put(b"k", &[b'2'; 200]).unwrap_err();
+        assert!(matches!(err, Error::Io { .. }), "{what}: {err}");
+        assert!(engine.is_poisoned(), "{what}");
+        assert!(engine.sealed_data_files().is_empty(), "{what}: not sealed");
+        let live = engine.meta(b"k", 0).unwrap().seq;
+        assert_eq!(live > v1, v2_visible, "{what}");
+
+        let listed = engine.records().unwrap();
+        let last_of_k = listed.iter().rev().find(|r| r.key == b"k");
+        assert_eq!(
+            last_of_k.map(|r| r.seq),
+            Some(live),
+            "{what}: the listing does not end with the record get sees: {listed:?}"
+        );
+        assert_eq!(listed.len(), if v2_visible { 3 } else { 2 }, "{what}");
+        for record in &listed {
+            let read = engine.read_record(&record.location).unwrap();
+            assert_eq!(
+                (read.key.as_slice(), read.seq),
+                (&record.key[..], record.seq)
+            );
+        }
+        assert_eq!(
+            engine
+                .records_in(&[listed[0].location.file_name()])
+                .unwrap(),
+            listed,
+            "{what}: the segment can be named"
+        );
+    }
+}
+
+#[test]
+fn a_made_up_location_is_refused_before_anything_is_allocated() {
+    let fs = SimFs::new();
+    let engine = open_sim(&fs, SyncPolicy::Never, 1 << 20);
+    engine.put(b"k", b"v").unwrap();
+    let active = engine.records().unwrap()[0].location;
+    assert!(engine.active_file().is_some());
+    // A length near u32::MAX in the active segment (read with pread into a
+    // buffer) would allocate ~4 GiB if it were believed.
+    for (bad, what, says) in [
+        (
+            RecordLocation {
+                len: u32::MAX,
+                ..active
+            },
+            "a 4 GiB record",
+            "RECORD_SIZE_BYTES_MAX",
+        ),
+        (
+            RecordLocation {
+                len: bitcask::RECORD_SIZE_BYTES_MAX as u32 + 1,
+                ..active
+            },
+            "one byte more than any record",
+            "RECORD_SIZE_BYTES_MAX",
+        ),
+        (
+            RecordLocation {
+                len: bitcask::RECORD_SIZE_BYTES_MAX as u32,
+                ..active
+            },
+            "as long as a record can be, past the end",
+            "published",
+        ),
+        (
+            RecordLocation {
+                offset: active.offset + active.len,
+                ..active
+            },
+            "past the committed prefix",
+            "published",
+        ),
+    ] {
+        match engine.read_record(&bad) {
+            Err(Error::InvalidLocation { file, reason, .. }) => {
+                assert_eq!(file, active.file_name(), "{what}");
+                assert!(reason.contains(says), "{what}: {reason}");
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    // The same in a sealed file (a 64-byte threshold seals every batch).
+    let fs = SimFs::new();
+    let engine = open_sim(&fs, SyncPolicy::Never, 64);
+    engine.put(b"k", b"v").unwrap();
+    let sealed = engine.sealed_data_files();
+    let record = engine.records_in(&sealed).unwrap()[0].clone();
+    match engine.read_record(&RecordLocation {
+        len: u32::MAX,
+        ..record.location
+    }) {
+        Err(Error::InvalidLocation { reason, .. }) => {
+            assert!(reason.contains("RECORD_SIZE_BYTES_MAX"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(engine.read_record(&record.location).unwrap().value, b"v");
+}
+
+#[test]
+fn the_expiry_high_water_after_a_reopen_counts_live_keys_only() {
+    // A superseded put with a far expiry, kept by a retaining merge, is
+    // replayed at open; it must not hold the expiry high-water up (kvnode
+    // proposes expiry ticks while its clock is below the mark).
+    const FAR_MS: u64 = 1 << 50;
+    const LIVE_MS: u64 = 7_000;
+    let fs = SimFs::new();
+    let engine = open_sim(&fs, SyncPolicy::Never, 64);
+    engine.put_with_expiry(b"k", b"v1", FAR_MS).unwrap();
+    engine.put(b"k", b"v2").unwrap();
+    engine.put_with_expiry(b"j", b"w", LIVE_MS).unwrap();
+    engine.put_with_expiry(b"gone", b"x", FAR_MS).unwrap();
+    engine.delete(b"gone").unwrap();
+    let report = engine
+        .merge_retaining(&engine.sealed_data_files(), 0, Retain::new(|_| true))
+        .unwrap();
+    let kept = engine.records_in(&report.outputs).unwrap();
+    assert!(
+        kept.iter()
+            .any(|r| r.key == b"k" && r.expiry_ms == FAR_MS && r.kind == StoredKind::Put),
+        "the superseded put was kept: {kept:?}"
+    );
+    assert!(
+        kept.iter()
+            .any(|r| r.key == b"gone" && r.expiry_ms == FAR_MS),
+        "the deleted put was kept: {kept:?}"
+    );
+    let engine = reopen(&fs, engine);
+    assert_eq!(engine.get(b"k", 0).unwrap().unwrap().value, b"v2");
+    assert_eq!(engine.expiry_high_water_ms(), LIVE_MS);
+    // Also with every hint gone (the data files are scanned).
+    delete_hints(&fs);
+    let engine = reopen(&fs, engine);
+    assert_eq!(engine.expiry_high_water_ms(), LIVE_MS);
+    // Once no live key expires, the mark is 0 at the next open.
+    engine.delete(b"j").unwrap();
+    let engine = reopen(&fs, engine);
+    assert_eq!(engine.expiry_high_water_ms(), 0);
+}
