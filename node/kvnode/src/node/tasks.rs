@@ -17,6 +17,7 @@ use crate::raft::types::{NodeInfo, NodeRaft};
 use crate::raft::watch::MetricsWatch;
 use crate::state_machine::StateMachine;
 use kvstate::command::{Command, Proposal};
+use kvstate::history::HistoryWindow;
 
 /// How often the leader checks whether cluster time must advance without
 /// client writes (DESIGN §3): at most one tick entry per interval, and only
@@ -25,12 +26,15 @@ use kvstate::command::{Command, Proposal};
 pub const TICK_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The leader's tick loop: proposes `Command::Advance` entries so TTL keys
-/// expire on time when no client writes arrive.
+/// expire on time when no client writes arrive, and `Command::Compact`
+/// entries when the change history outgrows `window` (etcd's
+/// auto-compaction, by revisions and by bytes rather than by time).
 pub(crate) async fn tick_loop(
     id: u64,
     raft: NodeRaft,
     state_machine: StateMachine,
     clock: Arc<ClusterClock>,
+    window: HistoryWindow,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut interval = tokio::time::interval(TICK_INTERVAL);
@@ -47,7 +51,26 @@ pub(crate) async fn tick_loop(
         };
         let idle = applied == last_seen_applied;
         last_seen_applied = applied;
-        if leader != Some(id) || !idle {
+        if leader != Some(id) {
+            continue;
+        }
+        let target = state_machine
+            .history()
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .compaction_target(window);
+        if let Some(revision) = target
+            && let Ok(term) = leader_caught_up(&raft).await
+        {
+            let compact = Proposal {
+                time_ms: clock.stamp(term),
+                command: Command::Compact { revision },
+            };
+            if let Err(err) = raft.client_write(compact).await {
+                tracing::debug!(error = %err, "compaction not proposed");
+            }
+        }
+        if !idle {
             continue;
         }
         let pending = state_machine.engine().expiry_high_water_ms();
