@@ -281,6 +281,14 @@ impl History {
         self.keys.len()
     }
 
+    /// Each key the index holds, ascending, with its versions (ascending
+    /// revisions; the first may be the base).
+    pub fn keys_in_window(&self) -> impl Iterator<Item = (&[u8], &[Version])> {
+        self.keys
+            .iter()
+            .map(|(key, versions)| (&key[..], versions.as_slice()))
+    }
+
     /// In-window records: (count, bytes).
     pub fn records(&self) -> (usize, u64) {
         (self.order.len(), self.bytes)
