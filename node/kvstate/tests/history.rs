@@ -111,10 +111,7 @@ impl Cluster {
     }
 
     fn read_at(&self, revision: u64) -> Result<RangeResult, RangeError> {
-        let spec = RangeSpec {
-            revision,
-            ..all()
-        };
+        let spec = RangeSpec { revision, ..all() };
         let engine = self.engine.clone();
         range_at(move || engine.clone(), &self.history(), &spec, self.index)
     }
@@ -145,7 +142,10 @@ impl Cluster {
             .write()
             .unwrap()
             .relocate(&report.inputs, &moved);
-        assert_eq!(forgotten, 0, "the merge kept every record the history names");
+        assert_eq!(
+            forgotten, 0,
+            "the merge kept every record the history names"
+        );
         report
     }
 
@@ -165,7 +165,10 @@ fn workload(cluster: &mut Cluster, rounds: usize) {
     for round in 0..rounds {
         let key = |i: usize| format!("k{}", (round * 7 + i) % 5);
         let value = format!("value {round} {}", "x".repeat(round % 40));
-        cluster.apply(Command::Writes(vec![put(&key(0), &value), put(&key(1), &value)]));
+        cluster.apply(Command::Writes(vec![
+            put(&key(0), &value),
+            put(&key(1), &value),
+        ]));
         if round % 3 == 0 {
             cluster.apply(Command::Writes(vec![delete(&key(2))]));
         }
@@ -253,7 +256,10 @@ fn the_history_is_rebuilt_from_the_files_at_open_as_it_was_built_by_applying() {
     let outcomes = cluster.apply(Command::Compact {
         revision: revision - 20,
     });
-    assert!(matches!(outcomes[..], [Outcome::Applied { .. }]), "{outcomes:?}");
+    assert!(
+        matches!(outcomes[..], [Outcome::Applied { .. }]),
+        "{outcomes:?}"
+    );
     workload(&mut cluster, 5);
     let live = index_of(&cluster.history().read().unwrap());
     cluster.restart();
@@ -268,7 +274,10 @@ fn compaction_refuses_reads_below_it_and_keeps_serving_the_rest() {
     let current = cluster.applier.header().revision;
     let compact = current - 15;
     let outcomes = cluster.apply(Command::Compact { revision: compact });
-    assert!(matches!(outcomes[..], [Outcome::Applied { .. }]), "{outcomes:?}");
+    assert!(
+        matches!(outcomes[..], [Outcome::Applied { .. }]),
+        "{outcomes:?}"
+    );
     assert_eq!(cluster.applier.header().compact_revision, compact);
     assert_eq!(
         cluster.applier.header().revision,
@@ -288,7 +297,10 @@ fn compaction_refuses_reads_below_it_and_keeps_serving_the_rest() {
         "{message}"
     );
     match cluster.read_at(current + 1) {
-        Err(RangeError::History(HistoryError::Future { requested, current: at })) => {
+        Err(RangeError::History(HistoryError::Future {
+            requested,
+            current: at,
+        })) => {
             assert_eq!((requested, at), (current + 1, current));
         }
         other => panic!("{other:?}"),
