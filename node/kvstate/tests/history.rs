@@ -178,9 +178,11 @@ fn workload(cluster: &mut Cluster, rounds: usize) {
     }
 }
 
-/// The index as a comparable value: each key's versions as (revision,
-/// sequence number, put or delete).
-fn index_of(history: &History) -> Vec<(Vec<u8>, Vec<(u64, u64, bool)>)> {
+/// One version as (revision, sequence number, put or delete).
+type VersionShape = (u64, u64, bool);
+
+/// The index as a comparable value: each key's versions.
+fn index_of(history: &History) -> Vec<(Vec<u8>, Vec<VersionShape>)> {
     history
         .keys_in_window()
         .map(|(key, versions)| {

@@ -167,7 +167,7 @@ impl Shared {
     fn write_batch(
         self: &Arc<Self>,
         batch: &Batch,
-        mut locations: Option<&mut Vec<RecordLocation>>,
+        locations: Option<&mut Vec<RecordLocation>>,
     ) -> Result<Written> {
         let size = self.validate(batch)?;
         let (written, end, sealed) = {
@@ -252,7 +252,7 @@ impl Shared {
                     }
                 }
             }
-            if let Some(locations) = locations.as_deref_mut() {
+            if let Some(locations) = locations {
                 record_locations(batch, active.id, base, first_seq, locations);
                 debug_assert_eq!(
                     locations
