@@ -48,6 +48,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bitcask::{Engine, RecordLocation, RecordView, Retain, StoredKind, StoredRecord};
 
@@ -130,6 +131,10 @@ pub enum HistoryError {
 /// read (so the engine and the index agree for them).
 #[derive(Debug, Default)]
 pub struct History {
+    /// Which index this is: every [`History::new`] / [`History::load`]
+    /// gets its own, so a merge of an engine an install replaced does not
+    /// relocate the index of the new one ([`History::relocate`]).
+    generation: u64,
     /// The store revision the index reflects.
     revision: u64,
     /// Revisions below this are compacted; it is still served.
@@ -182,11 +187,18 @@ fn base_version(
 impl History {
     /// An empty history at `revision`, compacted at `compact_revision`.
     pub fn new(revision: u64, compact_revision: u64) -> History {
+        static GENERATIONS: AtomicU64 = AtomicU64::new(1);
         History {
+            generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
             revision,
             compact_revision,
             ..History::default()
         }
+    }
+
+    /// Which index this is (see [`History::relocate`]).
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Rebuilds the index from the engine's records, for a store at
@@ -419,7 +431,9 @@ impl History {
     /// input that the outputs lack is forgotten (a merge keeps every
     /// record the index named when it was captured, so only a record
     /// compaction let go since can be missing). Returns how many versions
-    /// were forgotten that way.
+    /// were forgotten that way. The caller checks first that the index is
+    /// the one the merge was captured with ([`History::generation`]): an
+    /// install in between replaced it, and the merge's files are not its.
     pub fn relocate(&mut self, inputs: &[String], moved: &[StoredRecord]) -> usize {
         let inputs: HashSet<&str> = inputs.iter().map(String::as_str).collect();
         let by_seq: HashMap<u64, RecordLocation> =

@@ -425,7 +425,10 @@ fn start_merge(
     time_ms: u64,
     history: &Arc<RwLock<History>>,
 ) {
-    let retain = history.read().unwrap_or_else(|p| p.into_inner()).retain();
+    let (retain, generation) = {
+        let history = history.read().unwrap_or_else(|p| p.into_inner());
+        (history.retain(), history.generation())
+    };
     match engine.begin_merge_retaining(inputs, time_ms, retain) {
         Ok(job) => {
             let engine = engine.clone();
@@ -441,7 +444,7 @@ fn start_merge(
                             retained = report.records_retained,
                             "merge finished"
                         );
-                        relocate_history(&engine, &history, &report);
+                        relocate_history(&engine, &history, generation, &report);
                     }
                     Err(err) => tracing::warn!(error = %err, "merge failed"),
                 });
@@ -454,10 +457,15 @@ fn start_merge(
     }
 }
 
-/// Points the change history at the records a merge moved. If the
-/// outputs cannot be listed (their engine was switched by an install, whose
-/// history was rebuilt from its own files), the history is left as it is.
-fn relocate_history(engine: &Engine, history: &RwLock<History>, report: &MergeReport) {
+/// Points the change history at the records a merge moved, if it is still
+/// the index the merge was captured with (`generation`): after an install
+/// it was rebuilt from the new engine's files, which the merge never saw.
+fn relocate_history(
+    engine: &Engine,
+    history: &RwLock<History>,
+    generation: u64,
+    report: &MergeReport,
+) {
     let moved = match engine.records_in(&report.outputs) {
         Ok(moved) => moved,
         Err(err) => {
@@ -466,6 +474,10 @@ fn relocate_history(engine: &Engine, history: &RwLock<History>, report: &MergeRe
         }
     };
     let mut history = history.write().unwrap_or_else(|p| p.into_inner());
+    if history.generation() != generation {
+        tracing::info!("merge finished after an install replaced its engine: history not relocated");
+        return;
+    }
     let forgotten = history.relocate(&report.inputs, &moved);
     if forgotten > 0 {
         tracing::warn!(
