@@ -711,6 +711,7 @@ fn note_bases(engine: &Engine, history: &mut History, batch: &Batch) -> Result<(
                     revision: meta.mod_revision,
                     kind: StoredKind::Put,
                     meta,
+                    expiry_ms: record.expiry_ms,
                     location: record.location,
                 })
             }
@@ -728,16 +729,21 @@ fn note_written(
     locations: &[RecordLocation],
 ) -> Result<(), ApplyError> {
     for (op, location) in batch.ops.iter().zip(locations) {
-        let (key, revision, kind, meta) = match op {
-            EngineOp::Put { key, meta, .. } => {
+        let (key, revision, kind, meta, expiry_ms) = match op {
+            EngineOp::Put {
+                key,
+                meta,
+                expiry_ms,
+                ..
+            } => {
                 let meta = KeyMeta::decode(meta)?;
-                (key, meta.mod_revision, StoredKind::Put, meta)
+                (key, meta.mod_revision, StoredKind::Put, meta, *expiry_ms)
             }
             EngineOp::Delete { key, meta } => {
                 let Some(revision) = tombstone_revision(meta)? else {
                     continue;
                 };
-                (key, revision, StoredKind::Tombstone, KeyMeta::default())
+                (key, revision, StoredKind::Tombstone, KeyMeta::default(), 0)
             }
         };
         if key.starts_with(RESERVED_KEY_PREFIX) {
@@ -749,6 +755,7 @@ fn note_written(
                 revision,
                 kind,
                 meta,
+                expiry_ms,
                 location: *location,
             },
         );

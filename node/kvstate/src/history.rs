@@ -38,19 +38,25 @@
 //! index at them once the merge is swapped in; until then a read that
 //! finds its record gone starts over.
 //!
-//! Known limit: past reads ignore TTLs (a key whose TTL ran out is there
-//! until its expiry delete, which has a revision of its own); but a key
-//! whose TTL ran out before the compact revision and whose expiry delete
-//! is still pending may have been dropped by a merge (the engine drops
-//! expired records the index does not name), and then reads as absent at
-//! window revisions before its delete.
+//! TTLs: below the store revision they are not judged (a key whose TTL ran
+//! out is there until its expiry delete, which has a revision of its own);
+//! at the store revision they are, as a current read judges them. With
+//! revisions on, merges judge no TTL at all (kvnode passes them "now" 0):
+//! only the log deletes keys, so a key the index does not hold is in the
+//! key directory until its delete.
+//!
+//! A record meta that does not decode, even a superseded record's, stops
+//! [`History::load`] (and so the open) with an error naming it: the index
+//! must be the same on every replica, and skipping a record would make it
+//! depend on the damage.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use bitcask::{Engine, RecordLocation, RecordView, Retain, StoredKind, StoredRecord};
+use bitcask::format::{DATA_SUFFIX, FileId};
+use bitcask::{Engine, RecordLocation, RecordView, Retain, StoredKind};
 
 use crate::command::RESERVED_KEY_PREFIX;
 use crate::range::{Overlay, Pending};
@@ -58,8 +64,12 @@ use crate::revision::{KeyMeta, RevisionError, tombstone_revision};
 
 /// The window's default size in revisions: the leader compacts to
 /// `revision - HISTORY_WINDOW_REVISIONS_DEFAULT` once the window is
-/// longer. About 10 MiB of index for keys of 30 bytes.
+/// longer.
 pub const HISTORY_WINDOW_REVISIONS_DEFAULT: u64 = 100_000;
+/// The window's default size in records (a revision may write up to an
+/// entry's 65 535 keys): what bounds the index's memory, about 150 bytes
+/// per record plus the key, so some 200 MiB at most for keys of 50 bytes.
+pub const HISTORY_WINDOW_RECORDS_DEFAULT: u64 = 1_000_000;
 /// The window's default size in bytes of in-window records (header, meta,
 /// key and value, as stored): the disk the history may hold beyond the
 /// live data.
@@ -72,6 +82,8 @@ pub struct HistoryWindow {
     pub revisions: u64,
     /// Bytes of in-window records kept at most.
     pub bytes: u64,
+    /// In-window records kept at most.
+    pub records: u64,
 }
 
 impl Default for HistoryWindow {
@@ -79,6 +91,7 @@ impl Default for HistoryWindow {
         HistoryWindow {
             revisions: HISTORY_WINDOW_REVISIONS_DEFAULT,
             bytes: HISTORY_WINDOW_BYTES_DEFAULT,
+            records: HISTORY_WINDOW_RECORDS_DEFAULT,
         }
     }
 }
@@ -94,6 +107,8 @@ pub struct Version {
     pub kind: StoredKind,
     /// A put's revisions (a delete: all zero).
     pub meta: KeyMeta,
+    /// A put's expiry in ms of cluster time; 0 = never (a delete: 0).
+    pub expiry_ms: u64,
     /// Where the record is.
     pub location: RecordLocation,
 }
@@ -180,6 +195,7 @@ fn base_version(
         revision: meta.mod_revision,
         kind: StoredKind::Put,
         meta,
+        expiry_ms: view.expiry_ms,
         location,
     }))
 }
@@ -225,6 +241,7 @@ impl History {
                         revision,
                         kind: view.kind,
                         meta,
+                        expiry_ms: view.expiry_ms,
                         location,
                     });
                     history.order.push_back((revision, key, location.len));
@@ -362,12 +379,19 @@ impl History {
             return;
         }
         self.compact_revision = compact_revision;
+        // Each key once, however many of its revisions leave the window.
+        let mut touched: Vec<Arc<[u8]>> = Vec::new();
         while let Some((revision, _, _)) = self.order.front() {
             if *revision > compact_revision {
                 break;
             }
             let (_, key, len) = self.order.pop_front().expect("a front was just seen");
             self.bytes -= u64::from(len);
+            touched.push(key);
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        for key in touched {
             let Some(versions) = self.keys.get_mut(&key) else {
                 continue;
             };
@@ -378,31 +402,46 @@ impl History {
                 continue;
             }
             let base = versions[below - 1];
-            versions.drain(..below);
-            if versions.is_empty() {
+            if below == versions.len() {
                 self.keys.remove(&key);
             } else if base.kind == StoredKind::Put {
-                versions.insert(0, base);
+                versions.drain(..below - 1);
+            } else {
+                versions.drain(..below);
             }
         }
     }
 
     /// Where the window's start should move for it to fit `window`, if it
     /// does not fit now: the lowest revision that keeps at most
-    /// `window.revisions` revisions and `window.bytes` bytes of records.
+    /// `window.revisions` revisions, `window.bytes` bytes and
+    /// `window.records` records.
     pub fn compaction_target(&self, window: HistoryWindow) -> Option<u64> {
         let mut target = self
             .compact_revision
             .max(self.revision.saturating_sub(window.revisions.max(1)));
-        let mut excess = self.bytes.saturating_sub(window.bytes);
+        let mut bytes_over = self.bytes.saturating_sub(window.bytes);
+        let mut records_over = (self.order.len() as u64).saturating_sub(window.records);
         for (revision, _, len) in &self.order {
-            if excess == 0 {
+            if bytes_over == 0 && records_over == 0 {
                 break;
             }
-            excess = excess.saturating_sub(u64::from(*len));
+            bytes_over = bytes_over.saturating_sub(u64::from(*len));
+            records_over = records_over.saturating_sub(1);
             target = target.max(*revision);
         }
         (target > self.compact_revision).then_some(target.min(self.revision))
+    }
+
+    /// Whether the window is past `window` by more than an eighth in one
+    /// of its measures: when the leader compacts (to
+    /// [`History::compaction_target`]), so that it does not propose a
+    /// compaction on every tick while writes go on.
+    pub fn is_over(&self, window: HistoryWindow) -> bool {
+        let slack = |limit: u64| limit.saturating_add(limit / 8);
+        self.revision.saturating_sub(self.compact_revision) > slack(window.revisions)
+            || self.bytes > slack(window.bytes)
+            || self.order.len() as u64 > slack(window.records)
     }
 
     /// `key`'s state at `revision`: `None` if the index does not hold the
@@ -413,39 +452,47 @@ impl History {
         Some(latest_put_at(versions, revision))
     }
 
-    /// The records the index names, as a merge's retention predicate: a
-    /// merge captured now keeps exactly these (and the live records).
-    pub fn retain(&self) -> Retain {
-        let seqs: HashSet<u64> = self
-            .keys
-            .values()
-            .flatten()
-            .map(|version| version.location.seq)
-            .collect();
-        let min_seq = seqs.iter().copied().min().unwrap_or(u64::MAX);
-        Retain::new(move |record| seqs.contains(&record.seq)).with_min_seq(min_seq)
+    /// The sequence numbers of the records the index names: what a merge
+    /// captured now must keep ([`History::retain`]) and relocate.
+    pub fn named(&self) -> Arc<HashSet<u64>> {
+        Arc::new(
+            self.keys
+                .values()
+                .flatten()
+                .map(|version| version.location.seq)
+                .collect(),
+        )
+    }
+
+    /// A merge's retention predicate keeping exactly the records in
+    /// `named` ([`History::named`]) besides the live ones.
+    pub fn retain(named: Arc<HashSet<u64>>) -> Retain {
+        let min_seq = named.iter().copied().min().unwrap_or(u64::MAX);
+        Retain::new(move |record| named.contains(&record.seq)).with_min_seq(min_seq)
     }
 
     /// Points the index at where a merge put its records: `inputs` are the
-    /// merge's input files, `moved` its outputs' records. A version in an
-    /// input that the outputs lack is forgotten (a merge keeps every
-    /// record the index named when it was captured, so only a record
-    /// compaction let go since can be missing). Returns how many versions
-    /// were forgotten that way. The caller checks first that the index is
-    /// the one the merge was captured with ([`History::generation`]): an
+    /// merge's input files, `moved` the new location of each record of the
+    /// outputs the index may name (by sequence number). A version in an
+    /// input that `moved` lacks is forgotten (a merge keeps every record
+    /// the index named when it was captured, so only a record compaction
+    /// let go since can be missing). Returns how many versions were
+    /// forgotten that way. The caller checks first that the index is the
+    /// one the merge was captured with ([`History::generation`]): an
     /// install in between replaced it, and the merge's files are not its.
-    pub fn relocate(&mut self, inputs: &[String], moved: &[StoredRecord]) -> usize {
-        let inputs: HashSet<&str> = inputs.iter().map(String::as_str).collect();
-        let by_seq: HashMap<u64, RecordLocation> =
-            moved.iter().map(|r| (r.seq, r.location)).collect();
+    pub fn relocate(&mut self, inputs: &[String], moved: &HashMap<u64, RecordLocation>) -> usize {
+        let inputs: HashSet<FileId> = inputs
+            .iter()
+            .filter_map(|name| FileId::parse_stem(name.strip_suffix(DATA_SUFFIX).unwrap_or(name)))
+            .collect();
         let mut forgotten = 0;
         let mut emptied = Vec::new();
         for (key, versions) in self.keys.iter_mut() {
             versions.retain_mut(|version| {
-                if !inputs.contains(version.location.file_name().as_str()) {
+                if !inputs.contains(&version.location.file) {
                     return true;
                 }
-                match by_seq.get(&version.location.seq) {
+                match moved.get(&version.location.seq) {
                     Some(location) => {
                         version.location = *location;
                         true
@@ -466,14 +513,37 @@ impl History {
         forgotten
     }
 
-    /// The overlay a read at `revision` over `[start, end)` sees on top of
-    /// the engine: each indexed key in the range, present (with its
-    /// record) or absent at `revision`.
-    pub(crate) fn overlay<'a>(&'a self, engine: &'a Engine, revision: u64) -> HistoryOverlay<'a> {
+    /// Where the records a merge wrote to `outputs` are, for those in
+    /// `named`: one pass over the outputs' hints, keeping only those.
+    pub fn moved_records(
+        engine: &Engine,
+        outputs: &[String],
+        named: &HashSet<u64>,
+    ) -> Result<HashMap<u64, RecordLocation>, bitcask::Error> {
+        let mut moved = HashMap::new();
+        engine.for_each_record(Some(outputs), |view, location| {
+            if named.contains(&view.seq) {
+                moved.insert(view.seq, location);
+            }
+        })?;
+        Ok(moved)
+    }
+
+    /// The overlay a read at `revision` sees on top of the engine: each
+    /// indexed key, present (with its record) or absent at `revision`; a
+    /// put whose TTL ran out by `now_ms` is absent (0: none counts as
+    /// expired).
+    pub(crate) fn overlay<'a>(
+        &'a self,
+        engine: &'a Engine,
+        revision: u64,
+        now_ms: u64,
+    ) -> HistoryOverlay<'a> {
         HistoryOverlay {
             history: self,
             engine,
             revision,
+            now_ms,
         }
     }
 }
@@ -493,6 +563,15 @@ pub(crate) struct HistoryOverlay<'a> {
     history: &'a History,
     engine: &'a Engine,
     revision: u64,
+    now_ms: u64,
+}
+
+impl HistoryOverlay<'_> {
+    /// The put `versions` hold at the read's revision, unless it expired.
+    fn put_of(&self, versions: &[Version]) -> Option<Version> {
+        latest_put_at(versions, self.revision)
+            .filter(|v| v.expiry_ms == 0 || self.now_ms == 0 || v.expiry_ms > self.now_ms)
+    }
 }
 
 impl Overlay for HistoryOverlay<'_> {
@@ -506,7 +585,7 @@ impl Overlay for HistoryOverlay<'_> {
             .keys
             .range::<[u8], _>((Bound::Included(start), end))
             .map(|(key, versions)| {
-                let pending = match latest_put_at(versions, self.revision) {
+                let pending = match self.put_of(versions) {
                     Some(version) => Pending::Written(version.meta),
                     None => Pending::Deleted,
                 };
@@ -520,7 +599,7 @@ impl Overlay for HistoryOverlay<'_> {
             .history
             .keys
             .get(key)
-            .and_then(|versions| latest_put_at(versions, self.revision))
+            .and_then(|versions| self.put_of(versions))
             .ok_or_else(|| bitcask::Error::Corruption {
                 file: String::new(),
                 offset: 0,

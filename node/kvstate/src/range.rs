@@ -45,12 +45,15 @@ pub const RANGE_READ_BYTES_MAX: usize = 6 * 1024 * 1024;
 /// Times [`range`] starts over when an entry applied between its pass over
 /// the key directory and its value reads (a key changed under it).
 pub const RANGE_READ_ATTEMPTS_MAX: usize = 8;
-/// Times [`range_at`] starts over when a merge moved a record it was about
-/// to read (the history points at the new place once the merge is in);
-/// it waits [`HISTORY_RETRY_WAIT`] doubled each time (about 4 s in all).
-pub const HISTORY_READ_ATTEMPTS_MAX: usize = 12;
-/// The first wait of [`range_at`] before it starts over.
+/// How long [`range_at`] keeps starting over while merges move the records
+/// it was about to read (the history points at the new places once the
+/// merge thread has listed the outputs: longer for a larger store).
+pub const HISTORY_READ_WAIT_MAX: Duration = Duration::from_secs(30);
+/// The first wait of [`range_at`] before it starts over; doubled each
+/// time up to [`HISTORY_RETRY_WAIT_MAX`].
 const HISTORY_RETRY_WAIT: Duration = Duration::from_millis(1);
+/// The longest single wait of [`range_at`] before it starts over.
+const HISTORY_RETRY_WAIT_MAX: Duration = Duration::from_millis(100);
 /// Bytes of a key shown in an error message; longer keys are cut.
 const KEY_SHOWN_BYTES_MAX: usize = 64;
 /// The first key after every key that starts with [`RESERVED_KEY_PREFIX`]
@@ -236,8 +239,8 @@ pub enum RangeError {
     History(#[from] HistoryError),
     /// A record the history named kept moving under the read.
     #[error(
-        "merges kept moving the records of revision {revision} under the read: \
-         {HISTORY_READ_ATTEMPTS_MAX} attempts (the limit HISTORY_READ_ATTEMPTS_MAX)"
+        "merges kept moving the records of revision {revision} under the read for \
+         {HISTORY_READ_WAIT_MAX:?} (the limit HISTORY_READ_WAIT_MAX)"
     )]
     HistoryUnstable {
         /// The revision read.
@@ -322,8 +325,8 @@ pub fn range(
 /// (their records read by location), the others as they are now, TTLs not
 /// judged (an expired key is there until its expiry delete, which has a
 /// revision). At the store revision itself, expiry is judged at `now_ms`,
-/// as [`range`] does. A merge that moved a record makes it start over, at
-/// most [`HISTORY_READ_ATTEMPTS_MAX`] times.
+/// as [`range`] does. A merge that moved a record makes it start over, for
+/// at most [`HISTORY_READ_WAIT_MAX`].
 pub fn range_at(
     engine: impl Fn() -> Arc<Engine>,
     history: &RwLock<History>,
@@ -336,12 +339,12 @@ pub fn range_at(
         ..spec.clone()
     };
     let mut wait = HISTORY_RETRY_WAIT;
-    for _ in 0..HISTORY_READ_ATTEMPTS_MAX {
+    let deadline = std::time::Instant::now() + HISTORY_READ_WAIT_MAX;
+    loop {
         let attempt = {
             let history = history.read().unwrap_or_else(PoisonError::into_inner);
             history.check(revision)?;
             let engine = engine();
-            let overlay = history.overlay(&engine, revision);
             // At the store revision, expiry is judged as a current read
             // judges it; below it, not at all ("now" 0).
             let now_ms = if revision == history.revision() {
@@ -349,6 +352,7 @@ pub fn range_at(
             } else {
                 0
             };
+            let overlay = history.overlay(&engine, revision, now_ms);
             let mut budget = Budget::new(
                 ("RANGE_KEYS_MAX", RANGE_KEYS_MAX),
                 ("RANGE_READ_BYTES_MAX", RANGE_READ_BYTES_MAX),
@@ -356,14 +360,18 @@ pub fn range_at(
             evaluate(&engine, Some(&overlay), &current, now_ms, 0, &mut budget)
         };
         match attempt {
-            Err(RangeError::Engine(bitcask::Error::LocationGone { .. })) => {
+            Err(RangeError::Engine(bitcask::Error::LocationGone { .. }))
+                if std::time::Instant::now() < deadline =>
+            {
                 std::thread::sleep(wait);
-                wait *= 2;
+                wait = (wait * 2).min(HISTORY_RETRY_WAIT_MAX);
+            }
+            Err(RangeError::Engine(bitcask::Error::LocationGone { .. })) => {
+                return Err(RangeError::HistoryUnstable { revision });
             }
             other => return other,
         }
     }
-    Err(RangeError::HistoryUnstable { revision })
 }
 
 /// What reads may still cost: keys visited, and bytes of keys visited and

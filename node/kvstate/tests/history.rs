@@ -131,12 +131,13 @@ impl Cluster {
     fn merge(&self) -> bitcask::MergeReport {
         let inputs = self.engine.sealed_data_files();
         assert!(!inputs.is_empty(), "the workload sealed files");
-        let retain = self.history().read().unwrap().retain();
+        let named = self.history().read().unwrap().named();
+        // With revisions on, merges judge no TTL (kvnode passes 0).
         let report = self
             .engine
-            .merge_retaining(&inputs, self.index, retain)
+            .merge_retaining(&inputs, 0, History::retain(named.clone()))
             .unwrap();
-        let moved = self.engine.records_in(&report.outputs).unwrap();
+        let moved = History::moved_records(&self.engine, &report.outputs, &named).unwrap();
         let forgotten = self
             .history()
             .write()
@@ -233,7 +234,8 @@ fn a_merge_keeps_the_window_and_a_plain_merge_would_not() {
     workload(&mut control, 40);
     let inputs = control.engine.sealed_data_files();
     let report = control.engine.merge(&inputs, control.index).unwrap();
-    let moved = control.engine.records_in(&report.outputs).unwrap();
+    let named = control.history().read().unwrap().named();
+    let moved = History::moved_records(&control.engine, &report.outputs, &named).unwrap();
     let forgotten = control
         .history()
         .write()
@@ -344,18 +346,84 @@ fn the_window_target_follows_revisions_and_bytes() {
     let roomy = HistoryWindow {
         revisions: revision + 10,
         bytes: u64::MAX,
+        records: u64::MAX,
     };
     assert_eq!(history.compaction_target(roomy), None);
+    assert!(!history.is_over(roomy));
     let by_revisions = HistoryWindow {
         revisions: 10,
-        bytes: u64::MAX,
+        ..roomy
     };
     assert_eq!(history.compaction_target(by_revisions), Some(revision - 10));
-    let (_, bytes) = history.records();
+    assert!(history.is_over(by_revisions));
+    let (records, bytes) = history.records();
     let by_bytes = HistoryWindow {
-        revisions: u64::MAX,
         bytes: bytes / 2,
+        ..roomy
     };
     let target = history.compaction_target(by_bytes).unwrap();
     assert!(target > 1 && target < revision, "{target} of {revision}");
+    let by_records = HistoryWindow {
+        records: records as u64 / 2,
+        ..roomy
+    };
+    let target = history.compaction_target(by_records).unwrap();
+    assert!(target > 1 && target < revision, "{target} of {revision}");
+    // Within an eighth over: not yet worth a compaction entry.
+    let nearly = HistoryWindow {
+        records: records as u64 - 1,
+        ..roomy
+    };
+    assert!(history.compaction_target(nearly).is_some() && !history.is_over(nearly));
+}
+
+#[test]
+fn a_read_at_the_store_revision_judges_ttls_as_a_current_read_does() {
+    let mut cluster = Cluster::new();
+    // More keys expire at once than one entry deletes: some wait, expired.
+    let keys = kvstate::apply::EXPIRY_DELETES_PER_ENTRY_MAX + 4;
+    let puts = (0..keys)
+        .map(|i| {
+            write(Op::Put {
+                key: format!("t{i:05}").into(),
+                value: "v".into(),
+                ttl_ms: 1,
+            })
+        })
+        .collect();
+    cluster.apply(Command::Writes(puts));
+    let written = cluster.applier.header().revision;
+    while cluster.index < 2 {
+        cluster.apply(Command::Advance);
+    }
+    let revision = cluster.applier.header().revision;
+    let current = range(&cluster.engine, &all(), cluster.index, revision).unwrap();
+    let at = cluster.read_at(revision).unwrap();
+    assert_eq!(at, current);
+    assert_eq!(at.count, 0, "every key expired");
+    // Below the store revision TTLs are not judged: the keys were there.
+    let before = cluster.read_at(written).unwrap();
+    assert_eq!(before.count, keys as u64);
+}
+
+#[test]
+fn compacting_the_revisions_of_a_hot_key_keeps_its_base() {
+    let mut cluster = Cluster::new();
+    for i in 0..500 {
+        cluster.apply(Command::Writes(vec![put("hot", &i.to_string())]));
+    }
+    let revision = cluster.applier.header().revision;
+    cluster.apply(Command::Compact {
+        revision: revision - 10,
+    });
+    let history = cluster.history();
+    let versions = history
+        .read()
+        .unwrap()
+        .keys_in_window()
+        .map(|(_, versions)| versions.len())
+        .collect::<Vec<_>>();
+    assert_eq!(versions, [11], "the base and the ten revisions after it");
+    drop(history);
+    cluster.check_window(revision - 10);
 }

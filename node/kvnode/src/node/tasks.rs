@@ -27,8 +27,9 @@ pub const TICK_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The leader's tick loop: proposes `Command::Advance` entries so TTL keys
 /// expire on time when no client writes arrive, and `Command::Compact`
-/// entries when the change history outgrows `window` (etcd's
-/// auto-compaction, by revisions and by bytes rather than by time).
+/// entries when the change history outgrows `window` by an eighth (etcd's
+/// auto-compaction, by revisions, bytes and records rather than by time),
+/// back to `window`.
 pub(crate) async fn tick_loop(
     id: u64,
     raft: NodeRaft,
@@ -54,11 +55,11 @@ pub(crate) async fn tick_loop(
         if leader != Some(id) {
             continue;
         }
-        let target = state_machine
-            .history()
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .compaction_target(window);
+        // Never blocks the runtime: a busy index is checked next tick.
+        let target = match state_machine.history().try_read() {
+            Ok(history) if history.is_over(window) => history.compaction_target(window),
+            _ => None,
+        };
         if let Some(revision) = target
             && let Ok(term) = leader_caught_up(&raft).await
         {

@@ -774,15 +774,16 @@ impl Kv for KvService {
                 "this member does not propose compactions",
             ));
         };
-        // Checked here too, so a bad revision is not proposed at all; the
-        // apply checks it again, at its place in the log.
-        {
-            let history = self
-                .state_machine
-                .history()
-                .read()
-                .unwrap_or_else(|p| p.into_inner());
-            if revision <= history.compact_revision() && history.compact_revision() > 0 {
+        if revision == 0 {
+            return Err(Status::invalid_argument(
+                "field `revision` is 0: a compaction names a revision of 1 or more",
+            ));
+        }
+        // Checked here too, so a bad revision is not proposed at all (the
+        // apply checks it again, at its place in the log); never waits for
+        // the index's lock on the async workers.
+        if let Ok(history) = self.state_machine.history().try_read() {
+            if revision <= history.compact_revision() {
                 return Err(Status::out_of_range(format!(
                     "mvcc: required revision has been compacted: field `revision` is {revision}, \
                      the store is compacted at {}",

@@ -20,6 +20,7 @@
 //! never fsyncs on apply (the Raft log is the write-ahead log) and never
 //! merges on its own; merges come as `Command::Merge` entries.
 
+use std::collections::HashSet;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -328,7 +329,17 @@ impl StateMachine {
                         .applier
                         .apply(&engine, index, &proposal, meta.encode())?;
                     if let Command::Merge { inputs } = &proposal.command {
-                        start_merge(&engine, inputs, proposal.time_ms, &self.shared.history);
+                        // With revisions on, only the log deletes a key
+                        // (expiry deletes are entries): a merge judging TTLs
+                        // would drop expired keys from the key directory at
+                        // a moment of its own thread, and replicas would
+                        // then disagree on which expiry deletes to write.
+                        let now_ms = if inner.applier.revisions_on() {
+                            0
+                        } else {
+                            proposal.time_ms
+                        };
+                        start_merge(&engine, inputs, now_ms, &self.shared.history);
                     }
                     (response, proposal.time_ms, meta.membership)
                 }
@@ -416,20 +427,21 @@ pub(crate) fn open_engine(
     Ok((engine, applier, meta))
 }
 
-/// Captures the merge now (deterministic cut-off; it keeps the records the
-/// change history names now, the same on every replica) and runs it on a
-/// thread, which then points the history at the records' new places.
+/// Captures the merge now (deterministic cut-off, expiry judged at
+/// `now_ms`; it keeps the records the change history names now, the same
+/// on every replica) and runs it on a thread, which then points the
+/// history at the records' new places.
 fn start_merge(
     engine: &Arc<Engine>,
     inputs: &[String],
-    time_ms: u64,
+    now_ms: u64,
     history: &Arc<RwLock<History>>,
 ) {
-    let (retain, generation) = {
+    let (named, generation) = {
         let history = history.read().unwrap_or_else(|p| p.into_inner());
-        (history.retain(), history.generation())
+        (history.named(), history.generation())
     };
-    match engine.begin_merge_retaining(inputs, time_ms, retain) {
+    match engine.begin_merge_retaining(inputs, now_ms, History::retain(named.clone())) {
         Ok(job) => {
             let engine = engine.clone();
             let history = history.clone();
@@ -444,7 +456,7 @@ fn start_merge(
                             retained = report.records_retained,
                             "merge finished"
                         );
-                        relocate_history(&engine, &history, generation, &report);
+                        relocate_history(&engine, &history, generation, &named, &report);
                     }
                     Err(err) => tracing::warn!(error = %err, "merge failed"),
                 });
@@ -457,16 +469,18 @@ fn start_merge(
     }
 }
 
-/// Points the change history at the records a merge moved, if it is still
-/// the index the merge was captured with (`generation`): after an install
-/// it was rebuilt from the new engine's files, which the merge never saw.
+/// Points the change history at the records a merge moved (those it named
+/// when the merge was captured, `named`), if it is still the index the
+/// merge was captured with (`generation`): after an install it was rebuilt
+/// from the new engine's files, which the merge never saw.
 fn relocate_history(
     engine: &Engine,
     history: &RwLock<History>,
     generation: u64,
+    named: &HashSet<u64>,
     report: &MergeReport,
 ) {
-    let moved = match engine.records_in(&report.outputs) {
+    let moved = match History::moved_records(engine, &report.outputs, named) {
         Ok(moved) => moved,
         Err(err) => {
             tracing::warn!(error = %err, "merge outputs not listed for the change history");
@@ -475,7 +489,9 @@ fn relocate_history(
     };
     let mut history = history.write().unwrap_or_else(|p| p.into_inner());
     if history.generation() != generation {
-        tracing::info!("merge finished after an install replaced its engine: history not relocated");
+        tracing::info!(
+            "merge finished after an install replaced its engine: history not relocated"
+        );
         return;
     }
     let forgotten = history.relocate(&report.inputs, &moved);

@@ -136,6 +136,12 @@ struct RunArgs {
     #[arg(long, env = "KVNODE_HISTORY_BYTES",
           default_value_t = kvstate::history::HISTORY_WINDOW_BYTES_DEFAULT)]
     history_bytes: u64,
+    /// Superseded records the change history may keep (what bounds its
+    /// index in memory, about 150 bytes plus the key each): while this
+    /// member leads, it compacts the oldest revisions past this.
+    #[arg(long, env = "KVNODE_HISTORY_RECORDS",
+          default_value_t = kvstate::history::HISTORY_WINDOW_RECORDS_DEFAULT)]
+    history_records: u64,
     /// How the leader confirms it still leads before a linearizable read:
     /// `read-index` (default) sends a heartbeat round to a quorum after the
     /// read arrives; `lease` skips the round while a quorum acknowledged a
@@ -326,6 +332,7 @@ fn run_config(args: RunArgs) -> anyhow::Result<NodeConfig> {
     config.history_window = kvstate::history::HistoryWindow {
         revisions: args.history_revisions,
         bytes: args.history_bytes,
+        records: args.history_records,
     };
     config.read_policy = match args.read_policy {
         ReadPolicyArg::ReadIndex => LinearizableReads::ReadIndex,
