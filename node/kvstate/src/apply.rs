@@ -403,6 +403,13 @@ impl Applier {
         self.expiries.len()
     }
 
+    /// The earliest expiry in the expiry index (ms of cluster time): at or
+    /// below the cluster time, keys wait for their expiry deletes (more
+    /// ran out than [`EXPIRY_DELETES_PER_ENTRY_MAX`] per entry).
+    pub fn next_expiry_ms(&self) -> Option<u64> {
+        self.expiries.first().map(|(expiry_ms, _)| *expiry_ms)
+    }
+
     /// The commit record metadata of an entry that changes no key (blank,
     /// membership): the current store header before `node_meta`.
     pub fn commit_meta(&self, node_meta: &[u8]) -> Vec<u8> {

@@ -70,9 +70,9 @@ pub const HISTORY_WINDOW_REVISIONS_DEFAULT: u64 = 100_000;
 /// entry's 65 535 keys): what bounds the index's memory, about 150 bytes
 /// per record plus the key, so some 200 MiB at most for keys of 50 bytes.
 pub const HISTORY_WINDOW_RECORDS_DEFAULT: u64 = 1_000_000;
-/// The window's default size in bytes of in-window records (header, meta,
-/// key and value, as stored): the disk the history may hold beyond the
-/// live data.
+/// The window's default size in bytes of the records the history names
+/// (in-window records and each key's base, header, meta, key and value as
+/// stored): about the disk it may hold beyond the live data.
 pub const HISTORY_WINDOW_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
 
 /// How large the change history may grow before the leader compacts it.
@@ -160,7 +160,8 @@ pub struct History {
     /// In-window records by (revision, key), ascending, with their sizes:
     /// what compaction walks, and what watchers will.
     order: VecDeque<(u64, Arc<[u8]>, u32)>,
-    /// Bytes of the in-window records.
+    /// Bytes of every record the index names (in-window records and
+    /// bases): what the history holds on disk beyond a merged store.
     bytes: u64,
 }
 
@@ -282,9 +283,10 @@ impl History {
         if let Some(err) = failed {
             return Err(err.into());
         }
-        for (key, versions) in history.keys.iter_mut() {
+        for (key, versions) in &mut history.keys {
             versions.sort_by_key(|v| (v.revision, v.location.seq));
             if let Some((_, Some(base))) = bases.remove(key) {
+                history.bytes += u64::from(base.location.len);
                 versions.insert(0, base);
             }
         }
@@ -318,7 +320,8 @@ impl History {
             .map(|(key, versions)| (&key[..], versions.as_slice()))
     }
 
-    /// In-window records: (count, bytes).
+    /// (In-window records, bytes of every record the index names: the
+    /// in-window ones and the bases).
     pub fn records(&self) -> (usize, u64) {
         (self.order.len(), self.bytes)
     }
@@ -351,6 +354,9 @@ impl History {
     pub(crate) fn add_base(&mut self, key: &[u8], base: Option<Version>) {
         if self.keys.contains_key(key) {
             return;
+        }
+        if let Some(base) = &base {
+            self.bytes += u64::from(base.location.len);
         }
         self.keys.insert(Arc::from(key), base.into_iter().collect());
     }
@@ -385,8 +391,7 @@ impl History {
             if *revision > compact_revision {
                 break;
             }
-            let (_, key, len) = self.order.pop_front().expect("a front was just seen");
-            self.bytes -= u64::from(len);
+            let (_, key, _) = self.order.pop_front().expect("a front was just seen");
             touched.push(key);
         }
         touched.sort_unstable();
@@ -402,12 +407,16 @@ impl History {
                 continue;
             }
             let base = versions[below - 1];
-            if below == versions.len() {
+            let keep_base = base.kind == StoredKind::Put && below < versions.len();
+            let dropped = if keep_base { below - 1 } else { below };
+            self.bytes -= versions[..dropped]
+                .iter()
+                .map(|v| u64::from(v.location.len))
+                .sum::<u64>();
+            if dropped == versions.len() {
                 self.keys.remove(&key);
-            } else if base.kind == StoredKind::Put {
-                versions.drain(..below - 1);
             } else {
-                versions.drain(..below);
+                versions.drain(..dropped);
             }
         }
     }
@@ -471,21 +480,41 @@ impl History {
         Retain::new(move |record| named.contains(&record.seq)).with_min_seq(min_seq)
     }
 
+    /// The sequence numbers of the versions whose records are in the data
+    /// files `inputs` (a merge's, once it swapped its output in: then no
+    /// version can be noted there any more, so this is every version the
+    /// merge moved, bases noted while it ran included). Err names a file
+    /// name that is not a data file's.
+    pub fn in_files(&self, inputs: &[String]) -> Result<HashSet<u64>, String> {
+        let inputs = file_ids(inputs)?;
+        Ok(self
+            .keys
+            .values()
+            .flatten()
+            .filter(|version| inputs.contains(&version.location.file))
+            .map(|version| version.location.seq)
+            .collect())
+    }
+
     /// Points the index at where a merge put its records: `inputs` are the
     /// merge's input files, `moved` the new location of each record of the
-    /// outputs the index may name (by sequence number). A version in an
-    /// input that `moved` lacks is forgotten (a merge keeps every record
-    /// the index named when it was captured, so only a record compaction
-    /// let go since can be missing). Returns how many versions were
-    /// forgotten that way. The caller checks first that the index is the
-    /// one the merge was captured with ([`History::generation`]): an
-    /// install in between replaced it, and the merge's files are not its.
-    pub fn relocate(&mut self, inputs: &[String], moved: &HashMap<u64, RecordLocation>) -> usize {
-        let inputs: HashSet<FileId> = inputs
-            .iter()
-            .filter_map(|name| FileId::parse_stem(name.strip_suffix(DATA_SUFFIX).unwrap_or(name)))
-            .collect();
+    /// outputs that the index names ([`History::in_files`] after the swap,
+    /// then [`History::moved_records`]). A version in an input that `moved`
+    /// lacks is forgotten (a merge keeps every record the index named when
+    /// it was captured and every live one, so only a record compaction let
+    /// go since can be missing). Returns how many versions were forgotten
+    /// that way; Err names a file name that is not a data file's. The
+    /// caller checks first that the index is the one the merge was
+    /// captured with ([`History::generation`]): an install in between
+    /// replaced it, and the merge's files are not its.
+    pub fn relocate(
+        &mut self,
+        inputs: &[String],
+        moved: &HashMap<u64, RecordLocation>,
+    ) -> Result<usize, String> {
+        let inputs = file_ids(inputs)?;
         let mut forgotten = 0;
+        let mut forgotten_bytes = 0;
         let mut emptied = Vec::new();
         for (key, versions) in self.keys.iter_mut() {
             versions.retain_mut(|version| {
@@ -499,6 +528,7 @@ impl History {
                     }
                     None => {
                         forgotten += 1;
+                        forgotten_bytes += u64::from(version.location.len);
                         false
                     }
                 }
@@ -510,11 +540,13 @@ impl History {
         for key in emptied {
             self.keys.remove(&key);
         }
-        forgotten
+        self.bytes -= forgotten_bytes;
+        Ok(forgotten)
     }
 
     /// Where the records a merge wrote to `outputs` are, for those in
-    /// `named`: one pass over the outputs' hints, keeping only those.
+    /// `named` ([`History::in_files`]): one pass over the outputs' hints,
+    /// keeping only those.
     pub fn moved_records(
         engine: &Engine,
         outputs: &[String],
@@ -546,6 +578,18 @@ impl History {
             now_ms,
         }
     }
+}
+
+/// The file ids of data file names.
+fn file_ids(names: &[String]) -> Result<HashSet<FileId>, String> {
+    names
+        .iter()
+        .map(|name| {
+            name.strip_suffix(DATA_SUFFIX)
+                .and_then(FileId::parse_stem)
+                .ok_or_else(|| format!("{name:?} is not a data file's name"))
+        })
+        .collect()
 }
 
 /// The last version at or below `revision`, if it is a put.

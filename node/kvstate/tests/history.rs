@@ -135,14 +135,21 @@ impl Cluster {
         // With revisions on, merges judge no TTL (kvnode passes 0).
         let report = self
             .engine
-            .merge_retaining(&inputs, 0, History::retain(named.clone()))
+            .merge_retaining(&inputs, 0, History::retain(named))
             .unwrap();
-        let moved = History::moved_records(&self.engine, &report.outputs, &named).unwrap();
+        let in_inputs = self
+            .history()
+            .read()
+            .unwrap()
+            .in_files(&report.inputs)
+            .unwrap();
+        let moved = History::moved_records(&self.engine, &report.outputs, &in_inputs).unwrap();
         let forgotten = self
             .history()
             .write()
             .unwrap()
-            .relocate(&report.inputs, &moved);
+            .relocate(&report.inputs, &moved)
+            .unwrap();
         assert_eq!(
             forgotten, 0,
             "the merge kept every record the history names"
@@ -234,13 +241,19 @@ fn a_merge_keeps_the_window_and_a_plain_merge_would_not() {
     workload(&mut control, 40);
     let inputs = control.engine.sealed_data_files();
     let report = control.engine.merge(&inputs, control.index).unwrap();
-    let named = control.history().read().unwrap().named();
-    let moved = History::moved_records(&control.engine, &report.outputs, &named).unwrap();
+    let in_inputs = control
+        .history()
+        .read()
+        .unwrap()
+        .in_files(&report.inputs)
+        .unwrap();
+    let moved = History::moved_records(&control.engine, &report.outputs, &in_inputs).unwrap();
     let forgotten = control
         .history()
         .write()
         .unwrap()
-        .relocate(&report.inputs, &moved);
+        .relocate(&report.inputs, &moved)
+        .unwrap();
     assert!(forgotten > 0, "a plain merge drops superseded records");
 }
 
@@ -426,4 +439,45 @@ fn compacting_the_revisions_of_a_hot_key_keeps_its_base() {
     assert_eq!(versions, [11], "the base and the ten revisions after it");
     drop(history);
     cluster.check_window(revision - 10);
+}
+
+#[test]
+fn a_key_first_written_while_a_merge_runs_keeps_its_base_through_the_merge() {
+    let mut cluster = Cluster::new();
+    cluster.apply(Command::Writes(vec![put("cold", "old")]));
+    workload(&mut cluster, 30);
+    // Compacted to now: "cold" leaves the index (its record is live).
+    let compact = cluster.applier.header().revision;
+    cluster.apply(Command::Compact { revision: compact });
+    assert!(cluster.history().read().unwrap().keys() == 0);
+    // A merge is captured; "cold" is written before it swaps its output in,
+    // so its base is noted in a file the merge replaces.
+    let inputs = cluster.engine.sealed_data_files();
+    let named = cluster.history().read().unwrap().named();
+    let job = cluster
+        .engine
+        .begin_merge_retaining(&inputs, 0, History::retain(named))
+        .unwrap();
+    cluster.apply(Command::Writes(vec![put("cold", "new")]));
+    let report = job.run().unwrap();
+    let in_inputs = cluster
+        .history()
+        .read()
+        .unwrap()
+        .in_files(&report.inputs)
+        .unwrap();
+    assert!(!in_inputs.is_empty(), "the base is in a merged file");
+    let moved = History::moved_records(&cluster.engine, &report.outputs, &in_inputs).unwrap();
+    let forgotten = cluster
+        .history()
+        .write()
+        .unwrap()
+        .relocate(&report.inputs, &moved)
+        .unwrap();
+    assert_eq!(forgotten, 0);
+    cluster.check_window(compact);
+    let live = index_of(&cluster.history().read().unwrap());
+    cluster.restart();
+    assert_eq!(index_of(&cluster.history().read().unwrap()), live);
+    cluster.check_window(compact);
 }

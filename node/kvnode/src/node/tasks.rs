@@ -74,8 +74,12 @@ pub(crate) async fn tick_loop(
         if !idle {
             continue;
         }
+        // Tick while a key may still expire, or while expired keys wait for
+        // their deletes (a burst larger than one entry deletes): an idle
+        // cluster would otherwise leave them until the next write.
         let pending = state_machine.engine().expiry_high_water_ms();
-        if pending == 0 || pending <= state_machine.cluster_time_ms() {
+        let backlog = state_machine.expiry_backlog() == Some(true);
+        if !backlog && (pending == 0 || pending <= state_machine.cluster_time_ms()) {
             continue;
         }
         let Ok(term) = leader_caught_up(&raft).await else {

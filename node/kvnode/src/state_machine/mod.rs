@@ -20,7 +20,6 @@
 //! never fsyncs on apply (the Raft log is the write-ahead log) and never
 //! merges on its own; merges come as `Command::Merge` entries.
 
-use std::collections::HashSet;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -240,6 +239,19 @@ impl StateMachine {
         self.shared.revision.load(Ordering::SeqCst)
     }
 
+    /// Whether keys whose TTL ran out wait for their expiry deletes (more
+    /// ran out at once than one entry deletes); `None` if the apply lock is
+    /// busy (an entry is being applied, which deletes some).
+    pub fn expiry_backlog(&self) -> Option<bool> {
+        let inner = self.shared.inner.try_lock().ok()?;
+        Some(
+            inner
+                .applier
+                .next_expiry_ms()
+                .is_some_and(|expiry_ms| expiry_ms <= inner.time_ms),
+        )
+    }
+
     /// The change history's index: hold its read lock while reading at a
     /// past revision, and take [`StateMachine::engine`] under it.
     pub fn history(&self) -> &Arc<RwLock<History>> {
@@ -441,7 +453,7 @@ fn start_merge(
         let history = history.read().unwrap_or_else(|p| p.into_inner());
         (history.named(), history.generation())
     };
-    match engine.begin_merge_retaining(inputs, now_ms, History::retain(named.clone())) {
+    match engine.begin_merge_retaining(inputs, now_ms, History::retain(named)) {
         Ok(job) => {
             let engine = engine.clone();
             let history = history.clone();
@@ -456,7 +468,7 @@ fn start_merge(
                             retained = report.records_retained,
                             "merge finished"
                         );
-                        relocate_history(&engine, &history, generation, &named, &report);
+                        relocate_history(&engine, &history, generation, &report);
                     }
                     Err(err) => tracing::warn!(error = %err, "merge failed"),
                 });
@@ -469,37 +481,49 @@ fn start_merge(
     }
 }
 
-/// Points the change history at the records a merge moved (those it named
-/// when the merge was captured, `named`), if it is still the index the
-/// merge was captured with (`generation`): after an install it was rebuilt
-/// from the new engine's files, which the merge never saw.
+/// Points the change history at the records a merge moved, if it is still
+/// the index the merge was captured with (`generation`): after an install
+/// it was rebuilt from the new engine's files, which the merge never saw.
+/// The versions to move are those in the inputs now, after the swap (bases
+/// noted while the merge ran point there too: the merge copied those
+/// records as live ones).
 fn relocate_history(
     engine: &Engine,
     history: &RwLock<History>,
     generation: u64,
-    named: &HashSet<u64>,
     report: &MergeReport,
 ) {
-    let moved = match History::moved_records(engine, &report.outputs, named) {
-        Ok(moved) => moved,
-        Err(err) => {
-            tracing::warn!(error = %err, "merge outputs not listed for the change history");
+    let in_inputs = {
+        let history = history.read().unwrap_or_else(|p| p.into_inner());
+        if history.generation() != generation {
+            tracing::info!(
+                "merge finished after an install replaced its engine: history not relocated"
+            );
             return;
         }
+        history.in_files(&report.inputs)
     };
-    let mut history = history.write().unwrap_or_else(|p| p.into_inner());
-    if history.generation() != generation {
-        tracing::info!(
-            "merge finished after an install replaced its engine: history not relocated"
-        );
-        return;
-    }
-    let forgotten = history.relocate(&report.inputs, &moved);
-    if forgotten > 0 {
-        tracing::warn!(
-            forgotten,
-            "the merge dropped records the change history named"
-        );
+    let moved = in_inputs.and_then(|seqs| {
+        History::moved_records(engine, &report.outputs, &seqs).map_err(|err| err.to_string())
+    });
+    let relocated = moved.and_then(|moved| {
+        let mut history = history.write().unwrap_or_else(|p| p.into_inner());
+        if history.generation() != generation {
+            return Ok(0);
+        }
+        history.relocate(&report.inputs, &moved)
+    });
+    match relocated {
+        Ok(0) => {}
+        Ok(forgotten) => {
+            tracing::warn!(
+                forgotten,
+                "the merge dropped records the change history named"
+            )
+        }
+        // Reads of the records it names then fail after a wait
+        // (UNAVAILABLE) until a restart rebuilds the index.
+        Err(err) => tracing::error!(error = %err, "the change history was not relocated"),
     }
 }
 
