@@ -59,3 +59,14 @@ pub fn run_dir(name: &str) -> PathBuf {
             .map_or(0, |d| d.as_nanos())
     ))
 }
+
+/// The invocation position of the operation completing at `completion`.
+pub fn invocation_of(events: &[Event], completion: usize) -> usize {
+    (0..completion)
+        .rev()
+        .find(|&i| {
+            events[i].process == events[completion].process
+                && events[i].event_type == EventType::Invoke
+        })
+        .expect("an invocation")
+}

@@ -10,6 +10,8 @@ use jepsen::index_checks::AnomalyKind;
 use jepsen::linearizability::{Settings, Verdict};
 use jepsen::simulate::{self, simulate};
 
+use crate::common::invocation_of;
+
 /// Seeds of the simulated runs (each a different interleaving).
 const SEEDS: [u64; 4] = [1, 2, 3, 42];
 
@@ -42,17 +44,6 @@ fn ok_completions(events: &[Event], f: Function, finals: bool) -> Vec<usize> {
             e.event_type == EventType::Ok && e.f == f && (finals || e.process != final_process)
         })
         .collect()
-}
-
-/// The invocation position of the operation completing at `completion`.
-fn invocation_of(events: &[Event], completion: usize) -> usize {
-    (0..completion)
-        .rev()
-        .find(|&i| {
-            events[i].process == events[completion].process
-                && events[i].event_type == EventType::Invoke
-        })
-        .expect("an invocation")
 }
 
 /// Acknowledged writes of `key` completed before `position`: (value, version), oldest first.

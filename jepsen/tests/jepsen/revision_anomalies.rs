@@ -14,6 +14,8 @@ use jepsen::linearizability::{Settings, Verdict};
 use jepsen::revision_checks::RevisionAnomalyKind;
 use jepsen::simulate::{self, simulate};
 
+use crate::common::invocation_of;
+
 /// Seeds of the simulated runs (each a different interleaving).
 const SEEDS: [u64; 4] = [1, 2, 3, 42];
 
@@ -37,17 +39,6 @@ fn ok_completions(events: &[Event], read: bool) -> Vec<usize> {
             e.event_type == EventType::Ok && (e.f == Function::Read) == read
         })
         .collect()
-}
-
-/// The invocation position of the operation completing at `completion`.
-fn invocation_of(events: &[Event], completion: usize) -> usize {
-    (0..completion)
-        .rev()
-        .find(|&i| {
-            events[i].process == events[completion].process
-                && events[i].event_type == EventType::Invoke
-        })
-        .expect("an invocation")
 }
 
 /// The injected anomaly is flagged by `kind`, makes the verdict invalid,
