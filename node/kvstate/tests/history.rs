@@ -137,24 +137,33 @@ impl Cluster {
             .engine
             .merge_retaining(&inputs, 0, History::retain(named))
             .unwrap();
+        let forgotten = self.relocate(&report);
+        assert_eq!(
+            forgotten, 0,
+            "the merge kept every record the history names"
+        );
+        report
+    }
+
+    /// Points the history at a swapped-in merge's outputs (what kvnode's
+    /// merge thread does); returns the versions it forgot.
+    fn relocate(&self, report: &bitcask::MergeReport) -> usize {
         let in_inputs = self
             .history()
             .read()
             .unwrap()
             .in_files(&report.inputs)
             .unwrap();
+        assert!(
+            !in_inputs.is_empty(),
+            "the history named records of the inputs"
+        );
         let moved = History::moved_records(&self.engine, &report.outputs, &in_inputs).unwrap();
-        let forgotten = self
-            .history()
+        self.history()
             .write()
             .unwrap()
             .relocate(&report.inputs, &moved)
-            .unwrap();
-        assert_eq!(
-            forgotten, 0,
-            "the merge kept every record the history names"
-        );
-        report
+            .unwrap()
     }
 
     /// Closes and reopens the engine, loading the applier (and with it the
@@ -241,19 +250,7 @@ fn a_merge_keeps_the_window_and_a_plain_merge_would_not() {
     workload(&mut control, 40);
     let inputs = control.engine.sealed_data_files();
     let report = control.engine.merge(&inputs, control.index).unwrap();
-    let in_inputs = control
-        .history()
-        .read()
-        .unwrap()
-        .in_files(&report.inputs)
-        .unwrap();
-    let moved = History::moved_records(&control.engine, &report.outputs, &in_inputs).unwrap();
-    let forgotten = control
-        .history()
-        .write()
-        .unwrap()
-        .relocate(&report.inputs, &moved)
-        .unwrap();
+    let forgotten = control.relocate(&report);
     assert!(forgotten > 0, "a plain merge drops superseded records");
 }
 
@@ -460,20 +457,7 @@ fn a_key_first_written_while_a_merge_runs_keeps_its_base_through_the_merge() {
         .unwrap();
     cluster.apply(Command::Writes(vec![put("cold", "new")]));
     let report = job.run().unwrap();
-    let in_inputs = cluster
-        .history()
-        .read()
-        .unwrap()
-        .in_files(&report.inputs)
-        .unwrap();
-    assert!(!in_inputs.is_empty(), "the base is in a merged file");
-    let moved = History::moved_records(&cluster.engine, &report.outputs, &in_inputs).unwrap();
-    let forgotten = cluster
-        .history()
-        .write()
-        .unwrap()
-        .relocate(&report.inputs, &moved)
-        .unwrap();
+    let forgotten = cluster.relocate(&report);
     assert_eq!(forgotten, 0);
     cluster.check_window(compact);
     let live = index_of(&cluster.history().read().unwrap());
