@@ -6,9 +6,12 @@
 # (127.0.79.1) on a fresh data directory, runs cluster-load for every
 # workload, stops the cluster (by PID) and removes its data. Builds
 # alternate inside each round, so drift on a shared machine hits all of
-# them. Prints one Markdown table: ops/s and p50 / p99 of every build and
-# workload (the median over the rounds), and each build's ops/s as a ratio
-# to the first build's.
+# them. Prints one Markdown table: ops/s, p50 / p99 and the members' CPU
+# per operation (user + system of the three member processes, from
+# /proc/PID/stat, over the measured run, divided by the operations it
+# acknowledged) of every build and workload (the median over the rounds),
+# and each build's ops/s and CPU per operation as ratios to the first
+# build's.
 #
 # Usage (from anywhere in a clone; no root needed):
 #   deploy/bench/compare-builds.sh [--rounds N] [--seconds N] \
@@ -106,12 +109,31 @@ load_args() {
     esac
 }
 
-# One measured run: prints "ops_per_s p50 p99" from cluster-load's table row.
+# CPU clock ticks (user + system) the three members have used so far.
+member_cpu_ticks() {
+    local total=0 i pid fields
+    for i in 1 2 3; do
+        pid=$(cat "$WORK/data/node$i/kvnode.pid" 2>/dev/null) || die "no pid file of member $i"
+        # Fields after the command name: state is the first, utime the 12th.
+        read -r -a fields < <(sed 's/^.*) //' "/proc/$pid/stat")
+        total=$((total + fields[11] + fields[12]))
+    done
+    echo "$total"
+}
+
+# One measured run: prints "ops_per_s p50 p99 cpu_us_per_op" from
+# cluster-load's table row and the members' CPU over the run.
 measure() { # workload
+    local before after row
+    before=$(member_cpu_ticks)
     # shellcheck disable=SC2046
-    timeout $((SECS * 4 + 60)) "$LOAD" $(load_args "$1") --endpoints "$ENDPOINTS" \
+    row=$(timeout $((SECS * 4 + 60)) "$LOAD" $(load_args "$1") --endpoints "$ENDPOINTS" \
         --key-space "$KEY_SPACE" --ops 100000000 --duration "${SECS}s" 2>&1 |
-        awk -F'|' '/^\| (put|get) /{gsub(/[ ,]/, "", $6); gsub(/ /, "", $7); gsub(/ /, "", $9); print $6, $7, $9; exit}'
+        awk -F'|' '/^\| (put|get) /{gsub(/[ ,]/, "", $6); gsub(/ /, "", $7); gsub(/ /, "", $9); print $6, $7, $9; exit}')
+    after=$(member_cpu_ticks)
+    [ -n "$row" ] || return 0
+    echo "$row" | awk -v ticks=$((after - before)) -v hz="$(getconf CLK_TCK)" -v secs="$SECS" \
+        '{ ops = $1 * secs; printf "%s %s %s %.1f\n", $1, $2, $3, (ops > 0 ? ticks * 1e6 / hz / ops : 0) }'
 }
 
 RESULTS=$WORK/results.txt
@@ -133,7 +155,7 @@ for round in $(seq "$ROUNDS"); do
             row=$(measure "$w")
             [ -n "$row" ] || die "no result for $name $w (cluster-load failed)"
             echo "$name $w $row" >>"$RESULTS"
-            echo "  round $round: $name $w: $row (ops/s p50 p99)" >&2
+            echo "  round $round: $name $w: $row (ops/s p50 p99 cpu-us/op)" >&2
         done
         stop_cluster
     done
@@ -149,15 +171,20 @@ names = [b.split('=', 1)[0] for b in sys.argv[2:]]
 workloads = list(dict.fromkeys(r[1] for r in rows))
 def cell(name, w):
     rs = [r for r in rows if r[0] == name and r[1] == w]
-    return [statistics.median(float(r[i]) for r in rs) for i in (2, 3, 4)]
-head = "| workload | " + " | ".join(f"{n} ops/s | {n} p50 ms | {n} p99 ms" for n in names)
-head += " | " + " | ".join(f"{n} / {names[0]}" for n in names[1:]) + " |"
+    return [statistics.median(float(r[i]) for r in rs) for i in (2, 3, 4, 5)]
+head = "| workload | " + " | ".join(
+    f"{n} ops/s | {n} p50 ms | {n} p99 ms | {n} CPU µs/op" for n in names)
+head += " | " + " | ".join(
+    f"{n} / {names[0]} ops/s | {n} / {names[0]} CPU/op" for n in names[1:]) + " |"
 print(head)
-print("|" + " --- |" * (1 + 3 * len(names) + len(names) - 1))
+print("|" + " --- |" * (1 + 4 * len(names) + 2 * (len(names) - 1)))
 for w in workloads:
     cells = {n: cell(n, w) for n in names}
-    line = f"| {w} | " + " | ".join(f"{c[0]:,.0f} | {c[1]:.2f} | {c[2]:.2f}" for c in cells.values())
-    base = cells[names[0]][0]
-    line += " | " + " | ".join(f"{cells[n][0] / base:.2f}" for n in names[1:]) + " |"
+    line = f"| {w} | " + " | ".join(
+        f"{c[0]:,.0f} | {c[1]:.2f} | {c[2]:.2f} | {c[3]:.1f}" for c in cells.values())
+    base = cells[names[0]]
+    line += " | " + " | ".join(
+        f"{cells[n][0] / base[0]:.2f} | {cells[n][3] / base[3]:.2f}" if base[3] else
+        f"{cells[n][0] / base[0]:.2f} | n/a" for n in names[1:]) + " |"
     print(line)
 EOF

@@ -81,9 +81,11 @@ pub const VALUE_SIZE_BYTES_MAX: usize = 1024 * 1024;
 /// 3 since revisions: entries carry a command (`Writes`) a version 2 member
 /// cannot decode. 4 since transactions: entries carry `Txns` and session
 /// records transaction answers, which a version 3 member cannot decode.
+/// 5 since the change history: entries carry `Compact`, and merges keep
+/// the records the history names (a version 4 member's merges would not).
 /// Members refuse a request of another version with FAILED_PRECONDITION
 /// naming both versions.
-pub const PEER_PROTOCOL_VERSION: u32 = 4;
+pub const PEER_PROTOCOL_VERSION: u32 = 5;
 
 /// Cluster time (ms) a session may stay idle before the state machine
 /// evicts it and forgets its answers (DESIGN §3). A client must not retry a

@@ -297,6 +297,12 @@ impl kv::kv_server::Kv for StubKv {
     async fn txn(&self, _: Request<kv::TxnRequest>) -> Result<Response<kv::TxnResponse>, Status> {
         Err(Status::unimplemented("txn"))
     }
+    async fn compact(
+        &self,
+        _: Request<kv::CompactRequest>,
+    ) -> Result<Response<kv::CompactResponse>, Status> {
+        Err(Status::unimplemented("compact"))
+    }
 }
 
 /// Cluster: SaveSnapshot streams a manifest and one chunk, everything else UNIMPLEMENTED.

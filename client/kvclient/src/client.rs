@@ -563,6 +563,26 @@ impl Client {
         })
     }
 
+    /// Compacts the change history to revision `to` (etcd's Compact): reads at
+    /// a revision below it are refused from then on. Answers the store
+    /// revision when it applied. A revision at or below the compact
+    /// revision, or above the store revision, is [`Error::Rpc`] with code
+    /// `OutOfRange` and etcd's message (naming the oldest revision served,
+    /// or the store revision). A retry after an unknown outcome may answer
+    /// "has been compacted": the first attempt applied.
+    pub async fn compact(&self, to: u64) -> Result<u64> {
+        let response = self
+            .inner
+            .router
+            .run(Target::Leader, true, |channel| async move {
+                kv(channel)
+                    .compact(pb::CompactRequest { revision: to })
+                    .await
+            })
+            .await?;
+        Ok(revision(response.header.as_ref()))
+    }
+
     /// Every key of `scan` as a stream, fetched page by page on demand (each
     /// page is a read of its own, not one snapshot). After an error the
     /// stream ends.

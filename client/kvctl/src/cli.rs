@@ -127,6 +127,13 @@ pub enum Command {
     /// compares, a blank line, the ops if they all hold, a blank line, the
     /// ops otherwise. Prints SUCCESS or FAILURE, then each op's result.
     Txn,
+    /// Move the start of the change history to REV (etcd's compact): reads
+    /// at a revision below it are refused from then on.
+    Compact {
+        /// The new oldest revision served (above the current compact
+        /// revision, at most the store revision).
+        revision: u64,
+    },
     /// Give an existing key a time to live (exit 1 if absent).
     Expire {
         /// The key.

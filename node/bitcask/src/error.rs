@@ -103,6 +103,26 @@ pub enum Error {
     /// A file named by the caller is not one of the engine's.
     #[error("unknown file {0}")]
     UnknownFile(String),
+    /// A record location names a file that is no longer one of the
+    /// engine's: a merge replaced it (list the merge's outputs again).
+    #[error(
+        "record location in {file}: the file is no longer the engine's (merged away); list the records again"
+    )]
+    LocationGone {
+        /// The data file the location names.
+        file: String,
+    },
+    /// A record location does not name a record of its file (it was not
+    /// made by this engine, or altered).
+    #[error("record location {file} at offset {offset} names no record: {reason}")]
+    InvalidLocation {
+        /// The data file the location names.
+        file: String,
+        /// The offset it names.
+        offset: u64,
+        /// What is there instead.
+        reason: String,
+    },
     /// Another engine (in this or another process) has the directory open.
     #[error("data directory {} is in use by another engine (its LOCK file is held)", path.display())]
     DirectoryInUse {

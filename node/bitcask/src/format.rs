@@ -410,8 +410,9 @@ pub struct HintEntry<'a> {
 
 impl<'a> HintEntry<'a> {
     /// The entry of a data record whose header is `header`, meta `meta`,
-    /// key `key`, at `offset`. Tombstones get offset 0: nothing reads a
-    /// tombstone back, and a fixed value keeps hints identical however they
+    /// key `key`, at `offset`. Tombstones get offset 0: the read path never
+    /// reads a tombstone back (record listing derives its offset, see
+    /// `crate::walk`), and a fixed value keeps hints identical however they
     /// were produced.
     pub fn of_record(
         header: &RecordHeader,

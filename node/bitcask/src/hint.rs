@@ -17,7 +17,7 @@ use crate::format::{
     HintTrailer, RecordKind, TEMP_SUFFIX, decode_hint_entry, decode_hint_trailer,
     encode_hint_entry, encode_hint_trailer, path_in,
 };
-use vfs::{Vfs, VfsFile};
+use vfs::{Mapping, Vfs, VfsFile};
 
 /// Hint bytes buffered in memory before they are written to the temp file.
 const HINT_FLUSH_BYTES: usize = 256 * 1024;
@@ -125,17 +125,37 @@ impl HintWriter {
     }
 }
 
+/// How [`load`] gets a hint's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HintRead {
+    /// Read into memory (recovery: a failing disk is an I/O error, not a
+    /// fault in a mapped page).
+    Read,
+    /// Memory-mapped (record walks: no copy of a file that may be large;
+    /// hints are never written after they are renamed into place).
+    Map,
+}
+
 /// A valid hint: its bytes (entries in file order) and the trailer.
-#[derive(Debug)]
 pub(crate) struct LoadedHint {
-    bytes: Vec<u8>,
+    bytes: Mapping,
     pub(crate) trailer: HintTrailer,
+}
+
+impl std::fmt::Debug for LoadedHint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedHint")
+            .field("len", &self.bytes.as_ref().as_ref().len())
+            .field("trailer", &self.trailer)
+            .finish()
+    }
 }
 
 impl LoadedHint {
     /// The entries, in the order of the records in the data file.
     pub(crate) fn entries(&self) -> impl Iterator<Item = HintEntry<'_>> + '_ {
-        let body = &self.bytes[..self.bytes.len() - HINT_TRAILER_SIZE_BYTES];
+        let bytes: &[u8] = self.bytes.as_ref().as_ref();
+        let body = &bytes[..bytes.len() - HINT_TRAILER_SIZE_BYTES];
         let mut pos = FILE_HEADER_SIZE_BYTES;
         std::iter::from_fn(move || {
             let (entry, size) = decode_hint_entry(&body[pos..])?;
@@ -145,14 +165,16 @@ impl LoadedHint {
     }
 }
 
-/// Reads and checks the hint of data file `id`, whose header is `header` and
-/// length `data_len`. `Ok(None)` means "missing or not trustworthy: scan".
+/// Reads (or maps, per `how`) and checks the hint of data file `id`, whose
+/// header is `header` and length `data_len`. `Ok(None)` means "missing or
+/// not trustworthy: scan".
 pub(crate) fn load(
     vfs: &dyn Vfs,
     dir: &Path,
     id: &FileId,
     header: &FileHeader,
     data_len: u64,
+    how: HintRead,
 ) -> Result<Option<LoadedHint>> {
     let path = path_in(dir, &id.hint_name());
     let file = match vfs.open(&path) {
@@ -164,10 +186,20 @@ pub(crate) fn load(
     if len < FILE_HEADER_SIZE_BYTES + HINT_TRAILER_SIZE_BYTES {
         return Ok(None);
     }
-    let mut bytes = vec![0u8; len];
-    file.read_exact_at(&mut bytes, 0)
-        .map_err(|e| Error::io(&path, e))?;
-    let (body, trailer_bytes) = bytes.split_at(len - HINT_TRAILER_SIZE_BYTES);
+    let bytes: Mapping = match how {
+        HintRead::Read => {
+            let mut bytes = vec![0u8; len];
+            file.read_exact_at(&mut bytes, 0)
+                .map_err(|e| Error::io(&path, e))?;
+            Arc::new(bytes)
+        }
+        HintRead::Map => file.map().map_err(|e| Error::io(&path, e))?,
+    };
+    let all: &[u8] = bytes.as_ref().as_ref();
+    if all.len() != len {
+        return Ok(None);
+    }
+    let (body, trailer_bytes) = all.split_at(len - HINT_TRAILER_SIZE_BYTES);
     let Some((trailer, hint_crc)) = decode_hint_trailer(trailer_bytes) else {
         return Ok(None);
     };

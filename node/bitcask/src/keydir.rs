@@ -208,7 +208,8 @@ pub struct KeyDir {
     /// Highest sequence number applied to this directory.
     applied_seq: u64,
     /// Latest expiry of any record put into this directory (0 = none): a
-    /// high-water mark, not lowered by deletes or overwrites.
+    /// high-water mark, not lowered by deletes or overwrites (recovery
+    /// recomputes it from the live entries: [`KeyDir::reset_expiry_high`]).
     expiry_high_ms: u64,
 }
 
@@ -234,6 +235,23 @@ impl KeyDir {
     /// passes it, some key may still be waiting to expire.
     pub fn expiry_high_ms(&self) -> u64 {
         self.expiry_high_ms
+    }
+
+    /// Recomputes the expiry high-water from the entries present (expired
+    /// or not), forgetting the expiries of overwritten and deleted puts:
+    /// recovery replays history a retaining merge kept, and a kept put with
+    /// a far expiry must not hold the mark up while no live key has it.
+    /// Walks the directory only when the mark is set.
+    pub fn reset_expiry_high(&mut self) {
+        if self.expiry_high_ms == 0 {
+            return;
+        }
+        self.expiry_high_ms = self
+            .set
+            .iter()
+            .map(|slot| slot.location().expiry_ms)
+            .max()
+            .unwrap_or(0);
     }
 
     /// Records that `key` was deleted by the record with `seq`.

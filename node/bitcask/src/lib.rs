@@ -25,7 +25,10 @@
 //! - `hint`: writing and loading hint files.
 //! - `recovery`: opening a directory (list, plan, load), torn-tail repair,
 //!   merge leftovers.
-//! - `merge`: deterministic merge (write parts, publish, swap in, retire).
+//! - `merge`: deterministic merge (plan what history to retain, write
+//!   parts, publish, swap in, retire).
+//! - `walk`: the put and tombstone records of one data file with their
+//!   offsets, from its hint or its data (listing and retaining merges).
 //! - `engine`: the [`Engine`], one submodule a job:
 //!   - `engine` (`mod.rs`): the handle and its shared state, open, close;
 //!   - `engine::batch`: [`Batch`], [`Op`], [`Written`];
@@ -36,6 +39,12 @@
 //!   - `engine::read`: lookups, scans, the cache of open files and maps;
 //!   - `engine::files`: the file API the Raft layer uses ([`FileInfo`],
 //!     [`Pin`], checksums of the published prefix, retiring files);
+//!   - `engine::records`: the engine side of a change history: listing
+//!     every put and tombstone with its [`RecordLocation`]
+//!     ([`Engine::records`], [`Engine::records_in`],
+//!     [`Engine::for_each_record`]), reading one back
+//!     ([`Engine::read_record`]), and [`Retain`], the predicate a merge
+//!     keeps superseded records by;
 //!   - `engine::stats`: [`Stats`], [`FileStats`];
 //!   - `engine::merging`: merge entry points ([`MergeReport`]) and
 //!     automatic merges.
@@ -82,16 +91,18 @@ mod keydir;
 mod merge;
 mod record_meta;
 mod recovery;
+mod walk;
 
 pub use engine::{
     Batch, Engine, Entry, FileInfo, FileStats, Item, ItemMeta, KeyRange, MergeReport, Op, Pin,
-    RecordMeta, Scan, Stats, Written,
+    RecordLocation, RecordMeta, RecordView, Retain, Scan, Stats, StoredKind, StoredRecord,
+    StoredValue, Written,
 };
 pub use error::{Error, Result};
 pub use keydir::SLOT_HEADER_SIZE_BYTES;
 pub use merge::MergeJob;
 pub use options::{
     AutoMerge, BATCH_SIZE_BYTES_MAX, KEY_SIZE_BYTES_MAX, METADATA_SIZE_BYTES_MAX, Options,
-    PublishedPrefix, RECORD_META_BYTES_MAX, SEGMENT_SIZE_BYTES_DEFAULT, SyncPolicy,
-    VALUE_SIZE_BYTES_MAX,
+    PublishedPrefix, RECORD_META_BYTES_MAX, RECORD_SIZE_BYTES_MAX, SEGMENT_SIZE_BYTES_DEFAULT,
+    SyncPolicy, VALUE_SIZE_BYTES_MAX,
 };

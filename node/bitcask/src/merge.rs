@@ -2,13 +2,31 @@
 //! files, then swap them in.
 //!
 //! The input is (the input files, the records of theirs that are live at the
-//! cut-off, the "now" for expiry). The output is a function of that input
-//! alone: live records are copied byte for byte in key order, parts rotate
-//! at the same size threshold as segments, and the last part ends with the
-//! commit record of the inputs' last batch (so the highest sequence and the
-//! last metadata survive). Because the inputs are a prefix that includes all
-//! earlier merge output, every older version of a key in them is in them
-//! too, so tombstones and expired records are simply dropped.
+//! cut-off, the "now" for expiry, and optionally a retention predicate).
+//! The output is a function of that input alone: live records are copied
+//! byte for byte in key order, parts rotate at the same size threshold as
+//! segments, and the last part ends with the commit record of the inputs'
+//! last batch (so the highest sequence and the last metadata survive).
+//! Because the inputs are a prefix that includes all earlier merge output,
+//! every older version of a key in them is in them too, so tombstones and
+//! expired records are simply dropped — unless the predicate keeps them.
+//!
+//! Retention ([`Retain`]): the merge walks the inputs' records (hints, no
+//! values) and asks the predicate about each; of those it would drop, the
+//! ones kept are copied byte for byte too, in (key, sequence) order, a
+//! key's history before its live record. Recovery replays files in order
+//! and the last record of a key wins, so sequence order within a key keeps
+//! the live record the winner. One more rule makes that hold whatever the
+//! predicate says, so a kept older put can never come back to life: when
+//! anything of a key is kept and its live record is in the inputs, that
+//! record is copied even if it expired (it stays in the key directory then,
+//! expired, as it does after a restart); when its live record is not in the
+//! inputs (the key is deleted, or lives in a later file), the key's last
+//! tombstone in the inputs is kept if it is newer than every kept record of
+//! the key. A later file needs nothing: it is replayed after the merge
+//! output.
+//! Without a predicate, or when it keeps nothing, the output is byte for
+//! byte what it was before retention existed.
 //!
 //! Crash safety: parts are written as `*.tmp`, fsynced, renamed from the
 //! last part down to part 1, the directory fsynced, then part 0 renamed and
@@ -17,23 +35,29 @@
 //! deleted only after that, and a pinned input only at its last unpin.
 
 use std::collections::HashSet;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::engine::{FileMeta, MergeReport, Shared, lock, read, write};
+use crate::engine::{
+    FileMeta, MergeReport, RecordBytes, Retain, Shared, StoredKind, lock, read, write,
+};
 use crate::error::{Error, Result};
 use crate::format::{
     DATA_MAGIC, FileId, HintEntry, RECORD_HEADER_SIZE_BYTES, RecordKind, TEMP_SUFFIX,
-    encode_record, path_in,
+    encode_record, path_in, verify_record,
 };
 use crate::hint::HintWriter;
 use crate::keydir::Location;
 use crate::options::MERGE_SWAP_CHUNK_KEYS;
+use crate::walk::{Walked, walk_file};
 use vfs::VfsFile;
 
 /// Output bytes buffered before a write.
 const MERGE_WRITE_BUFFER_BYTES: usize = 1 << 20;
+/// Records handled between two checks whether the engine was closed.
+const CLOSED_CHECK_EVERY_RECORDS: usize = 1024;
 
 struct Part {
     id: FileId,
@@ -83,6 +107,7 @@ pub struct MergeJob {
     last_commit_seq: u64,
     last_commit_meta: Vec<u8>,
     now_ms: u64,
+    retain: Option<Retain>,
 }
 
 /// The right to run the one merge; released on drop.
@@ -111,12 +136,23 @@ impl Drop for MergeSlot {
 }
 
 /// Captures and runs a merge in the calling thread.
-pub(crate) fn merge(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Result<MergeReport> {
-    begin(shared, inputs, now_ms)?.run()
+pub(crate) fn merge(
+    shared: &Arc<Shared>,
+    inputs: &[String],
+    now_ms: u64,
+    retain: Option<Retain>,
+) -> Result<MergeReport> {
+    begin(shared, inputs, now_ms, retain)?.run()
 }
 
-/// Captures a merge of `inputs` at the engine's current state (see [`MergeJob`]).
-pub(crate) fn begin(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Result<MergeJob> {
+/// Captures a merge of `inputs` at the engine's current state (see
+/// [`MergeJob`]), keeping what `retain` asks for of what it would drop.
+pub(crate) fn begin(
+    shared: &Arc<Shared>,
+    inputs: &[String],
+    now_ms: u64,
+    retain: Option<Retain>,
+) -> Result<MergeJob> {
     let slot = MergeSlot::take(shared);
     shared.check_poison()?;
 
@@ -193,6 +229,7 @@ pub(crate) fn begin(shared: &Arc<Shared>, inputs: &[String], now_ms: u64) -> Res
         last_commit_seq,
         last_commit_meta,
         now_ms,
+        retain,
     })
 }
 
@@ -214,6 +251,7 @@ impl MergeJob {
             last_commit_seq,
             last_commit_meta,
             now_ms,
+            retain,
         } = self;
         let shared = &shared;
         shared.check_poison()?;
@@ -224,12 +262,18 @@ impl MergeJob {
         let written = lock(&shared.writer).written_total;
         shared.sync_to(written)?;
         let last_commit = (last_commit_seq, last_commit_meta);
-        // 3. Write the output parts.
+        // 3. Plan what history to keep (nothing without a predicate), then
+        //    write the output parts.
+        let history = match &retain {
+            None => History::default(),
+            Some(retain) => plan_history(shared, &input_metas, &live, now_ms, retain)?,
+        };
         let mut output = Output::default();
         let result = write_parts(
             shared,
             &mut output,
             &live,
+            &history,
             cutoff,
             boundary,
             now_ms,
@@ -239,6 +283,7 @@ impl MergeJob {
             parts,
             moved,
             dropped,
+            retained,
         } = output;
         if let Err(e) = result {
             for part in parts {
@@ -259,6 +304,7 @@ impl MergeJob {
             inputs: input_metas.iter().map(|meta| meta.id.data_name()).collect(),
             outputs: new_metas.iter().map(|meta| meta.id.data_name()).collect(),
             records_kept: moved.len() as u64,
+            records_retained: retained,
             bytes_before: input_metas.iter().map(|meta| meta.len).sum(),
             bytes_after: new_metas.iter().map(|meta| meta.len).sum(),
         };
@@ -268,6 +314,7 @@ impl MergeJob {
             outputs = report.outputs.len(),
             bytes_before = report.bytes_before,
             bytes_after = report.bytes_after,
+            records_retained = report.records_retained,
             "merge swapped in"
         );
         Ok(report)
@@ -275,12 +322,187 @@ impl MergeJob {
 }
 
 /// What step 3 wrote: the parts (as `*.tmp` files), where each copied
-/// record went, and the records dropped as expired (indices into `live`).
+/// live record went, the records dropped as expired (indices into `live`),
+/// and how many history records were copied.
 #[derive(Default)]
 struct Output {
     parts: Vec<Part>,
     moved: Vec<Moved>,
     dropped: Vec<usize>,
+    retained: u64,
+}
+
+/// What a retaining merge keeps besides the live records (nothing without
+/// a predicate).
+#[derive(Default)]
+struct History {
+    /// The keys of `records`, back to back.
+    keys: Vec<u8>,
+    /// Superseded puts and tombstones to copy, in (key, sequence) order.
+    records: Vec<Retained>,
+    /// Indices into `live` of expired records to keep, ascending.
+    expired_kept: Vec<usize>,
+}
+
+impl History {
+    /// The key of `record`.
+    fn key(&self, record: &Retained) -> &[u8] {
+        &self.keys[record.key.clone()]
+    }
+}
+
+/// A record of the inputs the plan looked at: where it is, and where its
+/// key is in the plan's key bytes.
+#[derive(Clone)]
+struct Retained {
+    key: Range<usize>,
+    kind: StoredKind,
+    seq: u64,
+    /// Engine file number of the input holding it.
+    num: u32,
+    offset: u32,
+    size: u32,
+}
+
+/// Step 3a: walks the inputs' records in file order (hints; a data file
+/// only where its hint is missing), asks `retain` about each, and returns
+/// what to keep besides the live records: the kept superseded records by
+/// key and sequence, and the kept expired live ones. Applies the rule that
+/// keeps a record newer than those kept where one is needed (see the module
+/// documentation).
+///
+/// Cheap when the predicate keeps little: a record costs its hint entry's
+/// decoding and one predicate call. The plan remembers only the kept
+/// records and, once something is kept, the tombstones (which the rule may
+/// need); it sorts them by key and sequence and matches them against `live`
+/// in one pass. Inputs whose records are all below [`Retain::min_seq`] are
+/// not read at all.
+fn plan_history(
+    shared: &Shared,
+    input_metas: &[Arc<FileMeta>],
+    live: &[(Vec<u8>, Location)],
+    now_ms: u64,
+    retain: &Retain,
+) -> Result<History> {
+    let vfs = shared.opts.vfs.as_ref();
+    let mut keys: Vec<u8> = Vec::new();
+    // (record, whether the predicate kept it)
+    let mut seen: Vec<(Retained, bool)> = Vec::new();
+    let mut walked = 0usize;
+    // Nothing below `min_seq` is kept, and any record that a kept one needs
+    // is newer than it: records below it need no look, files holding
+    // nothing else no read.
+    let min_seq = retain.min_seq();
+    for meta in input_metas.iter().filter(|meta| meta.max_seq >= min_seq) {
+        let num = meta.num;
+        walk_file(
+            vfs,
+            &shared.dir,
+            &meta.id,
+            meta.len,
+            true,
+            &mut |record: &Walked<'_>| {
+                walked += 1;
+                if walked.is_multiple_of(CLOSED_CHECK_EVERY_RECORDS)
+                    && shared.closed.load(Ordering::SeqCst)
+                {
+                    return Err(Error::Closed);
+                }
+                let view = &record.view;
+                if view.seq < min_seq {
+                    return Ok(());
+                }
+                // Asked about live records too: the answer does not matter
+                // for those, and telling them apart takes a look at `live`
+                // that asking first spares every record it does not keep.
+                let kept = retain.keeps(view);
+                // A tombstone matters only after a kept record of its key;
+                // until something is kept, none does.
+                let tombstone_after_kept = view.kind == StoredKind::Tombstone && !seen.is_empty();
+                if kept || tombstone_after_kept {
+                    let start = keys.len();
+                    keys.extend_from_slice(view.key);
+                    seen.push((
+                        Retained {
+                            key: start..keys.len(),
+                            kind: view.kind,
+                            seq: view.seq,
+                            num,
+                            offset: record.offset,
+                            size: record.size,
+                        },
+                        kept,
+                    ));
+                }
+                Ok(())
+            },
+        )?;
+    }
+    seen.sort_unstable_by(|(a, _), (b, _)| {
+        keys[a.key.clone()]
+            .cmp(&keys[b.key.clone()])
+            .then(a.seq.cmp(&b.seq))
+    });
+    let mut history = History::default();
+    // `seen` and `live` are both in key order: one pass over each.
+    let mut live_cursor = 0;
+    for group in seen.chunk_by(|(a, _), (b, _)| keys[a.key.clone()] == keys[b.key.clone()]) {
+        // Tombstones of a key with nothing kept need nothing.
+        let Some(last_kept) = group.iter().rposition(|(_, kept)| *kept) else {
+            continue;
+        };
+        let key = &keys[group[0].0.key.clone()];
+        while live
+            .get(live_cursor)
+            .is_some_and(|(live_key, _)| live_key.as_slice() < key)
+        {
+            live_cursor += 1;
+        }
+        let live_index = live
+            .get(live_cursor)
+            .is_some_and(|(live_key, _)| live_key.as_slice() == key)
+            .then_some(live_cursor);
+        let kept = group[..=last_kept]
+            .iter()
+            .filter(|(_, kept)| *kept)
+            .map(|(record, _)| record);
+        let start = history.records.len();
+        match live_index {
+            // The key's directory record is in the inputs: it is the key's
+            // latest record there and is copied with the live records
+            // (expired or not, now that something older of the key stays).
+            Some(index) => {
+                let live_seq = live[index].1.seq;
+                if live[index].1.expired(now_ms) {
+                    history.expired_kept.push(index);
+                }
+                history.records.extend(
+                    kept.filter(|record| {
+                        !(record.kind == StoredKind::Put && record.seq == live_seq)
+                    })
+                    .cloned(),
+                );
+            }
+            // Deleted (in the inputs or later), or live in a later file: the
+            // last tombstone after the kept records (if any) keeps them from
+            // coming back.
+            None => {
+                history.records.extend(kept.cloned());
+                if last_kept + 1 < group.len() {
+                    let (tombstone, _) = &group[group.len() - 1];
+                    history.records.push(tombstone.clone());
+                }
+            }
+        }
+        // Point the records at the history's own copy of the key.
+        let key_start = history.keys.len();
+        history.keys.extend_from_slice(key);
+        for record in &mut history.records[start..] {
+            record.key = key_start..history.keys.len();
+        }
+    }
+    history.expired_kept.sort_unstable();
+    Ok(history)
 }
 
 /// A part written and fsynced under its temporary name: what the swap
@@ -294,14 +516,18 @@ struct WrittenPart {
     last_commit: Option<(u64, Vec<u8>)>,
 }
 
-/// Step 3: copies the live records of `live` (those not expired at
-/// `now_ms`) in key order into parts named after `cutoff`, rotating at the
-/// segment size, ends the last part with the inputs' last commit record,
-/// and fsyncs every part. On error the caller deletes what `output` holds.
+/// Step 3b: copies the live records of `live` (those not expired at
+/// `now_ms`, and the expired ones `history` keeps) in key order into parts
+/// named after `cutoff`, each key's kept history just before it, rotating
+/// at the segment size; ends the last part with the inputs' last commit
+/// record, and fsyncs every part. On error the caller deletes what
+/// `output` holds.
+#[allow(clippy::too_many_arguments)]
 fn write_parts(
     shared: &Shared,
     output: &mut Output,
     live: &[(Vec<u8>, Location)],
+    history: &History,
     cutoff: u64,
     boundary: u64,
     now_ms: u64,
@@ -311,21 +537,31 @@ fn write_parts(
         parts,
         moved,
         dropped,
+        retained,
     } = output;
     moved.reserve(live.len());
     parts.push(new_part(shared, cutoff, 0, boundary)?);
+    let mut history_records = history.records.iter().peekable();
+    let mut expired_kept = history.expired_kept.iter().copied().peekable();
     for (index, (key, location)) in live.iter().enumerate() {
-        if index % 1024 == 0 && shared.closed.load(Ordering::SeqCst) {
+        if index.is_multiple_of(CLOSED_CHECK_EVERY_RECORDS) && shared.closed.load(Ordering::SeqCst)
+        {
             return Err(Error::Closed);
         }
-        if location.expired(now_ms) {
+        // The kept history of the keys up to this one (a key's history
+        // has lower sequence numbers than its live record: it goes first).
+        while let Some(record) =
+            history_records.next_if(|record| history.key(record) <= key.as_slice())
+        {
+            copy_retained(shared, parts, cutoff, boundary, history, record)?;
+            *retained += 1;
+        }
+        let keep_expired = expired_kept.next_if_eq(&index).is_some();
+        if location.expired(now_ms) && !keep_expired {
             dropped.push(index);
             continue;
         }
-        if parts.last().expect("one part at least").len >= shared.opts.segment_size_bytes {
-            let next = parts.len() as u32;
-            parts.push(new_part(shared, cutoff, next, boundary)?);
-        }
+        current_part(shared, parts, cutoff, boundary)?;
         let part_index = parts.len() - 1;
         let part = parts.last_mut().expect("one part at least");
         let offset = part.len as u32;
@@ -335,11 +571,7 @@ fn write_parts(
             record.len() as u64
         })?;
         let Some(copied) = copied else {
-            return Err(Error::Corruption {
-                file: format!("file #{}", location.file),
-                offset: location.offset as u64,
-                reason: "merge input vanished during the merge".to_string(),
-            });
+            return Err(vanished(location.file, location.offset));
         };
         part.len += copied;
         part.max_seq = part.max_seq.max(location.seq);
@@ -360,6 +592,14 @@ fn write_parts(
         if part.buf.len() >= MERGE_WRITE_BUFFER_BYTES {
             part.flush()?;
         }
+    }
+    for (count, record) in history_records.enumerate() {
+        if count.is_multiple_of(CLOSED_CHECK_EVERY_RECORDS) && shared.closed.load(Ordering::SeqCst)
+        {
+            return Err(Error::Closed);
+        }
+        copy_retained(shared, parts, cutoff, boundary, history, record)?;
+        *retained += 1;
     }
     let part = parts.last_mut().expect("one part at least");
     let offset = part.len as u32;
@@ -386,6 +626,87 @@ fn write_parts(
         shared.sync_file(part.file.as_ref(), name)?;
     }
     Ok(())
+}
+
+/// The part the next record goes into: the last one, or a new one once the
+/// last reached the segment size.
+#[inline]
+fn current_part<'a>(
+    shared: &Shared,
+    parts: &'a mut Vec<Part>,
+    cutoff: u64,
+    boundary: u64,
+) -> Result<&'a mut Part> {
+    if parts.last().expect("one part at least").len >= shared.opts.segment_size_bytes {
+        let next = parts.len() as u32;
+        parts.push(new_part(shared, cutoff, next, boundary)?);
+    }
+    Ok(parts.last_mut().expect("one part at least"))
+}
+
+/// Copies one kept history record byte for byte into the current part, with
+/// the hint entry a scan of the output would write for it.
+fn copy_retained(
+    shared: &Shared,
+    parts: &mut Vec<Part>,
+    cutoff: u64,
+    boundary: u64,
+    history: &History,
+    record: &Retained,
+) -> Result<()> {
+    let part = current_part(shared, parts, cutoff, boundary)?;
+    let offset = part.len;
+    let corruption = |reason: String| Error::Corruption {
+        file: shared.file_name(record.num),
+        offset: u64::from(record.offset),
+        reason,
+    };
+    let copied = shared.with_bytes(
+        record.num,
+        u64::from(record.offset),
+        record.size as usize,
+        |bytes| -> Result<()> {
+            let header = verify_record(bytes).map_err(|fault| corruption(format!("{fault:?}")))?;
+            let (meta, key, _) = header.split(bytes);
+            let kind = match record.kind {
+                StoredKind::Put => RecordKind::Put,
+                StoredKind::Tombstone => RecordKind::Tombstone,
+            };
+            if header.kind != kind || header.seq != record.seq || key != history.key(record) {
+                return Err(corruption(
+                    "record is not the one the merge's walk of its hint found".to_string(),
+                ));
+            }
+            part.buf.extend_from_slice(bytes);
+            part.hint
+                .add(&HintEntry::of_record(&header, meta, key, offset))
+        },
+    )?;
+    match copied {
+        RecordBytes::Read(result) => result?,
+        RecordBytes::Gone => return Err(vanished(record.num, record.offset)),
+        RecordBytes::OutOfRange { file_len } => {
+            return Err(corruption(format!(
+                "record runs past the end of the {file_len}-byte file"
+            )));
+        }
+    }
+    part.len += u64::from(record.size);
+    part.max_seq = part.max_seq.max(record.seq);
+    if part.buf.len() >= MERGE_WRITE_BUFFER_BYTES {
+        part.flush()?;
+    }
+    Ok(())
+}
+
+/// The error for an input that left the engine during its merge (only the
+/// merge itself retires inputs, so this is a bug or tampering).
+fn vanished(num: u32, offset: u32) -> Error {
+    Error::Corruption {
+        file: format!("file #{num}"),
+        offset: u64::from(offset),
+        reason: "merge input vanished during the merge".to_string(),
+    }
 }
 
 /// Step 4: finishes the parts' hints, then renames parts n-1..1 to their

@@ -30,6 +30,11 @@ pub const SEGMENT_SIZE_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
 pub const SEGMENT_SIZE_BYTES_MAX: u64 = 2 * 1024 * 1024 * 1024;
 /// Largest configurable batch (see [`SEGMENT_SIZE_BYTES_MAX`]).
 pub const BATCH_SIZE_BYTES_LIMIT: usize = 1024 * 1024 * 1024;
+/// Largest record any data file can hold, in bytes: every record is part
+/// of one batch (merge outputs copy records byte for byte), and no batch
+/// exceeds [`BATCH_SIZE_BYTES_LIMIT`]. A location claiming more is refused
+/// before anything is read.
+pub const RECORD_SIZE_BYTES_MAX: usize = BATCH_SIZE_BYTES_LIMIT;
 /// Smallest rotation threshold (tests use tiny segments to rotate often).
 pub const SEGMENT_SIZE_BYTES_MIN: u64 = 64;
 /// Default cap on open segment file handles (readers share them).
@@ -100,6 +105,9 @@ pub struct Options {
     /// Open file handles kept for readers.
     pub open_files_max: usize,
     /// Merge on its own by dead-bytes ratio; `None` leaves merging to the caller.
+    /// Automatic merges retain no history (no retention predicate), and
+    /// records a retaining merge kept count as dead bytes: a caller that
+    /// keeps history ([`crate::Engine::merge_retaining`]) turns this off.
     pub auto_merge: Option<AutoMerge>,
     /// Published prefix of the active segment, if any.
     pub published_prefix: Option<PublishedPrefix>,

@@ -29,7 +29,7 @@ use crate::format::{
     RECORD_WITH_META_HEADER_SIZE_BYTES, RecordFault, RecordHeader, RecordKind, TEMP_SUFFIX,
     decode_record_header, path_in,
 };
-use crate::hint::{self, HintWriter};
+use crate::hint::{self, HintRead, HintWriter};
 use crate::keydir::{KeyDir, Location};
 use crate::options::Options;
 use crate::record_meta::RecordMeta;
@@ -240,6 +240,9 @@ fn load_files(
             files.sealed.push(Arc::new(meta));
         }
     }
+    // Replay put history too (superseded puts not merged away yet, and those
+    // a retaining merge kept): the high-water reflects the live keys only.
+    keydir.reset_expiry_high();
     Ok((keydir, files, active))
 }
 
@@ -324,7 +327,12 @@ fn check_published_exists(ordered: &[FileId], published: &str, boundary: u64) ->
     }
 }
 
-fn open_data(vfs: &dyn Vfs, dir: &Path, id: &FileId) -> Result<(Arc<dyn VfsFile>, FileHeader)> {
+/// Opens data file `id` and checks its header against its name.
+pub(crate) fn open_data(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    id: &FileId,
+) -> Result<(Arc<dyn VfsFile>, FileHeader)> {
     let path = path_in(dir, &id.data_name());
     let file = vfs.open(&path).map_err(|e| Error::io(&path, e))?;
     let mut bytes = [0u8; FILE_HEADER_SIZE_BYTES];
@@ -351,16 +359,17 @@ fn open_data(vfs: &dyn Vfs, dir: &Path, id: &FileId) -> Result<(Arc<dyn VfsFile>
 }
 
 /// Walks the records of a data file.
-struct Scanner<'a> {
+pub(crate) struct Scanner<'a> {
     file: &'a dyn VfsFile,
     len: u64,
     window: Vec<u8>,
     window_start: u64,
-    pos: u64,
+    /// Offset of the next record (after a fault: of the bad one).
+    pub(crate) pos: u64,
 }
 
 impl<'a> Scanner<'a> {
-    fn new(file: &'a dyn VfsFile, len: u64) -> Scanner<'a> {
+    pub(crate) fn new(file: &'a dyn VfsFile, len: u64) -> Scanner<'a> {
         Scanner {
             file,
             len,
@@ -386,7 +395,9 @@ impl<'a> Scanner<'a> {
     }
 
     /// The next record or the fault at `pos`.
-    fn next(&mut self) -> std::io::Result<Option<std::result::Result<Scanned, RecordFault>>> {
+    pub(crate) fn next(
+        &mut self,
+    ) -> std::io::Result<Option<std::result::Result<Scanned, RecordFault>>> {
         if self.pos >= self.len {
             return Ok(None);
         }
@@ -430,13 +441,13 @@ impl<'a> Scanner<'a> {
 }
 
 /// A record a [`Scanner`] read (its value only for commit records).
-struct Scanned {
-    offset: u64,
-    header: RecordHeader,
-    meta: RecordMeta,
-    key: Vec<u8>,
+pub(crate) struct Scanned {
+    pub(crate) offset: u64,
+    pub(crate) header: RecordHeader,
+    pub(crate) meta: RecordMeta,
+    pub(crate) key: Vec<u8>,
     /// Commit: the batch metadata; otherwise empty (values are never read).
-    value: Vec<u8>,
+    pub(crate) value: Vec<u8>,
 }
 
 fn apply_record(keydir: &mut KeyDir, num: u32, record: &Scanned) {
@@ -489,7 +500,7 @@ fn load_sealed(
     let len = file.len().map_err(|e| Error::io(&path, e))?;
     let mut max_seq = 0;
     let mut last_commit = None;
-    if let Some(hint) = hint::load(vfs, dir, id, &header, len)? {
+    if let Some(hint) = hint::load(vfs, dir, id, &header, len, HintRead::Read)? {
         for entry in hint.entries() {
             max_seq = max_seq.max(entry.seq);
             match entry.kind {

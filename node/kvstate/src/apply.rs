@@ -45,20 +45,21 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 
-use bitcask::{Batch, Engine};
+use bitcask::{Batch, Engine, Op as EngineOp, RecordLocation, StoredKind};
 use serde::{Deserialize, Serialize};
 
 use crate::command::{
     Answer, Command, ENTRY_OPS_MAX, EntryResponse, Op, Outcome, Proposal, RESERVED_KEY_PREFIX,
     Request, SESSION_ANSWER_BYTES_MAX, SESSION_ANSWERS_MAX, SESSION_IDLE_MS_MAX, SessionRef,
 };
+use crate::history::{History, HistoryLoadError, Version};
 use crate::range::{self, Budget, KeyBounds, KeyValue, Overlay, Pending, RangeError};
 use crate::revision::{
     FIRST_REVISION, KeyMeta, RevisionError, StoreHeader, split_commit_meta_exact, tombstone_meta,
-    wrap_commit_meta,
+    tombstone_revision, wrap_commit_meta,
 };
 use crate::txn::{
     ENTRY_TXN_READ_BYTES_MAX, TXN_ENTRY_BATCH_BYTES_MAX, TXN_READ_BYTES_MAX, TXN_READ_KEYS_MAX,
@@ -102,6 +103,9 @@ pub enum ApplyError {
     /// A record's or a commit record's revision metadata does not decode.
     #[error(transparent)]
     Revision(#[from] RevisionError),
+    /// The change history could not be rebuilt from the engine's records.
+    #[error("change history: {0}")]
+    History(#[from] HistoryLoadError),
     /// The entry is malformed (more ops than versions allow).
     #[error("entry at index {index} holds {ops} ops; the limit ENTRY_OPS_MAX is {ENTRY_OPS_MAX}")]
     TooManyOps {
@@ -256,6 +260,11 @@ pub struct Applier {
     /// after reading the engine gets a revision at or above everything it
     /// read (see [`Applier::with_published_revision`]).
     published: Option<Arc<AtomicU64>>,
+    /// The change history's index, shared with readers: extended under its
+    /// write lock around each entry's engine write.
+    history: Arc<RwLock<History>>,
+    /// Reused buffer: where the last batch's records went.
+    locations: Vec<RecordLocation>,
 }
 
 impl Default for Applier {
@@ -267,6 +276,8 @@ impl Default for Applier {
             revisions_on: false,
             expiries: BTreeSet::new(),
             published: None,
+            history: Arc::default(),
+            locations: Vec::new(),
         }
     }
 }
@@ -309,11 +320,19 @@ impl Applier {
                 _ => break,
             }
         }
+        let revisions_on = header.is_some();
+        let header = header.unwrap_or_default();
+        let history = if revisions_on {
+            History::load(engine, header.revision, header.compact_revision)?
+        } else {
+            History::new(header.revision, header.compact_revision)
+        };
         Ok(Applier {
             sessions,
-            header: header.unwrap_or_default(),
-            revisions_on: header.is_some(),
+            header,
+            revisions_on,
             expiries: load_expiries(engine)?,
+            history: Arc::new(RwLock::new(history)),
             ..Applier::default()
         })
     }
@@ -337,6 +356,38 @@ impl Applier {
         self
     }
 
+    /// Shares the change history through `shared`: its contents become
+    /// this applier's history (loaded with it), and the applier extends it
+    /// from now on. Readers hold its read lock while they read at a past
+    /// revision (see [`crate::history`]).
+    pub fn with_shared_history(self, shared: Arc<RwLock<History>>) -> Applier {
+        let locked = shared.clone();
+        let mut contents = locked.write().unwrap_or_else(PoisonError::into_inner);
+        self.with_shared_history_locked(shared, &mut contents)
+    }
+
+    /// [`Applier::with_shared_history`] for a caller that holds `shared`'s
+    /// write lock already (`contents`), to switch it together with
+    /// something else (a snapshot install switches the engine with it).
+    pub fn with_shared_history_locked(
+        mut self,
+        shared: Arc<RwLock<History>>,
+        contents: &mut History,
+    ) -> Applier {
+        *contents = std::mem::take(&mut *self.history_mut());
+        self.history = shared;
+        self
+    }
+
+    /// The change history's index (see [`crate::history`]).
+    pub fn history(&self) -> Arc<RwLock<History>> {
+        self.history.clone()
+    }
+
+    fn history_mut(&self) -> std::sync::RwLockWriteGuard<'_, History> {
+        self.history.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Number of live sessions.
     pub fn session_count(&self) -> usize {
         self.sessions.len()
@@ -350,6 +401,13 @@ impl Applier {
     /// Keys with a TTL (the expiry index's size).
     pub fn expiring_keys(&self) -> usize {
         self.expiries.len()
+    }
+
+    /// The earliest expiry in the expiry index (ms of cluster time): at or
+    /// below the cluster time, keys wait for their expiry deletes (more
+    /// ran out than [`EXPIRY_DELETES_PER_ENTRY_MAX`] per entry).
+    pub fn next_expiry_ms(&self) -> Option<u64> {
+        self.expiries.first().map(|(expiry_ms, _)| *expiry_ms)
     }
 
     /// The commit record metadata of an entry that changes no key (blank,
@@ -399,6 +457,7 @@ impl Applier {
             revision: self.header.revision,
             expiries: std::mem::take(&mut self.expiries),
             batch_bytes: (0, 0),
+            compact_to: None,
         };
         let applied = self.apply_commands(&mut entry, proposal);
         let EntryWrite {
@@ -406,6 +465,7 @@ impl Applier {
             mut touched_sessions,
             revision,
             expiries,
+            compact_to,
             ..
         } = entry;
         self.expiries = expiries;
@@ -447,17 +507,27 @@ impl Applier {
         }
         let header = StoreHeader {
             revision,
-            ..self.header
+            compact_revision: compact_to.unwrap_or(self.header.compact_revision),
         };
         if legacy {
             batch.meta = meta;
+            engine.write_batch(&batch)?;
         } else {
             batch.meta = wrap_commit_meta(header, &meta);
             if let Some(gauge) = &self.published {
                 gauge.store(revision, Ordering::SeqCst);
             }
+            // Readers at a past revision hold the read lock: they see the
+            // engine and the index agree.
+            let mut history = self.history.write().unwrap_or_else(PoisonError::into_inner);
+            note_bases(engine, &mut history, &batch)?;
+            engine.write_batch_located(&batch, &mut self.locations)?;
+            note_written(&mut history, &batch, &self.locations)?;
+            if let Some(compact_revision) = compact_to {
+                history.compact(compact_revision);
+            }
+            history.set_revision(revision);
         }
-        engine.write_batch(&batch)?;
         self.header = header;
         Ok(EntryResponse { answers, revision })
     }
@@ -484,6 +554,13 @@ impl Applier {
                 return Ok(answers);
             }
             Command::Tick | Command::Advance | Command::Merge { .. } => return Ok(Vec::new()),
+            Command::Compact { revision } => {
+                let outcome = self.compact(entry, *revision);
+                return Ok(vec![Answer {
+                    outcome,
+                    revision: entry.revision,
+                }]);
+            }
         };
         let mut answers = Vec::with_capacity(requests.len());
         for request in requests {
@@ -493,6 +570,31 @@ impl Applier {
             answers.push(answer);
         }
         Ok(answers)
+    }
+
+    /// Checks a compaction to `revision` the way etcd does and, if it
+    /// holds, has the entry move the window there.
+    fn compact(&self, entry: &mut EntryWrite<'_>, revision: u64) -> Outcome {
+        let reason = if revision > entry.revision {
+            format!(
+                "mvcc: required revision is a future revision: field `revision` is {revision}, \
+                 the store revision is {}",
+                entry.revision
+            )
+        } else if revision <= self.header.compact_revision {
+            format!(
+                "mvcc: required revision has been compacted: field `revision` is {revision}, \
+                 the store is compacted at {}",
+                self.header.compact_revision
+            )
+        } else {
+            entry.compact_to = Some(revision);
+            return Outcome::Applied {
+                versions: Vec::new(),
+                existed: Vec::new(),
+            };
+        };
+        Outcome::Rejected { reason }
     }
 
     /// Answers a request exactly once: a retry of a request its session
@@ -599,6 +701,75 @@ impl Applier {
     }
 }
 
+/// Adds to the history the base of each user key `batch` writes that the
+/// history does not hold yet: its live record before the batch.
+fn note_bases(engine: &Engine, history: &mut History, batch: &Batch) -> Result<(), ApplyError> {
+    for op in &batch.ops {
+        let key = match op {
+            EngineOp::Put { key, .. } | EngineOp::Delete { key, .. } => key,
+        };
+        if key.starts_with(RESERVED_KEY_PREFIX) || history.holds(key) {
+            continue;
+        }
+        let base = match engine.locate(key) {
+            Some(record) => {
+                let meta = KeyMeta::decode(&record.meta)?;
+                Some(Version {
+                    revision: meta.mod_revision,
+                    kind: StoredKind::Put,
+                    meta,
+                    expiry_ms: record.expiry_ms,
+                    location: record.location,
+                })
+            }
+            None => None,
+        };
+        history.add_base(key, base);
+    }
+    Ok(())
+}
+
+/// Adds to the history each user record `batch` wrote (at `locations`).
+fn note_written(
+    history: &mut History,
+    batch: &Batch,
+    locations: &[RecordLocation],
+) -> Result<(), ApplyError> {
+    for (op, location) in batch.ops.iter().zip(locations) {
+        let (key, revision, kind, meta, expiry_ms) = match op {
+            EngineOp::Put {
+                key,
+                meta,
+                expiry_ms,
+                ..
+            } => {
+                let meta = KeyMeta::decode(meta)?;
+                (key, meta.mod_revision, StoredKind::Put, meta, *expiry_ms)
+            }
+            EngineOp::Delete { key, meta } => {
+                let Some(revision) = tombstone_revision(meta)? else {
+                    continue;
+                };
+                (key, revision, StoredKind::Tombstone, KeyMeta::default(), 0)
+            }
+        };
+        if key.starts_with(RESERVED_KEY_PREFIX) {
+            continue;
+        }
+        history.add(
+            key,
+            Version {
+                revision,
+                kind,
+                meta,
+                expiry_ms,
+                location: *location,
+            },
+        );
+    }
+    Ok(())
+}
+
 /// Every user key with a TTL in `engine`, by (expiry, key): one keys-only
 /// pass over the key directory at open, skipped when no record with a TTL
 /// was ever loaded.
@@ -653,6 +824,8 @@ struct EntryWrite<'a> {
     /// (records counted, their bytes): the batch's size so far, counted
     /// as far as a transaction last needed it (see [`EntryWrite::batch_bytes`]).
     batch_bytes: (usize, usize),
+    /// Where a [`Command::Compact`] moves the history's window.
+    compact_to: Option<u64>,
 }
 
 impl EntryWrite<'_> {

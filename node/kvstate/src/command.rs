@@ -150,6 +150,16 @@ pub enum Command {
     /// ([`crate::txn`]); each answered [`Outcome::Txn`] or
     /// [`Outcome::Rejected`].
     Txns(Vec<TxnRequest>),
+    /// Moves the change history's window to start at `revision` (etcd's
+    /// `Compact`): reads below it are refused as compacted from then on,
+    /// and merges let go of what only they needed (`crate::history`).
+    /// Answered with one [`Answer`]: [`Outcome::Applied`] with no ops, or
+    /// [`Outcome::Rejected`] with etcd's message when `revision` is at or
+    /// below the compact revision or above the store revision.
+    Compact {
+        /// The new oldest revision served.
+        revision: u64,
+    },
 }
 
 impl Command {
@@ -274,6 +284,7 @@ impl std::fmt::Display for Proposal {
             Command::Tick => write!(f, "tick")?,
             Command::Advance => write!(f, "advance")?,
             Command::Merge { inputs } => write!(f, "merge({} inputs)", inputs.len())?,
+            Command::Compact { revision } => write!(f, "compact({revision})")?,
         }
         write!(f, " at {} ms", self.time_ms)
     }
@@ -400,6 +411,10 @@ mod tests {
         );
         assert_eq!(first_byte(codec::encode(&Command::Writes(Vec::new()))), 3);
         assert_eq!(first_byte(codec::encode(&Command::Advance)), 4);
+        assert_eq!(
+            first_byte(codec::encode(&Command::Compact { revision: 1 })),
+            6
+        );
         assert_eq!(first_byte(codec::encode(&Command::Txns(Vec::new()))), 5);
         assert_eq!(first_byte(codec::encode(&Outcome::SessionExpired)), 3);
         let rejected = Outcome::Rejected {

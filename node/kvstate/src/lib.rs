@@ -10,14 +10,18 @@
 //!
 //! ## Modules
 //! - [`command`]: what a Raft entry carries — the leader's cluster time and
-//!   a command (client requests, transactions, tick, merge) — the outcome
+//!   a command (client requests, transactions, tick, merge, compaction) — the outcome
 //!   per request, and the limits on them.
 //! - [`revision`]: revisions as etcd counts them: the store revision in
 //!   each commit record, each key's create / mod revision, version and
 //!   lease in its engine record's meta, and how both are encoded.
 //! - [`range`]: etcd's range reads (limit, count, sort, revision filters)
-//!   against the engine, outside the log ([`range::range`]) or under an
+//!   against the engine, outside the log ([`range::range`]), at a past
+//!   revision through the change history ([`range::range_at`]) or under an
 //!   entry's pending writes.
+//! - [`history`]: the change history's index: which record holds each
+//!   key's state at each revision of the window, compaction, what merges
+//!   keep, rebuilt from the files at open.
 //! - [`txn`]: etcd's transactions: compares, the ops of two branches, the
 //!   checks etcd makes before it applies one, and their results.
 //! - [`apply`]: applying one entry deterministically: one engine batch per
@@ -89,6 +93,7 @@
 
 pub mod apply;
 pub mod command;
+pub mod history;
 pub mod range;
 pub mod revision;
 pub mod txn;

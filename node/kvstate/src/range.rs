@@ -23,11 +23,14 @@
 
 use std::cmp::Ordering;
 use std::ops::Bound;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
 
 use bitcask::{Engine, KeyRange, Scan};
 use serde::{Deserialize, Serialize};
 
 use crate::command::RESERVED_KEY_PREFIX;
+use crate::history::{History, HistoryError};
 use crate::revision::{KeyMeta, RevisionError};
 
 /// Keys a read outside the log ([`range`]) may visit: every key in the
@@ -42,6 +45,15 @@ pub const RANGE_READ_BYTES_MAX: usize = 6 * 1024 * 1024;
 /// Times [`range`] starts over when an entry applied between its pass over
 /// the key directory and its value reads (a key changed under it).
 pub const RANGE_READ_ATTEMPTS_MAX: usize = 8;
+/// How long [`range_at`] keeps starting over while merges move the records
+/// it was about to read (the history points at the new places once the
+/// merge thread has listed the outputs: longer for a larger store).
+pub const HISTORY_READ_WAIT_MAX: Duration = Duration::from_secs(30);
+/// The first wait of [`range_at`] before it starts over; doubled each
+/// time up to [`HISTORY_RETRY_WAIT_MAX`].
+const HISTORY_RETRY_WAIT: Duration = Duration::from_millis(1);
+/// The longest single wait of [`range_at`] before it starts over.
+const HISTORY_RETRY_WAIT_MAX: Duration = Duration::from_millis(100);
 /// Bytes of a key shown in an error message; longer keys are cut.
 const KEY_SHOWN_BYTES_MAX: usize = 64;
 /// The first key after every key that starts with [`RESERVED_KEY_PREFIX`]
@@ -210,16 +222,29 @@ pub enum RangeError {
         /// The store revision.
         current: u64,
     },
-    /// `revision` is below the store revision: not served yet.
+    /// A range inside a transaction names a revision below the store
+    /// revision: a transaction reads its own revision only.
     #[error(
-        "field `revision` is {requested}, below the store revision {current}: reads at a \
-         past revision are not supported yet (leave `revision` 0 to read the current one)"
+        "field `revision` is {requested}, below the store revision {current}: a range inside \
+         a transaction reads the current revision (leave `revision` 0)"
     )]
     PastRevision {
         /// The revision asked for.
         requested: u64,
         /// The store revision.
         current: u64,
+    },
+    /// The revision is outside the change history's window.
+    #[error(transparent)]
+    History(#[from] HistoryError),
+    /// A record the history named kept moving under the read.
+    #[error(
+        "merges kept moving the records of revision {revision} under the read for \
+         {HISTORY_READ_WAIT_MAX:?} (the limit HISTORY_READ_WAIT_MAX)"
+    )]
+    HistoryUnstable {
+        /// The revision read.
+        revision: u64,
     },
     /// The read would visit more keys than its budget allows.
     #[error("the read visits more than {max} keys (the limit {limit})")]
@@ -287,6 +312,66 @@ pub fn range(
         }
     }
     Err(RangeError::Unstable)
+}
+
+/// Reads `spec` at `spec.revision` (not 0), at or below the store revision
+/// and within the change history's window (else [`RangeError::History`]),
+/// within [`RANGE_KEYS_MAX`] and [`RANGE_READ_BYTES_MAX`]. `engine` gives
+/// the engine the history describes: it is called under the history's read
+/// lock, which a snapshot install takes to switch both.
+///
+/// The read holds the history's read lock throughout, so no entry applies
+/// meanwhile: keys the history holds read as they were at the revision
+/// (their records read by location), the others as they are now, TTLs not
+/// judged (an expired key is there until its expiry delete, which has a
+/// revision). At the store revision itself, expiry is judged at `now_ms`,
+/// as [`range`] does. A merge that moved a record makes it start over, for
+/// at most [`HISTORY_READ_WAIT_MAX`].
+pub fn range_at(
+    engine: impl Fn() -> Arc<Engine>,
+    history: &RwLock<History>,
+    spec: &RangeSpec,
+    now_ms: u64,
+) -> Result<RangeResult, RangeError> {
+    let revision = spec.revision;
+    let current = RangeSpec {
+        revision: 0,
+        ..spec.clone()
+    };
+    let mut wait = HISTORY_RETRY_WAIT;
+    let deadline = std::time::Instant::now() + HISTORY_READ_WAIT_MAX;
+    loop {
+        let attempt = {
+            let history = history.read().unwrap_or_else(PoisonError::into_inner);
+            history.check(revision)?;
+            let engine = engine();
+            // At the store revision, expiry is judged as a current read
+            // judges it; below it, not at all ("now" 0).
+            let now_ms = if revision == history.revision() {
+                now_ms
+            } else {
+                0
+            };
+            let overlay = history.overlay(&engine, revision, now_ms);
+            let mut budget = Budget::new(
+                ("RANGE_KEYS_MAX", RANGE_KEYS_MAX),
+                ("RANGE_READ_BYTES_MAX", RANGE_READ_BYTES_MAX),
+            );
+            evaluate(&engine, Some(&overlay), &current, now_ms, 0, &mut budget)
+        };
+        match attempt {
+            Err(RangeError::Engine(bitcask::Error::LocationGone { .. }))
+                if std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(HISTORY_RETRY_WAIT_MAX);
+            }
+            Err(RangeError::Engine(bitcask::Error::LocationGone { .. })) => {
+                return Err(RangeError::HistoryUnstable { revision });
+            }
+            other => return other,
+        }
+    }
 }
 
 /// What reads may still cost: keys visited, and bytes of keys visited and

@@ -1,6 +1,6 @@
 //! [`SimFs`]: an in-memory file system for tests that keeps track of what was
-//! made durable, so a test can cut the power, and that fails on command
-//! (feature `sim`, off by default).
+//! made durable, so a test can cut the power, and that fails or holds fsyncs
+//! on command (feature `sim`, off by default).
 //!
 //! Durability follows POSIX: file contents become durable at `sync`, and
 //! creations, renames and deletions only at `sync_dir` of their directory.
@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use crate::traits::{Vfs, VfsFile};
 
@@ -36,6 +36,17 @@ struct Faults {
     syncs: AtomicU64,
     /// Microseconds every file sync takes (a slow disk), 0 = instant.
     sync_delay_us: AtomicU64,
+    /// File syncs are held (block before they make anything durable) while
+    /// this is `true`; `sync_released` wakes them when it turns `false`.
+    sync_hold: Mutex<SyncHold>,
+    sync_released: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct SyncHold {
+    held: bool,
+    /// File syncs blocked right now.
+    waiting: u64,
 }
 
 #[derive(Debug, Default)]
@@ -104,6 +115,19 @@ impl VfsFile for SimFile {
         if delay_us > 0 {
             std::thread::sleep(std::time::Duration::from_micros(delay_us));
         }
+        let mut hold = lock(&self.faults.sync_hold);
+        if hold.held {
+            hold.waiting += 1;
+            while hold.held {
+                hold = self
+                    .faults
+                    .sync_released
+                    .wait(hold)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+            }
+            hold.waiting -= 1;
+        }
+        drop(hold);
         let mut state = lock(&self.state);
         if state.rewritten || state.synced.len() > state.data.len() {
             state.synced = state.data.clone();
@@ -178,6 +202,22 @@ impl SimFs {
             .faults
             .sync_delay_us
             .store(delay.as_micros() as u64, Ordering::SeqCst);
+    }
+
+    /// Holds every later file sync (`true`: it blocks, nothing made durable
+    /// yet, until released) or releases the held ones (`false`), so a test
+    /// can look at the state "written, fsync in flight" without timing.
+    /// Directory syncs are not held. See [`SimFs::syncs_held`].
+    pub fn hold_syncs(&self, hold: bool) {
+        lock(&self.inner.faults.sync_hold).held = hold;
+        if !hold {
+            self.inner.faults.sync_released.notify_all();
+        }
+    }
+
+    /// Number of file syncs blocked by [`SimFs::hold_syncs`] right now.
+    pub fn syncs_held(&self) -> u64 {
+        lock(&self.inner.faults.sync_hold).waiting
     }
 
     /// Number of successful file syncs so far.
@@ -355,5 +395,26 @@ mod tests {
         fs.fail_writes_after(Some(1));
         assert!(a.write_all_at(b"1", 0).is_ok());
         assert!(a.write_all_at(b"2", 1).is_err());
+    }
+
+    #[test]
+    fn a_held_sync_waits_for_its_release() {
+        let fs = SimFs::new();
+        let a = fs.create(Path::new("/d/a")).unwrap();
+        a.write_all_at(b"x", 0).unwrap();
+        fs.hold_syncs(true);
+        let syncing = std::thread::spawn(move || a.sync());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while fs.syncs_held() == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the sync never started"
+            );
+            std::thread::yield_now();
+        }
+        assert_eq!(fs.sync_count(), 0, "a held sync made nothing durable");
+        fs.hold_syncs(false);
+        syncing.join().unwrap().unwrap();
+        assert_eq!((fs.syncs_held(), fs.sync_count()), (0, 1));
     }
 }

@@ -146,6 +146,12 @@ impl Kv for Fake {
     async fn txn(&self, _: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    async fn compact(
+        &self,
+        _: Request<pb::CompactRequest>,
+    ) -> Result<Response<pb::CompactResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
 }
 
 /// Starts a fake on an ephemeral port; returns its address and the sessions

@@ -8,6 +8,7 @@
 //! - [`put`]: `put KEY VALUE` (text, `@FILE` or `-`), TTL and conditions.
 //! - [`del`]: `del KEY`, optionally conditional on a mod revision, and
 //!   range deletes (`--prefix`, `--prev-kv`).
+//! - [`compact`]: `compact REV`, moving the change history's start.
 //! - [`txn`]: `txn`, reading etcdctl's transaction format from standard
 //!   input.
 //! - [`expire`]: `expire KEY TTL` and `persist KEY`.
@@ -31,6 +32,7 @@ use crate::output::Printer;
 
 pub mod bench;
 pub mod certs;
+pub mod compact;
 pub mod del;
 pub mod expire;
 pub mod get;
@@ -112,6 +114,7 @@ pub async fn run(cli: Cli, printer: Printer) -> Result<(), Failure> {
         Command::Put(args) => put::run(&context, args).await,
         Command::Del(args) => del::run(&context, args).await,
         Command::Txn => txn::run(&context).await,
+        Command::Compact { revision } => compact::run(&context, revision).await,
         Command::Expire { key, ttl } => expire::run(&context, key, Some(ttl)).await,
         Command::Persist { key } => expire::run(&context, key, None).await,
         Command::Scan(args) => scan::run(&context, args).await,

@@ -1,7 +1,9 @@
 //! Proves kvctl's etcdctl-style range commands end to end against a
 //! three-member cluster: `get --prefix` (key line, value line; `--limit`,
-//! `--keys-only`, `--count-only`, `--sort-by`/`--order`, `--rev`, JSON with
-//! the header revision and each key's revisions), `del --prefix --prev-kv`
+//! `--keys-only`, `--count-only`, `--sort-by`/`--order`, `--rev` at the
+//! current and a past revision, JSON with the header revision and each
+//! key's revisions), `compact` (a read below it refused, naming it),
+//! `del --prefix --prev-kv`
 //! (the count, then the deleted keys), and `txn` reading etcdctl's format
 //! from standard input (SUCCESS / FAILURE, then each op's result), with a
 //! malformed transaction refused by line number (exit 2).
@@ -84,4 +86,28 @@ fn range_commands() {
     assert_eq!(run.out(), "3\napp/a\nnew\napp/b\n2\napp/c\n3\n", "{run:?}");
     let run = cluster.kvctl(&["get", "app/", "--prefix", "--count-only"]);
     assert_eq!(run.out(), "0\n", "{run:?}");
+
+    // A past revision reads what it held, until it is compacted.
+    let run = cluster.kvctl(&["get", "app/", "--prefix", "--rev", &rev]);
+    run.expect_code(0);
+    assert_eq!(run.out(), "app/a\n1\napp/b\n2\napp/c\n3\n", "{run:?}");
+    let run = cluster.kvctl(&["compact", &rev]);
+    run.expect_code(0);
+    assert_eq!(
+        run.out(),
+        format!("compacted revision {revision}\n"),
+        "{run:?}"
+    );
+    let before = (revision - 1).to_string();
+    let run = cluster.kvctl(&["get", "app/", "--prefix", "--rev", &before]);
+    assert_ne!(run.code, 0, "{run:?}");
+    assert!(
+        run.stderr.contains("compacted") && run.stderr.contains(&rev),
+        "the error names the oldest revision served: {run:?}"
+    );
+    let run = cluster.kvctl(&["get", "app/", "--prefix", "--rev", &rev]);
+    assert_eq!(run.out(), "app/a\n1\napp/b\n2\napp/c\n3\n", "{run:?}");
+    let run = cluster.kvctl(&["-o", "json", "compact", &rev]);
+    assert_ne!(run.code, 0, "{run:?}");
+    assert!(run.stderr.contains("has been compacted"), "{run:?}");
 }

@@ -235,6 +235,19 @@ pub(crate) fn checksum_file(
 }
 
 impl Shared {
+    /// Pins `names`, which the caller knows are the engine's (it holds the
+    /// file-set lock it read them under).
+    pub(super) fn pin_known(self: &Arc<Self>, names: Vec<String>) -> Pin {
+        let mut pins = lock(&self.pins);
+        for name in &names {
+            *pins.counts.entry(name.clone()).or_default() += 1;
+        }
+        Pin {
+            shared: self.clone(),
+            names,
+        }
+    }
+
     /// Deletes a file the engine no longer uses, unless it is pinned (then
     /// its last unpin deletes it).
     pub(crate) fn retire_file(&self, name: &str) {

@@ -10,6 +10,9 @@
 //! - `read`: lookups and scans, and the cache of open files and maps;
 //! - `files`: the file API the Raft layer uses: file lists with checksums,
 //!   pins, retiring files;
+//! - `records`: listing every put and tombstone record with its location,
+//!   reading one back by location, and the merge retention predicate
+//!   ([`Retain`]) — the engine side of a change history;
 //! - `stats`: per-file live and dead bytes;
 //! - `merging`: the merge entry points and automatic merges (the merge
 //!   itself is `crate::merge`).
@@ -36,6 +39,7 @@ mod batch;
 mod files;
 mod merging;
 mod read;
+mod records;
 mod stats;
 mod sync;
 mod write;
@@ -44,7 +48,9 @@ pub use batch::{Batch, Op, RecordMeta, Written};
 pub use files::{FileInfo, Pin};
 pub(crate) use files::{FileMeta, FileSet, checksum_file};
 pub use merging::MergeReport;
+pub(crate) use read::RecordBytes;
 pub use read::{Entry, Item, ItemMeta, KeyRange, Scan};
+pub use records::{RecordLocation, RecordView, Retain, StoredKind, StoredRecord, StoredValue};
 pub use stats::{FileStats, Stats};
 pub(crate) use write::{Active, Writer};
 
@@ -70,6 +76,16 @@ pub(crate) struct Shared {
     /// fsync of the same file would report success for pages already lost.
     fsync_serial: Mutex<()>,
     synced_total: AtomicU64,
+    /// Length of the active segment's published prefix: the end of the
+    /// last batch whose key-directory updates were applied (with
+    /// `SyncPolicy::Always`, only once an fsync covered it). Record listing
+    /// and reads by location see no further. Stored under `writer`, and
+    /// while `keydir` is still write-locked by the update it publishes (a
+    /// reader that sees a batch in the key directory sees it published, and
+    /// the reverse); changed to another segment's only under `files`
+    /// (write), so read under `files` it belongs to `files.active` (which
+    /// a seal that failed midway leaves set, the writer's segment gone).
+    pub(crate) active_published: AtomicU64,
     /// Set by the first failed write or fsync; then every write is refused.
     poisoned: Poison,
     /// Whether a merge job exists (captured, not yet finished or dropped).
@@ -118,6 +134,7 @@ impl Engine {
             _ => Error::io(&dir, e),
         })?;
         let recovered = crate::recovery::recover(&dir, &opts)?;
+        let active_published = recovered.writer.active.as_ref().map_or(0, |a| a.len);
 
         let shared = Arc::new(Shared {
             _dir_lock: dir_lock,
@@ -130,6 +147,7 @@ impl Engine {
             sync_done: Condvar::new(),
             fsync_serial: Mutex::new(()),
             synced_total: AtomicU64::new(0),
+            active_published: AtomicU64::new(active_published),
             poisoned: Poison::new(),
             merge_running: Mutex::new(false),
             merge_done: Condvar::new(),

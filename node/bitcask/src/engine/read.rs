@@ -104,6 +104,19 @@ impl Scan {
     }
 }
 
+/// What [`Shared::with_bytes`] found.
+pub(crate) enum RecordBytes<T> {
+    /// The file left the engine (a merge swapped it out).
+    Gone,
+    /// The bytes asked for run past the end of the file.
+    OutOfRange {
+        /// The file's length.
+        file_len: u64,
+    },
+    /// What the callback made of the bytes.
+    Read(T),
+}
+
 /// How a file is read: sealed files through a memory map, the active one
 /// (still growing) with positioned reads.
 #[derive(Clone)]
@@ -251,7 +264,10 @@ impl Engine {
 
     /// The latest expiry (ms) any put since open carried, 0 = none: while
     /// the caller's clock is below it, some key may still be due to expire
-    /// (a high-water mark; deletes and overwrites do not lower it).
+    /// (a high-water mark: deletes and overwrites do not lower it, so it may
+    /// be too high, never too low). At open it is the latest expiry of the
+    /// live keys (expired or not) only: overwritten or deleted puts, and
+    /// puts a retaining merge kept as history, do not count.
     pub fn expiry_high_water_ms(&self) -> u64 {
         read(&self.shared.keydir).expiry_high_ms()
     }
@@ -336,12 +352,58 @@ impl Shared {
         write(&self.handles).open.remove(&num);
     }
 
-    fn file_name(&self, num: u32) -> String {
+    pub(crate) fn file_name(&self, num: u32) -> String {
         read(&self.files)
             .paths
             .get(&num)
             .and_then(|p| p.file_name()?.to_str().map(str::to_string))
             .unwrap_or_else(|| format!("file #{num}"))
+    }
+
+    /// Hands the `size` bytes at `offset` of file `num` to `f`:
+    /// [`RecordBytes::Gone`] if the file left the engine meanwhile (a merge
+    /// swapped it out), [`RecordBytes::OutOfRange`] if the file is shorter.
+    #[inline]
+    pub(crate) fn with_bytes<T>(
+        &self,
+        num: u32,
+        offset: u64,
+        size: usize,
+        f: impl FnOnce(&[u8]) -> T,
+    ) -> Result<RecordBytes<T>> {
+        let Some(handle) = self.handle(num)? else {
+            return Ok(RecordBytes::Gone);
+        };
+        match &handle {
+            Handle::Map(map) => {
+                let bytes = map.as_ref().as_ref();
+                let range = usize::try_from(offset)
+                    .ok()
+                    .and_then(|start| Some(start..start.checked_add(size)?));
+                match range.and_then(|range| bytes.get(range)) {
+                    Some(record) => Ok(RecordBytes::Read(f(record))),
+                    None => Ok(RecordBytes::OutOfRange {
+                        file_len: bytes.len() as u64,
+                    }),
+                }
+            }
+            Handle::File(file) => {
+                let mut bytes = vec![0u8; size];
+                match file.read_exact_at(&mut bytes, offset) {
+                    Ok(()) => Ok(RecordBytes::Read(f(&bytes))),
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        Ok(RecordBytes::OutOfRange {
+                            file_len: file.len().unwrap_or(0),
+                        })
+                    }
+                    Err(e) => Err(Error::Corruption {
+                        file: self.file_name(num),
+                        offset,
+                        reason: format!("record unreadable: {e}"),
+                    }),
+                }
+            }
+        }
     }
 
     /// Hands the whole record at `location` and its decoded header, checked
@@ -354,49 +416,37 @@ impl Shared {
         location: &Location,
         f: impl FnOnce(&RecordHeader, &[u8]) -> T,
     ) -> Result<Option<T>> {
-        let Some(handle) = self.handle(location.file)? else {
-            return Ok(None);
-        };
         let size = location.record_size(key_len);
-        let offset = location.offset as usize;
+        let offset = u64::from(location.offset);
         let corruption = |reason: String| Error::Corruption {
             file: self.file_name(location.file),
-            offset: offset as u64,
+            offset,
             reason,
         };
-        let buf;
-        let record: &[u8] = match &handle {
-            Handle::Map(map) => {
-                let bytes = map.as_ref().as_ref();
-                bytes.get(offset..offset + size).ok_or_else(|| {
-                    corruption(format!(
-                        "record runs past the end of the {}-byte file",
-                        bytes.len()
-                    ))
-                })?
-            }
-            Handle::File(file) => {
-                let mut bytes = vec![0u8; size];
-                file.read_exact_at(&mut bytes, offset as u64)
-                    .map_err(|e| corruption(format!("record unreadable: {e}")))?;
-                buf = bytes;
-                &buf
-            }
-        };
-        match verify_record(record) {
-            Ok(header)
-                if header.kind == crate::format::RecordKind::Put
-                    && header.seq == location.seq
-                    && header.key_len as usize == key_len
-                    && header.value_len == location.value_len
-                    && header.split(record).0 == location.meta.as_bytes() =>
-            {
-                Ok(Some(f(&header, record)))
-            }
-            Ok(_) => Err(corruption(
-                "record is not the one the key directory names".to_string(),
-            )),
-            Err(fault) => Err(corruption(format!("{fault:?}"))),
+        let checked =
+            self.with_bytes(location.file, offset, size, |record| {
+                match verify_record(record) {
+                    Ok(header)
+                        if header.kind == crate::format::RecordKind::Put
+                            && header.seq == location.seq
+                            && header.key_len as usize == key_len
+                            && header.value_len == location.value_len
+                            && header.split(record).0 == location.meta.as_bytes() =>
+                    {
+                        Ok(f(&header, record))
+                    }
+                    Ok(_) => Err(corruption(
+                        "record is not the one the key directory names".to_string(),
+                    )),
+                    Err(fault) => Err(corruption(format!("{fault:?}"))),
+                }
+            })?;
+        match checked {
+            RecordBytes::Gone => Ok(None),
+            RecordBytes::OutOfRange { file_len } => Err(corruption(format!(
+                "record runs past the end of the {file_len}-byte file"
+            ))),
+            RecordBytes::Read(result) => result.map(Some),
         }
     }
 

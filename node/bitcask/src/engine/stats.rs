@@ -15,7 +15,7 @@ pub struct FileStats {
     /// Bytes of records that are the latest version of their key.
     pub live_bytes: u64,
     /// Everything else: overwritten and deleted records, tombstones, commit
-    /// records, headers.
+    /// records, headers (and the history a retaining merge kept).
     pub dead_bytes: u64,
 }
 
@@ -28,7 +28,8 @@ pub struct Stats {
     pub key_bytes: u64,
     /// Live bytes over all files.
     pub live_bytes: u64,
-    /// Dead bytes over all files.
+    /// Dead bytes over all files (history a retaining merge kept included:
+    /// it is not live).
     pub dead_bytes: u64,
     /// Per data file, in order.
     pub files: Vec<FileStats>,

@@ -101,18 +101,25 @@ impl Shared {
         // pending is known to be durable, and nothing may be published.
         self.check_poison()?;
         let mut ready = Vec::new();
+        let mut published = None;
         while writer
             .pending
             .front()
-            .is_some_and(|(batch_end, _)| *batch_end <= end)
+            .is_some_and(|(batch_end, _, _)| *batch_end <= end)
         {
-            ready.push(writer.pending.pop_front().expect("front exists").1);
+            let (_, file_end, updates) = writer.pending.pop_front().expect("front exists");
+            published = Some(file_end);
+            ready.push(updates);
         }
-        if !ready.is_empty() {
+        if let Some(file_end) = published {
             let mut keydir = write(&self.keydir);
             for updates in ready {
                 apply_updates(&mut keydir, updates);
             }
+            // Pending batches are all in the active segment (sealing applies
+            // them all), so this is its published length now; stored before
+            // the key directory is unlocked (see `Shared::active_published`).
+            self.active_published.store(file_end, Ordering::SeqCst);
         }
         self.synced_total.fetch_max(end, Ordering::SeqCst);
         Ok(())

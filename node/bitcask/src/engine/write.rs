@@ -9,7 +9,7 @@ use vfs::VfsFile;
 
 use super::files::FileMeta;
 use super::read::Handle;
-use super::{Batch, Engine, Op, Shared, Written, lock, write};
+use super::{Batch, Engine, Op, RecordLocation, Shared, Written, lock, write};
 use crate::error::{Error, Result};
 use crate::format::{
     DATA_MAGIC, FileId, HintEntry, RecordKind, encode_record, path_in, record_size,
@@ -46,8 +46,10 @@ pub(crate) struct Writer {
     pub(crate) last_meta: Option<Vec<u8>>,
     /// Bytes appended since open, over all files: group-commit positions.
     pub(crate) written_total: u64,
-    /// Batches appended but not yet fsynced, in order, with their end position.
-    pub(crate) pending: VecDeque<(u64, Vec<Update>)>,
+    /// Batches appended but not yet fsynced, in order, with their end
+    /// position (over all files, as `written_total`) and their end offset
+    /// in the active segment (the published length once applied).
+    pub(crate) pending: VecDeque<(u64, u64, Vec<Update>)>,
     buf: Vec<u8>,
 }
 
@@ -83,7 +85,21 @@ impl Engine {
 
     /// Writes a batch atomically: after a crash all of it or none of it is there.
     pub fn write_batch(&self, batch: &Batch) -> Result<Written> {
-        self.shared.write_batch(batch)
+        self.shared.write_batch(batch, None)
+    }
+
+    /// [`Engine::write_batch`], also telling where each op's record went:
+    /// `locations` is cleared and gets one [`RecordLocation`] per op, in op
+    /// order (what a change history indexes without listing the files).
+    /// The locations are readable by [`Engine::read_record`] once the batch
+    /// is visible to reads, which is when this returns.
+    pub fn write_batch_located(
+        &self,
+        batch: &Batch,
+        locations: &mut Vec<RecordLocation>,
+    ) -> Result<Written> {
+        locations.clear();
+        self.shared.write_batch(batch, Some(locations))
     }
 
     /// Highest sequence number stored.
@@ -148,7 +164,11 @@ impl Shared {
         Ok(size)
     }
 
-    fn write_batch(self: &Arc<Self>, batch: &Batch) -> Result<Written> {
+    fn write_batch(
+        self: &Arc<Self>,
+        batch: &Batch,
+        locations: Option<&mut Vec<RecordLocation>>,
+    ) -> Result<Written> {
         let size = self.validate(batch)?;
         let (written, end, sealed) = {
             let mut guard = lock(&self.writer);
@@ -232,6 +252,16 @@ impl Shared {
                     }
                 }
             }
+            if let Some(locations) = locations {
+                record_locations(batch, active.id, base, first_seq, locations);
+                debug_assert_eq!(
+                    locations
+                        .last()
+                        .map_or(base, |l| u64::from(l.offset) + u64::from(l.len)),
+                    base + buf.len() as u64,
+                    "record sizes agree with the encoding"
+                );
+            }
             let commit_offset = (base + buf.len() as u64) as u32;
             encode_record(
                 buf,
@@ -276,10 +306,15 @@ impl Shared {
             writer.last_seq = commit_seq;
             writer.last_meta = Some(batch.meta.clone());
             let end = writer.written_total;
+            let file_end = writer.active.as_ref().map_or(0, |a| a.len);
             if self.opts.sync == SyncPolicy::Always {
-                writer.pending.push_back((end, updates));
+                writer.pending.push_back((end, file_end, updates));
             } else {
-                apply_updates(&mut write(&self.keydir), updates);
+                let mut keydir = write(&self.keydir);
+                apply_updates(&mut keydir, updates);
+                // Published before the key directory is unlocked, so a
+                // reader that sees the batch there can read it by location.
+                self.active_published.store(file_end, Ordering::SeqCst);
             }
             let rotate = writer
                 .active
@@ -323,6 +358,8 @@ impl Shared {
             let mut files = write(&self.files);
             let num = files.allocate(path);
             files.active = Some((num, id));
+            self.active_published
+                .store(header_bytes.len() as u64, Ordering::SeqCst);
             num
         };
         write(&self.handles).insert(num, Handle::File(file.clone()), self.opts.open_files_max);
@@ -347,12 +384,13 @@ impl Shared {
         };
         self.sync_file(active.file.as_ref(), &active.id.data_name())?;
         // Everything written so far is durable now.
-        let pending: Vec<(u64, Vec<Update>)> = writer.pending.drain(..).collect();
+        let pending: Vec<(u64, u64, Vec<Update>)> = writer.pending.drain(..).collect();
         {
             let mut keydir = write(&self.keydir);
-            for (_, updates) in pending {
+            for (_, _, updates) in pending {
                 apply_updates(&mut keydir, updates);
             }
+            self.active_published.store(active.len, Ordering::SeqCst);
         }
         self.synced_total
             .fetch_max(writer.written_total, Ordering::SeqCst);
@@ -391,5 +429,32 @@ pub(crate) fn apply_updates(keydir: &mut KeyDir, updates: Vec<Update>) {
             Update::Delete(key, seq) => keydir.delete(&key, seq),
             Update::Seq(seq) => keydir.note_seq(seq),
         }
+    }
+}
+
+/// Where the records of `batch` go when it is appended at `base` of the
+/// active segment `file`: each record's size follows from its op alone.
+fn record_locations(
+    batch: &Batch,
+    file: FileId,
+    base: u64,
+    first_seq: u64,
+    out: &mut Vec<RecordLocation>,
+) {
+    let mut offset = base;
+    for (i, op) in batch.ops.iter().enumerate() {
+        let len = match op {
+            Op::Put {
+                key, value, meta, ..
+            } => record_size(key.len(), value.len(), meta.len()),
+            Op::Delete { key, meta } => record_size(key.len(), 0, meta.len()),
+        };
+        out.push(RecordLocation {
+            file,
+            offset: offset as u32,
+            len: len as u32,
+            seq: first_seq + i as u64,
+        });
+        offset += len as u64;
     }
 }

@@ -49,6 +49,13 @@ fn regressions_dir() -> PathBuf {
 /// Builds the seed engine directory on a SimFs: overwrites, deletes, TTLs,
 /// several rotations and one merge, closed cleanly.
 pub(crate) fn build_corpus() -> Vec<(String, Vec<u8>)> {
+    build_corpus_merging(|engine, inputs, now_ms| engine.merge(inputs, now_ms))
+}
+
+/// [`build_corpus`] with its one merge made by `merge` (inputs, "now").
+pub(crate) fn build_corpus_merging(
+    merge: impl Fn(&Engine, &[String], u64) -> bitcask::Result<bitcask::MergeReport>,
+) -> Vec<(String, Vec<u8>)> {
     let fs = SimFs::new();
     let engine = Engine::open(
         sim_dir(),
@@ -69,9 +76,7 @@ pub(crate) fn build_corpus() -> Vec<(String, Vec<u8>)> {
         engine.write_batch(&batch).expect("corpus write");
     }
     let sealed = engine.sealed_data_files();
-    engine
-        .merge(&sealed[..2.min(sealed.len())], 500)
-        .expect("corpus merge");
+    merge(&engine, &sealed[..2.min(sealed.len())], 500).expect("corpus merge");
     engine.close().expect("close corpus engine");
     sim_files(&fs, &sim_dir())
         .into_iter()

@@ -7,6 +7,7 @@ mod crash;
 mod determinism;
 mod fsync_failure;
 mod fuzz;
+mod history;
 mod merge;
 mod model;
 mod power_loss;

@@ -89,6 +89,9 @@ pub struct NodeConfig {
     /// How the leader confirms leadership for a linearizable read
     /// (`--read-policy`; ReadIndex by default, see [`LinearizableReads`]).
     pub read_policy: LinearizableReads,
+    /// How much change history the leader keeps before it compacts
+    /// (`--history-revisions`, `--history-bytes`).
+    pub history_window: kvstate::history::HistoryWindow,
 }
 
 /// Default of [`NodeConfig::snapshot_log_keep`]: entries kept behind a
@@ -121,6 +124,7 @@ impl NodeConfig {
             limits: crate::server::limits::Limits::default(),
             security: Security::default(),
             read_policy: LinearizableReads::default(),
+            history_window: kvstate::history::HistoryWindow::default(),
         }
     }
 }

@@ -243,6 +243,10 @@ impl Member<'_> {
             config.faults.clone(),
         )
         .with_metrics(member_metrics.clone())
+        .with_compactor(crate::raft::propose::propose_command_fn(
+            raft.clone(),
+            (*clock).clone(),
+        ))
         .with_watermark(crate::node::disk::Watermark::new(
             &config.data_dir,
             config.limits.disk_free_min_bytes,
@@ -356,6 +360,7 @@ impl Member<'_> {
                 raft.clone(),
                 state_machine.clone(),
                 clock.clone(),
+                config.history_window,
                 shutdown.subscribe(),
             )),
         ]

@@ -17,6 +17,7 @@ use crate::raft::types::{NodeInfo, NodeRaft};
 use crate::raft::watch::MetricsWatch;
 use crate::state_machine::StateMachine;
 use kvstate::command::{Command, Proposal};
+use kvstate::history::HistoryWindow;
 
 /// How often the leader checks whether cluster time must advance without
 /// client writes (DESIGN §3): at most one tick entry per interval, and only
@@ -25,12 +26,16 @@ use kvstate::command::{Command, Proposal};
 pub const TICK_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The leader's tick loop: proposes `Command::Advance` entries so TTL keys
-/// expire on time when no client writes arrive.
+/// expire on time when no client writes arrive, and `Command::Compact`
+/// entries when the change history outgrows `window` by an eighth (etcd's
+/// auto-compaction, by revisions, bytes and records rather than by time),
+/// back to `window`.
 pub(crate) async fn tick_loop(
     id: u64,
     raft: NodeRaft,
     state_machine: StateMachine,
     clock: Arc<ClusterClock>,
+    window: HistoryWindow,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut interval = tokio::time::interval(TICK_INTERVAL);
@@ -47,11 +52,34 @@ pub(crate) async fn tick_loop(
         };
         let idle = applied == last_seen_applied;
         last_seen_applied = applied;
-        if leader != Some(id) || !idle {
+        if leader != Some(id) {
             continue;
         }
+        // Never blocks the runtime: a busy index is checked next tick.
+        let target = match state_machine.history().try_read() {
+            Ok(history) if history.is_over(window) => history.compaction_target(window),
+            _ => None,
+        };
+        if let Some(revision) = target
+            && let Ok(term) = leader_caught_up(&raft).await
+        {
+            let compact = Proposal {
+                time_ms: clock.stamp(term),
+                command: Command::Compact { revision },
+            };
+            if let Err(err) = raft.client_write(compact).await {
+                tracing::debug!(error = %err, "compaction not proposed");
+            }
+        }
+        if !idle {
+            continue;
+        }
+        // Tick while a key may still expire, or while expired keys wait for
+        // their deletes (a burst larger than one entry deletes): an idle
+        // cluster would otherwise leave them until the next write.
         let pending = state_machine.engine().expiry_high_water_ms();
-        if pending == 0 || pending <= state_machine.cluster_time_ms() {
+        let backlog = state_machine.expiry_backlog() == Some(true);
+        if !backlog && (pending == 0 || pending <= state_machine.cluster_time_ms()) {
             continue;
         }
         let Ok(term) = leader_caught_up(&raft).await else {

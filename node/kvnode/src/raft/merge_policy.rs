@@ -111,10 +111,18 @@ impl SnapshotPolicy {
 
 /// The merge the policy would propose now: every sealed data file, when
 /// the sealed files' dead bytes pass both thresholds; `None` otherwise.
-pub fn merge_inputs(stats: &Stats, policy: &MergePolicy) -> Option<Vec<String>> {
+/// `kept_bytes` of the dead bytes are change history a merge keeps (the
+/// engine counts superseded records as dead whether or not a merge may drop
+/// them): they do not count, or the policy would propose a merge that frees
+/// nothing, again and again.
+pub fn merge_inputs(stats: &Stats, policy: &MergePolicy, kept_bytes: u64) -> Option<Vec<String>> {
     let sealed: Vec<_> = stats.files.iter().filter(|f| f.sealed).collect();
     let total: u64 = sealed.iter().map(|f| f.total_bytes).sum();
-    let dead: u64 = sealed.iter().map(|f| f.dead_bytes).sum();
+    let dead: u64 = sealed
+        .iter()
+        .map(|f| f.dead_bytes)
+        .sum::<u64>()
+        .saturating_sub(kept_bytes);
     if sealed.is_empty() || dead < policy.dead_bytes_min || total == 0 {
         return None;
     }
@@ -170,7 +178,13 @@ pub async fn merge_loop(
             }
             in_flight = None;
         }
-        let Some(inputs) = merge_inputs(&stats, &policy) else {
+        // The history's in-window records (live ones too: an over-count
+        // that only delays a merge, by at most the window's bytes).
+        let kept_bytes = state_machine
+            .history()
+            .try_read()
+            .map_or(u64::MAX, |history| history.records().1);
+        let Some(inputs) = merge_inputs(&stats, &policy, kept_bytes) else {
             continue;
         };
         let first = inputs[0].clone();
@@ -295,19 +309,23 @@ mod tests {
             ("b", true, 100, 50),
             ("c", false, 500, 500),
         ]);
-        assert_eq!(merge_inputs(&s, &policy), None, "ratio 0.45");
+        assert_eq!(merge_inputs(&s, &policy, 0), None, "ratio 0.45");
         let s = stats(&[
             ("a", true, 100, 50),
             ("b", true, 100, 60),
             ("c", false, 5, 0),
         ]);
         assert_eq!(
-            merge_inputs(&s, &policy),
+            merge_inputs(&s, &policy, 0),
             Some(vec!["a".to_string(), "b".to_string()])
         );
         let s = stats(&[("a", true, 100, 90)]);
-        assert_eq!(merge_inputs(&s, &policy), None, "90 dead bytes < 100");
-        assert_eq!(merge_inputs(&stats(&[]), &policy), None);
+        assert_eq!(merge_inputs(&s, &policy, 0), None, "90 dead bytes < 100");
+        assert_eq!(merge_inputs(&stats(&[]), &policy, 0), None);
+        // Dead bytes the change history keeps do not count.
+        let s = stats(&[("a", true, 100, 60), ("b", true, 100, 60)]);
+        assert!(merge_inputs(&s, &policy, 0).is_some());
+        assert_eq!(merge_inputs(&s, &policy, 30), None, "90 of 200 bytes free");
     }
 
     #[test]

@@ -99,3 +99,37 @@ pub(crate) fn propose_merge_fn(raft: NodeRaft, clock: Arc<ClusterClock>) -> Prop
         })
     })
 }
+
+/// Proposes one command outside the batcher (a compaction), once the
+/// leader has caught up, stamped with its cluster clock; answers its
+/// entry's first answer.
+pub type ProposeCommand = Arc<
+    dyn Fn(Command) -> std::pin::Pin<Box<dyn Future<Output = Result<Answer, ProposeError>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// The [`ProposeCommand`] of this member.
+pub(crate) fn propose_command_fn(raft: NodeRaft, clock: Arc<ClusterClock>) -> ProposeCommand {
+    Arc::new(move |command: Command| {
+        let raft = raft.clone();
+        let clock = clock.clone();
+        Box::pin(async move {
+            let term = leader_caught_up(&raft).await?;
+            let proposal = Proposal {
+                time_ms: clock.stamp(term),
+                command,
+            };
+            match raft.client_write(proposal).await {
+                Ok(response) => response.data.answers.into_iter().next().ok_or_else(|| {
+                    ProposeError::Unknown("the entry was applied without an answer".to_string())
+                }),
+                Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(forward))) => {
+                    Err(ProposeError::Unknown(forward.to_string()))
+                }
+                Err(RaftError::APIError(err)) => Err(ProposeError::NotApplied(err.to_string())),
+                Err(RaftError::Fatal(fatal)) => Err(ProposeError::Unknown(fatal.to_string())),
+            }
+        })
+    })
+}

@@ -22,8 +22,9 @@ use kvproto::kv::v1::{
     error_detail, put_request, put_response, scan_request,
 };
 use kvproto::kv::v1::{
-    DeleteRangeRequest, DeleteRangeResponse, RangeRequest, RangeResponse, TxnDeleteRange,
-    TxnOp as PbTxnOp, TxnRequest, TxnResponse, txn_op, txn_op_result,
+    CompactRequest, CompactResponse, DeleteRangeRequest, DeleteRangeResponse, RangeRequest,
+    RangeResponse, TxnDeleteRange, TxnOp as PbTxnOp, TxnRequest, TxnResponse, txn_op,
+    txn_op_result,
 };
 use tonic::{Code, Request, Response, Status};
 
@@ -39,7 +40,7 @@ use crate::server::metrics::{Metrics, RequestOp, RequestTimer};
 use crate::server::txn;
 use crate::state_machine::StateMachine;
 use kvstate::command::{
-    self, Answer, Condition, Op, Outcome, RESERVED_KEY_PREFIX, SessionRef, Write,
+    self, Answer, Command, Condition, Op, Outcome, RESERVED_KEY_PREFIX, SessionRef, Write,
 };
 use kvstate::revision::KeyMeta;
 
@@ -71,6 +72,8 @@ pub struct KvService {
     faults: Faults,
     metrics: Option<Metrics>,
     watermark: Option<crate::node::disk::Watermark>,
+    /// Proposes a compaction (`Kv.Compact`); `None`: refused.
+    compactor: Option<crate::raft::propose::ProposeCommand>,
 }
 
 impl std::fmt::Debug for KvService {
@@ -101,12 +104,19 @@ impl KvService {
             faults,
             metrics: None,
             watermark: None,
+            compactor: None,
         }
     }
 
     /// Times every request into `metrics` (`raftcask_request_seconds`).
     pub fn with_metrics(mut self, metrics: Metrics) -> KvService {
         self.metrics = Some(metrics);
+        self
+    }
+
+    /// Serves `Kv.Compact` by proposing through `propose`.
+    pub fn with_compactor(mut self, propose: crate::raft::propose::ProposeCommand) -> KvService {
+        self.compactor = Some(propose);
         self
     }
 
@@ -697,9 +707,15 @@ impl Kv for KvService {
         let now = self.state_machine.cluster_time_ms();
         let engine = self.state_machine.engine();
         let revision = self.state_machine.revision();
-        // Up to RANGE_KEYS_MAX keys and a sort: off the async workers.
+        let state_machine = self.state_machine.clone();
+        // Up to RANGE_KEYS_MAX keys and a sort: off the async workers. A
+        // read at a past revision goes through the change history.
         let result = tokio::task::spawn_blocking(move || {
-            kvstate::range::range(&engine, &spec, now, revision)
+            if spec.revision == 0 {
+                kvstate::range::range(&engine, &spec, now, revision)
+            } else {
+                state_machine.range_at(&spec, now)
+            }
         })
         .await
         .map_err(|err| Status::internal(format!("the range read failed: {err}")))?
@@ -745,6 +761,71 @@ impl Kv for KvService {
             header: Some(self.write_header(answer.revision)),
             ..deleted
         }))
+    }
+
+    async fn compact(
+        &self,
+        request: Request<CompactRequest>,
+    ) -> Result<Response<CompactResponse>, Status> {
+        let revision = request.into_inner().revision;
+        self.require_leader()?;
+        let Some(propose) = &self.compactor else {
+            return Err(Status::unimplemented(
+                "this member does not propose compactions",
+            ));
+        };
+        if revision == 0 {
+            return Err(Status::invalid_argument(
+                "field `revision` is 0: a compaction names a revision of 1 or more",
+            ));
+        }
+        // Checked here too, so a bad revision is not proposed at all (the
+        // apply checks it again, at its place in the log); never waits for
+        // the index's lock on the async workers.
+        if let Ok(history) = self.state_machine.history().try_read() {
+            if revision <= history.compact_revision() {
+                return Err(Status::out_of_range(format!(
+                    "mvcc: required revision has been compacted: field `revision` is {revision}, \
+                     the store is compacted at {}",
+                    history.compact_revision()
+                )));
+            }
+            if revision > history.revision() {
+                return Err(Status::out_of_range(format!(
+                    "mvcc: required revision is a future revision: field `revision` is \
+                     {revision}, the store revision is {}",
+                    history.revision()
+                )));
+            }
+        }
+        let answer = tokio::time::timeout(WRITE_TIMEOUT, propose(Command::Compact { revision }))
+            .await
+            .map_err(|_| {
+                convert::outcome_unknown("the compaction's outcome was not known in time")
+            })?;
+        match answer {
+            Ok(Answer {
+                outcome: Outcome::Applied { .. },
+                revision,
+            }) => Ok(Response::new(CompactResponse {
+                header: Some(self.write_header(revision)),
+            })),
+            Ok(Answer {
+                outcome: Outcome::Rejected { reason },
+                ..
+            }) => Err(Status::out_of_range(reason)),
+            Ok(answer) => Err(unexpected(answer.outcome)),
+            Err(ProposeError::NotApplied(_)) => {
+                let (leader, addr) = self.leader();
+                Err(convert::not_leader(
+                    leader.filter(|l| *l != self.id),
+                    addr.filter(|_| leader != Some(self.id)),
+                ))
+            }
+            Err(err) => Err(convert::outcome_unknown(format!(
+                "the compaction's outcome is unknown: {err:?}"
+            ))),
+        }
     }
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {

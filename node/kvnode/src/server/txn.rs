@@ -71,20 +71,22 @@ fn check_range_end(range_end: &[u8], field: &str) -> Result<(), Status> {
     Ok(())
 }
 
-/// A range read's failure as a status: a future revision is OUT_OF_RANGE
-/// (as etcd answers it), a past one FAILED_PRECONDITION (not served yet),
-/// budgets and keys INVALID_ARGUMENT naming the limit.
+/// A range read's failure as a status: a future or compacted revision is
+/// OUT_OF_RANGE (as etcd answers both), a past one inside a transaction
+/// FAILED_PRECONDITION, budgets and keys INVALID_ARGUMENT naming the limit.
 pub fn range_error(err: RangeError) -> Status {
     match err {
-        RangeError::FutureRevision { .. } => Status::out_of_range(err.to_string()),
+        RangeError::FutureRevision { .. } | RangeError::History(_) => {
+            Status::out_of_range(err.to_string())
+        }
         RangeError::PastRevision { .. } => Status::failed_precondition(err.to_string()),
         RangeError::KeyEmpty
         | RangeError::ReservedKey { .. }
         | RangeError::TooManyKeys { .. }
         | RangeError::TooManyBytes { .. } => Status::invalid_argument(err.to_string()),
-        RangeError::KeyChanged { .. } | RangeError::Unstable => {
-            Status::unavailable(err.to_string())
-        }
+        RangeError::KeyChanged { .. }
+        | RangeError::Unstable
+        | RangeError::HistoryUnstable { .. } => Status::unavailable(err.to_string()),
         RangeError::Engine(_) | RangeError::Revision(_) => Status::internal(err.to_string()),
     }
 }

@@ -228,7 +228,16 @@ impl StateMachine {
         let engine = Arc::new(engine);
         let time_ms = engine_meta.as_ref().map_or(0, |m| m.time_ms);
         inner.engine = engine.clone();
-        inner.applier = applier.with_published_revision(self.shared.revision.clone());
+        // The history and the engine switch together: a reader at a past
+        // revision takes the engine under the history's read lock.
+        let mut history = self
+            .shared
+            .history
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        inner.applier = applier
+            .with_published_revision(self.shared.revision.clone())
+            .with_shared_history_locked(self.shared.history.clone(), &mut history);
         inner.generation = pointer.generation;
         inner.last_applied = manifest.last_log_id;
         inner.membership = manifest.membership.clone();
@@ -242,6 +251,7 @@ impl StateMachine {
             .engine
             .write()
             .unwrap_or_else(|p| p.into_inner()) = engine;
+        drop(history);
         self.shared.cluster_time_ms.store(time_ms, Ordering::SeqCst);
         Ok(old_dir)
     }

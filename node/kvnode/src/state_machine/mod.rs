@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::task::Poll;
 
-use bitcask::{Batch, Engine, Options, PublishedPrefix, SyncPolicy};
+use bitcask::{Batch, Engine, MergeReport, Options, PublishedPrefix, SyncPolicy};
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StoredMembership};
 use tokio_stream::{Stream, StreamExt};
@@ -42,6 +42,7 @@ use crate::snapshot::layout::CurrentSnapshot;
 use crate::snapshot::{self, Pointer, SnapshotError, SnapshotHandle, node_vfs};
 use kvstate::apply::{Applier, ApplyError, VERSIONS_PER_INDEX};
 use kvstate::command::{Command, EntryResponse};
+use kvstate::history::History;
 
 /// Why the state machine failed. Any of these stops the node.
 #[derive(Debug, thiserror::Error)]
@@ -110,6 +111,10 @@ pub(crate) struct Shared {
     /// publishes each entry's before the entry's engine write
     /// (`Applier::with_published_revision`).
     pub(crate) revision: Arc<AtomicU64>,
+    /// The change history's index (`kvstate::history`), extended by the
+    /// applier; a read at a past revision holds its read lock, and takes
+    /// the engine under it (an install switches both under its write lock).
+    pub(crate) history: Arc<RwLock<History>>,
     /// Held for the whole of a snapshot build or install: an install never
     /// removes an engine directory a build is still linking from.
     pub(crate) snapshot_work: Mutex<()>,
@@ -181,7 +186,10 @@ impl StateMachine {
         };
         let engine = Arc::new(engine);
         let revision = Arc::new(AtomicU64::new(0));
-        let applier = applier.with_published_revision(revision.clone());
+        let history = Arc::new(RwLock::new(History::default()));
+        let applier = applier
+            .with_published_revision(revision.clone())
+            .with_shared_history(history.clone());
         let sm = StateMachine {
             shared: Arc::new(Shared {
                 dir,
@@ -189,6 +197,7 @@ impl StateMachine {
                 engine: RwLock::new(engine.clone()),
                 cluster_time_ms: AtomicU64::new(time_ms),
                 revision,
+                history,
                 snapshot_work: Mutex::new(()),
                 cluster_id: AtomicU64::new(0),
                 inner: Mutex::new(Inner {
@@ -228,6 +237,36 @@ impl StateMachine {
     /// engine read it describes: the state read is then at or below it.
     pub fn revision(&self) -> u64 {
         self.shared.revision.load(Ordering::SeqCst)
+    }
+
+    /// Whether keys whose TTL ran out wait for their expiry deletes (more
+    /// ran out at once than one entry deletes); `None` if the apply lock is
+    /// busy (an entry is being applied, which deletes some).
+    pub fn expiry_backlog(&self) -> Option<bool> {
+        let inner = self.shared.inner.try_lock().ok()?;
+        Some(
+            inner
+                .applier
+                .next_expiry_ms()
+                .is_some_and(|expiry_ms| expiry_ms <= inner.time_ms),
+        )
+    }
+
+    /// The change history's index: hold its read lock while reading at a
+    /// past revision, and take [`StateMachine::engine`] under it.
+    pub fn history(&self) -> &Arc<RwLock<History>> {
+        &self.shared.history
+    }
+
+    /// Reads `spec` at its past revision (`spec.revision` ≠ 0) through the
+    /// change history, at cluster time `now_ms` (see
+    /// `kvstate::range::range_at`). Blocking: run it off the async workers.
+    pub fn range_at(
+        &self,
+        spec: &kvstate::range::RangeSpec,
+        now_ms: u64,
+    ) -> Result<kvstate::range::RangeResult, kvstate::range::RangeError> {
+        kvstate::range::range_at(|| self.engine(), &self.shared.history, spec, now_ms)
     }
 
     /// Last applied log id and membership (as openraft's `applied_state`).
@@ -302,7 +341,17 @@ impl StateMachine {
                         .applier
                         .apply(&engine, index, &proposal, meta.encode())?;
                     if let Command::Merge { inputs } = &proposal.command {
-                        start_merge(&engine, inputs, proposal.time_ms);
+                        // With revisions on, only the log deletes a key
+                        // (expiry deletes are entries): a merge judging TTLs
+                        // would drop expired keys from the key directory at
+                        // a moment of its own thread, and replicas would
+                        // then disagree on which expiry deletes to write.
+                        let now_ms = if inner.applier.revisions_on() {
+                            0
+                        } else {
+                            proposal.time_ms
+                        };
+                        start_merge(&engine, inputs, now_ms, &self.shared.history);
                     }
                     (response, proposal.time_ms, meta.membership)
                 }
@@ -390,19 +439,37 @@ pub(crate) fn open_engine(
     Ok((engine, applier, meta))
 }
 
-/// Captures the merge now (deterministic cut-off) and runs it on a thread.
-fn start_merge(engine: &Arc<Engine>, inputs: &[String], time_ms: u64) {
-    match engine.begin_merge(inputs, time_ms) {
+/// Captures the merge now (deterministic cut-off, expiry judged at
+/// `now_ms`; it keeps the records the change history names now, the same
+/// on every replica) and runs it on a thread, which then points the
+/// history at the records' new places.
+fn start_merge(
+    engine: &Arc<Engine>,
+    inputs: &[String],
+    now_ms: u64,
+    history: &Arc<RwLock<History>>,
+) {
+    let (named, generation) = {
+        let history = history.read().unwrap_or_else(|p| p.into_inner());
+        (history.named(), history.generation())
+    };
+    match engine.begin_merge_retaining(inputs, now_ms, History::retain(named)) {
         Ok(job) => {
+            let engine = engine.clone();
+            let history = history.clone();
             let spawned = std::thread::Builder::new()
                 .name("kvnode-merge".to_string())
                 .spawn(move || match job.run() {
-                    Ok(report) => tracing::info!(
-                        cutoff = report.cutoff,
-                        inputs = report.inputs.len(),
-                        outputs = report.outputs.len(),
-                        "merge finished"
-                    ),
+                    Ok(report) => {
+                        tracing::info!(
+                            cutoff = report.cutoff,
+                            inputs = report.inputs.len(),
+                            outputs = report.outputs.len(),
+                            retained = report.records_retained,
+                            "merge finished"
+                        );
+                        relocate_history(&engine, &history, generation, &report);
+                    }
                     Err(err) => tracing::warn!(error = %err, "merge failed"),
                 });
             if let Err(err) = spawned {
@@ -411,6 +478,52 @@ fn start_merge(engine: &Arc<Engine>, inputs: &[String], time_ms: u64) {
         }
         // Bad inputs are refused the same way on every replica.
         Err(err) => tracing::warn!(error = %err, ?inputs, "merge entry not run"),
+    }
+}
+
+/// Points the change history at the records a merge moved, if it is still
+/// the index the merge was captured with (`generation`): after an install
+/// it was rebuilt from the new engine's files, which the merge never saw.
+/// The versions to move are those in the inputs now, after the swap (bases
+/// noted while the merge ran point there too: the merge copied those
+/// records as live ones).
+fn relocate_history(
+    engine: &Engine,
+    history: &RwLock<History>,
+    generation: u64,
+    report: &MergeReport,
+) {
+    let in_inputs = {
+        let history = history.read().unwrap_or_else(|p| p.into_inner());
+        if history.generation() != generation {
+            tracing::info!(
+                "merge finished after an install replaced its engine: history not relocated"
+            );
+            return;
+        }
+        history.in_files(&report.inputs)
+    };
+    let moved = in_inputs.and_then(|seqs| {
+        History::moved_records(engine, &report.outputs, &seqs).map_err(|err| err.to_string())
+    });
+    let relocated = moved.and_then(|moved| {
+        let mut history = history.write().unwrap_or_else(|p| p.into_inner());
+        if history.generation() != generation {
+            return Ok(0);
+        }
+        history.relocate(&report.inputs, &moved)
+    });
+    match relocated {
+        Ok(0) => {}
+        Ok(forgotten) => {
+            tracing::warn!(
+                forgotten,
+                "the merge dropped records the change history named"
+            )
+        }
+        // Reads of the records it names then fail after a wait
+        // (UNAVAILABLE) until a restart rebuilds the index.
+        Err(err) => tracing::error!(error = %err, "the change history was not relocated"),
     }
 }
 

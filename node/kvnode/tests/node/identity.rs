@@ -83,27 +83,30 @@ async fn forged_peer_requests_are_refused_with_the_mismatch_named() {
     let passed = send(good).await;
     assert_eq!(passed.code(), tonic::Code::InvalidArgument, "{passed:?}");
     let cases = [
-        (Identity { to_id: 2, ..good }, "member id mismatch"),
+        (
+            Identity { to_id: 2, ..good },
+            "member id mismatch".to_string(),
+        ),
         (
             Identity {
                 to_incarnation: who.incarnation ^ 1,
                 ..good
             },
-            "incarnation mismatch",
+            "incarnation mismatch".to_string(),
         ),
         (
             Identity {
                 cluster_id: who.cluster_id ^ 1,
                 ..good
             },
-            "cluster id mismatch",
+            "cluster id mismatch".to_string(),
         ),
         (
             Identity {
                 from_incarnation: 0x78,
                 ..good
             },
-            "presented incarnation",
+            "presented incarnation".to_string(),
         ),
         // A build before the field (0 = protocol 1, openraft 0.9) and a
         // newer one: both refused, the message naming both versions.
@@ -112,14 +115,21 @@ async fn forged_peer_requests_are_refused_with_the_mismatch_named() {
                 protocol_version: 0,
                 ..good
             },
-            "speaks peer protocol 1, this member speaks 4",
+            format!(
+                "speaks peer protocol 1, this member speaks {}",
+                kvproto::PEER_PROTOCOL_VERSION
+            ),
         ),
         (
             Identity {
                 protocol_version: kvproto::PEER_PROTOCOL_VERSION + 1,
                 ..good
             },
-            "speaks peer protocol 5, this member speaks 4",
+            format!(
+                "speaks peer protocol {}, this member speaks {}",
+                kvproto::PEER_PROTOCOL_VERSION + 1,
+                kvproto::PEER_PROTOCOL_VERSION
+            ),
         ),
     ];
     for (identity, named) in cases {
@@ -130,7 +140,7 @@ async fn forged_peer_requests_are_refused_with_the_mismatch_named() {
             "{identity:?}: {refused:?}"
         );
         assert!(
-            refused.message().contains(named),
+            refused.message().contains(named.as_str()),
             "{identity:?}: {refused:?}"
         );
     }

@@ -14,6 +14,7 @@ mod faults;
 mod fsync_failure;
 mod fuzz;
 mod harness;
+mod history;
 mod identity;
 mod kv_ops;
 mod lazy_power_cut;

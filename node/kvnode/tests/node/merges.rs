@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kvnode::raft::merge_policy::{MergePolicy, SnapshotPolicy};
+use kvnode::raft::merge_policy::{MergePolicy, SnapshotPolicy, merge_inputs};
 use kvnode::raft::watch::MetricsWatch;
 
 use crate::backup::{Members, bind_members, small_segments};
@@ -43,6 +43,9 @@ const TTL_SHORT_MS: u64 = 500;
 const SNAPSHOT_EVERY_BYTES: u64 = 64 * 1024;
 /// How long the control waits for a snapshot that must not come.
 const NO_SNAPSHOT_WAIT: Duration = Duration::from_secs(3);
+
+/// Revisions of change history the members keep in this test.
+const HISTORY_REVISIONS: u64 = 50;
 
 fn merge_policy() -> MergePolicy {
     MergePolicy {
@@ -97,6 +100,32 @@ async fn workload(members: &Members, round: usize) {
     }
 }
 
+/// Waits until the leader's policy would propose no merge (its history's
+/// bytes aside, as the policy counts them) and every member completed the
+/// same number of merges.
+async fn wait_merges_settled(members: &Members) {
+    let start = Instant::now();
+    loop {
+        let leader = &members.nodes[&members.leader().await];
+        let state_machine = leader.state_machine();
+        let kept = state_machine.history().read().unwrap().records().1;
+        let wanted = merge_inputs(&state_machine.engine().stats(), &merge_policy(), kept);
+        let merges: Vec<u64> = members
+            .nodes
+            .values()
+            .map(|n| n.state_machine().engine().stats().merges)
+            .collect();
+        if wanted.is_none() && merges.iter().all(|m| *m == merges[0]) {
+            return;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "merges did not settle: {merges:?}, the policy would merge {wanted:?}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
 async fn wait_merges(members: &Members, at_least: u64) {
     let start = Instant::now();
     loop {
@@ -127,6 +156,13 @@ async fn leader_proposed_merges_keep_replica_files_identical() {
         config.bootstrap = id == 1;
         config.state_machine = small_segments();
         config.merge_policy = merge_policy();
+        // A short change history: the leader compacts as the workload
+        // goes, so merges free what compaction let go (and keep the rest,
+        // identically on every member).
+        config.history_window = kvstate::history::HistoryWindow {
+            revisions: HISTORY_REVISIONS,
+            ..Default::default()
+        };
     })
     .await;
 
@@ -144,6 +180,16 @@ async fn leader_proposed_merges_keep_replica_files_identical() {
     // Let the TTL keys run out (ticks advance the cluster time).
     tokio::time::sleep(Duration::from_millis(TTL_SHORT_MS * 3)).await;
     members.put(b"last", b"write", 0).await;
+    // Compaction keeps freeing the workload's history as the fresh keys
+    // move the window, so merges go on for a while: once the policy sees
+    // nothing to free and every member finished the same merges, more fresh
+    // keys seal segments that no merge takes.
+    wait_merges_settled(&members).await;
+    for i in 0..FRESH_KEYS {
+        members
+            .put(format!("fresher{i:03}").as_bytes(), &value(7000 + i), 0)
+            .await;
+    }
 
     let mut last_reason = String::new();
     let mut compared = None;

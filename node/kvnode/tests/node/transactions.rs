@@ -110,7 +110,7 @@ async fn ranges_range_deletes_and_transactions_answer_as_etcd_does() {
         .into_inner();
     assert_eq!((counted.kvs.len(), counted.count), (0, 3));
     // Revisions: the current one is served, a future one is OUT_OF_RANGE
-    // naming both, a past one is not served yet.
+    // naming both, a past one reads as it was (before "a3" and "b1").
     let at_current = kv
         .range(RangeRequest {
             revision: current,
@@ -131,12 +131,14 @@ async fn ranges_range_deletes_and_transactions_answer_as_etcd_does() {
     assert!(future.message().contains("future revision"), "{future:?}");
     let past = kv
         .range(RangeRequest {
-            revision: current - 1,
+            revision: current - 2,
             ..prefix("a")
         })
         .await
-        .unwrap_err();
-    assert_eq!(past.code(), tonic::Code::FailedPrecondition, "{past:?}");
+        .unwrap()
+        .into_inner();
+    assert_eq!(keys(&past.kvs), ["a1", "a2"]);
+    assert_eq!(revision(&past.header), current, "the header is the store's");
 
     // A range delete: every key at one revision, the keys as they were.
     let deleted = cluster

@@ -124,6 +124,24 @@ struct RunArgs {
     /// follower behind the snapshot catches up by snapshot).
     #[arg(long, env = "KVNODE_SNAPSHOT_LOG_KEEP", default_value_t = SNAPSHOT_LOG_KEEP_DEFAULT)]
     snapshot_log_keep: u64,
+    /// Revisions of change history kept for reads at a past revision (and
+    /// watchers): while this member leads, it compacts to `revision - N`
+    /// once the window is longer.
+    #[arg(long, env = "KVNODE_HISTORY_REVISIONS",
+          default_value_t = kvstate::history::HISTORY_WINDOW_REVISIONS_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    history_revisions: u64,
+    /// Bytes of superseded records the change history may keep on disk:
+    /// while this member leads, it compacts the oldest revisions past this.
+    #[arg(long, env = "KVNODE_HISTORY_BYTES",
+          default_value_t = kvstate::history::HISTORY_WINDOW_BYTES_DEFAULT)]
+    history_bytes: u64,
+    /// Superseded records the change history may keep (what bounds its
+    /// index in memory, about 150 bytes plus the key each): while this
+    /// member leads, it compacts the oldest revisions past this.
+    #[arg(long, env = "KVNODE_HISTORY_RECORDS",
+          default_value_t = kvstate::history::HISTORY_WINDOW_RECORDS_DEFAULT)]
+    history_records: u64,
     /// How the leader confirms it still leads before a linearizable read:
     /// `read-index` (default) sends a heartbeat round to a quorum after the
     /// read arrives; `lease` skips the round while a quorum acknowledged a
@@ -311,6 +329,11 @@ fn run_config(args: RunArgs) -> anyhow::Result<NodeConfig> {
     config.admin_addr = args.admin_addr;
     config.security = args.security.security()?;
     config.snapshot_log_keep = args.snapshot_log_keep;
+    config.history_window = kvstate::history::HistoryWindow {
+        revisions: args.history_revisions,
+        bytes: args.history_bytes,
+        records: args.history_records,
+    };
     config.read_policy = match args.read_policy {
         ReadPolicyArg::ReadIndex => LinearizableReads::ReadIndex,
         ReadPolicyArg::Lease => LinearizableReads::Lease,

@@ -1,0 +1,183 @@
+//! The change history end to end on a three-node in-process cluster over
+//! real gRPC: a range at a past revision reads what that revision held on
+//! every member; `Kv.Compact` moves the window (a read below it is
+//! OUT_OF_RANGE naming the oldest revision served, a compaction at or
+//! below it or past the store revision is refused); a member that restarts
+//! rebuilds the history from its files, and one that catches up by
+//! snapshot install serves the same past revisions as the leader.
+
+use kvnode::StateMachineOptions;
+use kvnode::raft::watch::MetricsWatch;
+use kvproto::kv::v1::{CompactRequest, Consistency, PutRequest, RangeRequest};
+use tonic::Code;
+
+use crate::harness::{Cluster, DEADLINE, POLL};
+
+async fn put(cluster: &Cluster, key: &str, value: &str) -> u64 {
+    let reply = cluster
+        .write("put", |mut kv| async move {
+            kv.put(PutRequest {
+                key: key.as_bytes().to_vec().into(),
+                value: value.as_bytes().to_vec().into(),
+                ..Default::default()
+            })
+            .await
+        })
+        .await;
+    assert!(reply.outcome.is_some(), "put {key}");
+    reply.header.unwrap().revision
+}
+
+/// (key, value, mod_revision) of every key at `revision`, read on member
+/// `id` once it applied `min_index`; or the refusal.
+async fn read_at(
+    cluster: &Cluster,
+    id: u64,
+    revision: u64,
+    min_index: u64,
+) -> Result<Vec<(String, String, u64)>, tonic::Status> {
+    let reply = cluster
+        .kv(id)
+        .await
+        .range(RangeRequest {
+            key: b"\0".to_vec().into(),
+            range_end: b"\0".to_vec().into(),
+            revision,
+            consistency: Consistency::Stale as i32,
+            min_index,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    Ok(reply
+        .kvs
+        .into_iter()
+        .map(|kv| {
+            (
+                String::from_utf8_lossy(&kv.key).into_owned(),
+                String::from_utf8_lossy(&kv.value).into_owned(),
+                kv.mod_revision,
+            )
+        })
+        .collect())
+}
+
+fn kv(key: &str, value: &str, revision: u64) -> (String, String, u64) {
+    (key.to_string(), value.to_string(), revision)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_revisions_read_the_same_on_every_member_across_compaction_restart_and_install() {
+    let mut cluster = Cluster::start(|_| StateMachineOptions::default()).await;
+    let r1 = put(&cluster, "a", "1").await;
+    let r2 = put(&cluster, "b", "1").await;
+    let r3 = put(&cluster, "a", "2").await;
+    let _ = put(&cluster, "b", "2").await;
+    let applied = cluster.wait_applied_equal().await;
+    for id in cluster.running() {
+        assert_eq!(
+            read_at(&cluster, id, r1, applied).await.unwrap(),
+            vec![kv("a", "1", r1)],
+            "member {id} at revision {r1}"
+        );
+        assert_eq!(
+            read_at(&cluster, id, r3, applied).await.unwrap(),
+            vec![kv("a", "2", r3), kv("b", "1", r2)],
+            "member {id} at revision {r3}"
+        );
+    }
+
+    // Compaction: through the leader, below it refused, at it served.
+    let leader = cluster.leader().await;
+    let mut kv_leader = cluster.kv(leader).await;
+    kv_leader
+        .compact(CompactRequest { revision: r2 })
+        .await
+        .unwrap();
+    for (revision, says) in [(r2, "has been compacted"), (r3 + 100, "future revision")] {
+        let refused = kv_leader
+            .compact(CompactRequest { revision })
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::OutOfRange, "{refused:?}");
+        assert!(refused.message().contains(says), "{refused:?}");
+    }
+    let applied = cluster.wait_applied_equal().await;
+    for id in cluster.running() {
+        let refused = read_at(&cluster, id, r1, applied).await.unwrap_err();
+        assert_eq!(refused.code(), Code::OutOfRange, "member {id}: {refused:?}");
+        assert!(
+            refused.message().contains("compacted") && refused.message().contains(&r2.to_string()),
+            "member {id} names the oldest revision served: {refused:?}"
+        );
+        assert_eq!(
+            read_at(&cluster, id, r2, applied).await.unwrap(),
+            vec![kv("a", "1", r1), kv("b", "1", r2)],
+            "member {id} at the compact revision"
+        );
+    }
+
+    // A follower away while the leader snapshots and purges its log comes
+    // back by snapshot install; another restarts on its own files.
+    let follower = cluster
+        .running()
+        .into_iter()
+        .find(|id| *id != leader)
+        .unwrap();
+    cluster.stop(follower).await;
+    let mut later = Vec::new();
+    for i in 0..20 {
+        later.push((
+            i,
+            put(&cluster, &format!("c{}", i % 3), &i.to_string()).await,
+        ));
+    }
+    let applied = cluster.wait_applied_equal().await;
+    let node = cluster.node(leader);
+    node.raft().trigger().snapshot().await.unwrap();
+    let deadline = std::time::Instant::now() + DEADLINE;
+    while node
+        .raft()
+        .metrics()
+        .borrow()
+        .snapshot
+        .map_or(0, |s| s.index)
+        < applied
+    {
+        assert!(std::time::Instant::now() < deadline, "no snapshot built");
+        tokio::time::sleep(POLL).await;
+    }
+    let index = node.raft().metrics().borrow().snapshot.unwrap().index;
+    node.raft().trigger().purge_log(index).await.unwrap();
+    while node.raft().metrics().borrow().purged.map_or(0, |p| p.index) < index {
+        assert!(std::time::Instant::now() < deadline, "log not purged");
+        tokio::time::sleep(POLL).await;
+    }
+    cluster.restart(follower).await;
+    let applied = cluster.wait_applied_equal().await;
+    assert!(
+        cluster.node(follower).metrics().snapshot_bytes_received() > 0,
+        "member {follower} caught up by snapshot install"
+    );
+    let other = cluster
+        .running()
+        .into_iter()
+        .find(|id| *id != leader && *id != follower)
+        .unwrap();
+    cluster.stop(other).await;
+    cluster.restart(other).await;
+    let applied = applied.max(cluster.wait_applied_equal().await);
+    let mut revisions = vec![r2, r3];
+    revisions.extend(later.iter().map(|(_, revision)| *revision));
+    for revision in revisions {
+        let expected = read_at(&cluster, leader, revision, applied).await.unwrap();
+        for id in [follower, other] {
+            assert_eq!(
+                read_at(&cluster, id, revision, applied).await.unwrap(),
+                expected,
+                "member {id} at revision {revision}"
+            );
+        }
+    }
+    cluster.shutdown().await;
+}

@@ -1,0 +1,467 @@
+//! The change history (`kvstate::history`, `kvstate::range::range_at`):
+//! a read at a past revision returns exactly what a read at that revision
+//! returned when it was current — after more writes, after merges that
+//! keep the window, after a restart that rebuilds the index from the
+//! files, and after compactions; revisions below the window answer
+//! "compacted" naming the oldest one served, above it "future revision".
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use bitcask::{Engine, Options, SyncPolicy};
+use kvstate::apply::Applier;
+use kvstate::command::{Command, Op, Outcome, Proposal, Request};
+use kvstate::history::{History, HistoryError, HistoryWindow};
+use kvstate::range::{RangeError, RangeResult, RangeSpec, range, range_at};
+use kvstate::txn::{TxnOp, TxnRequest};
+use vfs::sim::SimFs;
+
+/// Small segments, so the workload seals many files for merges to take.
+fn engine(fs: &SimFs) -> Arc<Engine> {
+    let opts = Options {
+        sync: SyncPolicy::Never,
+        auto_merge: None,
+        segment_size_bytes: 2048,
+        vfs: Arc::new(fs.clone()),
+        ..Options::default()
+    };
+    Arc::new(Engine::open("/sm", opts).unwrap())
+}
+
+fn write(op: Op) -> Request {
+    Request {
+        session: None,
+        conditions: Vec::new(),
+        ops: vec![op],
+    }
+}
+
+fn put(key: &str, value: &str) -> Request {
+    write(Op::Put {
+        key: key.into(),
+        value: value.into(),
+        ttl_ms: 0,
+    })
+}
+
+fn delete(key: &str) -> Request {
+    write(Op::Delete { key: key.into() })
+}
+
+fn delete_prefix(prefix: &str) -> TxnRequest {
+    let mut end = prefix.as_bytes().to_vec();
+    *end.last_mut().unwrap() += 1;
+    TxnRequest {
+        session: None,
+        compares: Vec::new(),
+        success: vec![TxnOp::DeleteRange {
+            key: prefix.into(),
+            range_end: end,
+            prev_kv: false,
+        }],
+        failure: Vec::new(),
+    }
+}
+
+fn all() -> RangeSpec {
+    RangeSpec::between("\0", "\0")
+}
+
+/// Applies entries one by one from log index 1; after each, the current
+/// read of every key, by the revision it was read at.
+struct Cluster {
+    fs: SimFs,
+    engine: Arc<Engine>,
+    applier: Applier,
+    index: u64,
+    seen: BTreeMap<u64, RangeResult>,
+}
+
+impl Cluster {
+    fn new() -> Cluster {
+        let fs = SimFs::new();
+        let engine = engine(&fs);
+        Cluster {
+            fs,
+            engine,
+            applier: Applier::default(),
+            index: 0,
+            seen: BTreeMap::new(),
+        }
+    }
+
+    fn apply(&mut self, command: Command) -> Vec<Outcome> {
+        self.index += 1;
+        let proposal = Proposal {
+            time_ms: self.index,
+            command,
+        };
+        let response = self
+            .applier
+            .apply(&self.engine, self.index, &proposal, Vec::new())
+            .unwrap();
+        let revision = self.applier.header().revision;
+        let now = range(&self.engine, &all(), self.index, revision).unwrap();
+        self.seen.insert(revision, now);
+        response.answers.into_iter().map(|a| a.outcome).collect()
+    }
+
+    fn history(&self) -> Arc<RwLock<History>> {
+        self.applier.history()
+    }
+
+    fn read_at(&self, revision: u64) -> Result<RangeResult, RangeError> {
+        let spec = RangeSpec { revision, ..all() };
+        let engine = self.engine.clone();
+        range_at(move || engine.clone(), &self.history(), &spec, self.index)
+    }
+
+    /// Every revision from `from` on reads as it read when current.
+    fn check_window(&self, from: u64) {
+        for (revision, expected) in self.seen.range(from..) {
+            let read = self
+                .read_at(*revision)
+                .unwrap_or_else(|err| panic!("revision {revision}: {err}"));
+            assert_eq!(&read, expected, "read at revision {revision}");
+        }
+    }
+
+    /// Merges every sealed file keeping what the history names, then
+    /// points the history at the outputs (what kvnode's merge thread does).
+    fn merge(&self) -> bitcask::MergeReport {
+        let inputs = self.engine.sealed_data_files();
+        assert!(!inputs.is_empty(), "the workload sealed files");
+        let named = self.history().read().unwrap().named();
+        // With revisions on, merges judge no TTL (kvnode passes 0).
+        let report = self
+            .engine
+            .merge_retaining(&inputs, 0, History::retain(named))
+            .unwrap();
+        let forgotten = self.relocate(&report);
+        assert_eq!(
+            forgotten, 0,
+            "the merge kept every record the history names"
+        );
+        report
+    }
+
+    /// Points the history at a swapped-in merge's outputs (what kvnode's
+    /// merge thread does); returns the versions it forgot.
+    fn relocate(&self, report: &bitcask::MergeReport) -> usize {
+        let in_inputs = self
+            .history()
+            .read()
+            .unwrap()
+            .in_files(&report.inputs)
+            .unwrap();
+        assert!(
+            !in_inputs.is_empty(),
+            "the history named records of the inputs"
+        );
+        let moved = History::moved_records(&self.engine, &report.outputs, &in_inputs).unwrap();
+        self.history()
+            .write()
+            .unwrap()
+            .relocate(&report.inputs, &moved)
+            .unwrap()
+    }
+
+    /// Closes and reopens the engine, loading the applier (and with it the
+    /// history) from the files.
+    fn restart(&mut self) {
+        let old = std::mem::replace(&mut self.engine, engine(&SimFs::new()));
+        Arc::into_inner(old).unwrap().close().unwrap();
+        self.engine = engine(&self.fs);
+        self.applier = Applier::load(&self.engine).unwrap();
+    }
+}
+
+/// Every key of a few, overwritten, deleted, recreated and range-deleted,
+/// over 60 entries.
+fn workload(cluster: &mut Cluster, rounds: usize) {
+    for round in 0..rounds {
+        let key = |i: usize| format!("k{}", (round * 7 + i) % 5);
+        let value = format!("value {round} {}", "x".repeat(round % 40));
+        cluster.apply(Command::Writes(vec![
+            put(&key(0), &value),
+            put(&key(1), &value),
+        ]));
+        if round % 3 == 0 {
+            cluster.apply(Command::Writes(vec![delete(&key(2))]));
+        }
+        if round % 11 == 5 {
+            cluster.apply(Command::Txns(vec![delete_prefix("k")]));
+        }
+    }
+}
+
+/// One version as (revision, sequence number, put or delete).
+type VersionShape = (u64, u64, bool);
+
+/// The index as a comparable value: each key's versions.
+fn index_of(history: &History) -> Vec<(Vec<u8>, Vec<VersionShape>)> {
+    history
+        .keys_in_window()
+        .map(|(key, versions)| {
+            let versions = versions
+                .iter()
+                .map(|v| {
+                    (
+                        v.revision,
+                        v.location.seq,
+                        v.kind == bitcask::StoredKind::Put,
+                    )
+                })
+                .collect();
+            (key.to_vec(), versions)
+        })
+        .collect()
+}
+
+#[test]
+fn a_read_at_each_past_revision_returns_what_it_returned_then() {
+    let mut cluster = Cluster::new();
+    workload(&mut cluster, 40);
+    assert!(cluster.seen.len() > 50);
+    cluster.check_window(1);
+    // Writes after a revision do not change what it reads.
+    let before = cluster.read_at(10).unwrap();
+    workload(&mut cluster, 5);
+    assert_eq!(cluster.read_at(10).unwrap(), before);
+    // A key's own revisions travel with it.
+    let at_10 = &cluster.seen[&10];
+    assert!(at_10.kvs.iter().all(|kv| kv.mod_revision <= 10));
+}
+
+#[test]
+fn a_merge_keeps_the_window_and_a_plain_merge_would_not() {
+    let mut cluster = Cluster::new();
+    workload(&mut cluster, 40);
+    let report = cluster.merge();
+    assert!(report.records_retained > 0, "history was kept: {report:?}");
+    cluster.check_window(1);
+    // More writes, another merge over the first one's output.
+    workload(&mut cluster, 20);
+    cluster.merge();
+    cluster.check_window(1);
+
+    // The control: a merge that keeps no history loses past revisions.
+    let mut control = Cluster::new();
+    workload(&mut control, 40);
+    let inputs = control.engine.sealed_data_files();
+    let report = control.engine.merge(&inputs, control.index).unwrap();
+    let forgotten = control.relocate(&report);
+    assert!(forgotten > 0, "a plain merge drops superseded records");
+}
+
+#[test]
+fn the_history_is_rebuilt_from_the_files_at_open_as_it_was_built_by_applying() {
+    let mut cluster = Cluster::new();
+    workload(&mut cluster, 30);
+    cluster.merge();
+    workload(&mut cluster, 10);
+    let live = index_of(&cluster.history().read().unwrap());
+    cluster.restart();
+    let loaded = index_of(&cluster.history().read().unwrap());
+    assert_eq!(loaded, live);
+    cluster.check_window(1);
+    // After a compaction too (bases from before the window).
+    let revision = cluster.applier.header().revision;
+    let outcomes = cluster.apply(Command::Compact {
+        revision: revision - 20,
+    });
+    assert!(
+        matches!(outcomes[..], [Outcome::Applied { .. }]),
+        "{outcomes:?}"
+    );
+    workload(&mut cluster, 5);
+    let live = index_of(&cluster.history().read().unwrap());
+    cluster.restart();
+    assert_eq!(index_of(&cluster.history().read().unwrap()), live);
+    cluster.check_window(revision - 20);
+}
+
+#[test]
+fn compaction_refuses_reads_below_it_and_keeps_serving_the_rest() {
+    let mut cluster = Cluster::new();
+    workload(&mut cluster, 30);
+    let current = cluster.applier.header().revision;
+    let compact = current - 15;
+    let outcomes = cluster.apply(Command::Compact { revision: compact });
+    assert!(
+        matches!(outcomes[..], [Outcome::Applied { .. }]),
+        "{outcomes:?}"
+    );
+    assert_eq!(cluster.applier.header().compact_revision, compact);
+    assert_eq!(
+        cluster.applier.header().revision,
+        current,
+        "compaction writes no revision"
+    );
+    match cluster.read_at(compact - 1) {
+        Err(RangeError::History(HistoryError::Compacted {
+            requested,
+            compact_revision,
+        })) => assert_eq!((requested, compact_revision), (compact - 1, compact)),
+        other => panic!("{other:?}"),
+    }
+    let message = cluster.read_at(1).unwrap_err().to_string();
+    assert!(
+        message.contains("compacted") && message.contains(&compact.to_string()),
+        "{message}"
+    );
+    match cluster.read_at(current + 1) {
+        Err(RangeError::History(HistoryError::Future {
+            requested,
+            current: at,
+        })) => {
+            assert_eq!((requested, at), (current + 1, current));
+        }
+        other => panic!("{other:?}"),
+    }
+    cluster.check_window(compact);
+    // A merge after the compaction keeps what the window needs (and lets
+    // go of the rest), a restart rebuilds it.
+    workload(&mut cluster, 10);
+    cluster.merge();
+    cluster.check_window(compact);
+    cluster.restart();
+    cluster.check_window(compact);
+    assert!(cluster.read_at(compact - 1).is_err());
+
+    // Compacting again at or below the compact revision, or past the store
+    // revision, is refused with etcd's messages, and changes nothing.
+    let current = cluster.applier.header().revision;
+    for (revision, says) in [
+        (compact, "has been compacted"),
+        (compact - 3, "has been compacted"),
+        (current + 1, "future revision"),
+    ] {
+        let outcomes = cluster.apply(Command::Compact { revision });
+        match &outcomes[..] {
+            [Outcome::Rejected { reason }] => assert!(reason.contains(says), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(cluster.applier.header().compact_revision, compact);
+}
+
+#[test]
+fn the_window_target_follows_revisions_and_bytes() {
+    let mut cluster = Cluster::new();
+    workload(&mut cluster, 30);
+    let history = cluster.history();
+    let history = history.read().unwrap();
+    let revision = history.revision();
+    let roomy = HistoryWindow {
+        revisions: revision + 10,
+        bytes: u64::MAX,
+        records: u64::MAX,
+    };
+    assert_eq!(history.compaction_target(roomy), None);
+    assert!(!history.is_over(roomy));
+    let by_revisions = HistoryWindow {
+        revisions: 10,
+        ..roomy
+    };
+    assert_eq!(history.compaction_target(by_revisions), Some(revision - 10));
+    assert!(history.is_over(by_revisions));
+    let (records, bytes) = history.records();
+    let by_bytes = HistoryWindow {
+        bytes: bytes / 2,
+        ..roomy
+    };
+    let target = history.compaction_target(by_bytes).unwrap();
+    assert!(target > 1 && target < revision, "{target} of {revision}");
+    let by_records = HistoryWindow {
+        records: records as u64 / 2,
+        ..roomy
+    };
+    let target = history.compaction_target(by_records).unwrap();
+    assert!(target > 1 && target < revision, "{target} of {revision}");
+    // Within an eighth over: not yet worth a compaction entry.
+    let nearly = HistoryWindow {
+        records: records as u64 - 1,
+        ..roomy
+    };
+    assert!(history.compaction_target(nearly).is_some() && !history.is_over(nearly));
+}
+
+#[test]
+fn a_read_at_the_store_revision_judges_ttls_as_a_current_read_does() {
+    let mut cluster = Cluster::new();
+    // More keys expire at once than one entry deletes: some wait, expired.
+    let keys = kvstate::apply::EXPIRY_DELETES_PER_ENTRY_MAX + 4;
+    let puts = (0..keys)
+        .map(|i| {
+            write(Op::Put {
+                key: format!("t{i:05}").into(),
+                value: "v".into(),
+                ttl_ms: 1,
+            })
+        })
+        .collect();
+    cluster.apply(Command::Writes(puts));
+    let written = cluster.applier.header().revision;
+    while cluster.index < 2 {
+        cluster.apply(Command::Advance);
+    }
+    let revision = cluster.applier.header().revision;
+    let current = range(&cluster.engine, &all(), cluster.index, revision).unwrap();
+    let at = cluster.read_at(revision).unwrap();
+    assert_eq!(at, current);
+    assert_eq!(at.count, 0, "every key expired");
+    // Below the store revision TTLs are not judged: the keys were there.
+    let before = cluster.read_at(written).unwrap();
+    assert_eq!(before.count, keys as u64);
+}
+
+#[test]
+fn compacting_the_revisions_of_a_hot_key_keeps_its_base() {
+    let mut cluster = Cluster::new();
+    for i in 0..500 {
+        cluster.apply(Command::Writes(vec![put("hot", &i.to_string())]));
+    }
+    let revision = cluster.applier.header().revision;
+    cluster.apply(Command::Compact {
+        revision: revision - 10,
+    });
+    let history = cluster.history();
+    let versions = history
+        .read()
+        .unwrap()
+        .keys_in_window()
+        .map(|(_, versions)| versions.len())
+        .collect::<Vec<_>>();
+    assert_eq!(versions, [11], "the base and the ten revisions after it");
+    drop(history);
+    cluster.check_window(revision - 10);
+}
+
+#[test]
+fn a_key_first_written_while_a_merge_runs_keeps_its_base_through_the_merge() {
+    let mut cluster = Cluster::new();
+    cluster.apply(Command::Writes(vec![put("cold", "old")]));
+    workload(&mut cluster, 30);
+    // Compacted to now: "cold" leaves the index (its record is live).
+    let compact = cluster.applier.header().revision;
+    cluster.apply(Command::Compact { revision: compact });
+    assert!(cluster.history().read().unwrap().keys() == 0);
+    // A merge is captured; "cold" is written before it swaps its output in,
+    // so its base is noted in a file the merge replaces.
+    let inputs = cluster.engine.sealed_data_files();
+    let named = cluster.history().read().unwrap().named();
+    let job = cluster
+        .engine
+        .begin_merge_retaining(&inputs, 0, History::retain(named))
+        .unwrap();
+    cluster.apply(Command::Writes(vec![put("cold", "new")]));
+    let report = job.run().unwrap();
+    let forgotten = cluster.relocate(&report);
+    assert_eq!(forgotten, 0);
+    cluster.check_window(compact);
+    let live = index_of(&cluster.history().read().unwrap());
+    cluster.restart();
+    assert_eq!(index_of(&cluster.history().read().unwrap()), live);
+    cluster.check_window(compact);
+}
