@@ -431,14 +431,18 @@ impl Kv for KvService {
         self.prepare_read(consistency_of(request.consistency)?, request.min_index)
             .await?;
         let now = self.state_machine.cluster_time_ms();
-        let item = self
+        // The revision is exactly the state read (no entry applies under
+        // the read).
+        let (item, revision) = self
             .state_machine
-            .engine()
-            .get(&request.key, now)
-            .map_err(engine_error)?;
+            .read_exact(|engine| engine.get(&request.key, now));
+        let item = item.map_err(engine_error)?;
         // After the read: the applied index it reports is at least the
         // state read, so passing it on as `min_index` keeps reads monotonic.
-        let header = self.header();
+        let header = Header {
+            revision,
+            ..self.header()
+        };
         Ok(Response::new(match item {
             Some(item) => {
                 let meta = key_meta(&item.meta)?;
@@ -705,23 +709,28 @@ impl Kv for KvService {
         self.prepare_read(consistency_of(request.consistency)?, request.min_index)
             .await?;
         let now = self.state_machine.cluster_time_ms();
-        let engine = self.state_machine.engine();
-        let revision = self.state_machine.revision();
         let state_machine = self.state_machine.clone();
-        // Up to RANGE_KEYS_MAX keys and a sort: off the async workers. A
-        // read at a past revision goes through the change history.
-        let result = tokio::task::spawn_blocking(move || {
+        // Up to RANGE_KEYS_MAX keys and a sort: off the async workers. The
+        // current revision is read while no entry applies, so its header
+        // revision is exactly the state read (and no key changes under
+        // it); a past revision goes through the change history, and its
+        // header reports the store revision, as etcd's does.
+        let (result, revision) = tokio::task::spawn_blocking(move || {
             if spec.revision == 0 {
-                kvstate::range::range(&engine, &spec, now, revision)
+                state_machine.read_exact(|engine| kvstate::range::range(engine, &spec, now, 0))
             } else {
-                state_machine.range_at(&spec, now)
+                let result = state_machine.range_at(&spec, now);
+                (result, state_machine.revision())
             }
         })
         .await
-        .map_err(|err| Status::internal(format!("the range read failed: {err}")))?
-        .map_err(txn::range_error)?;
+        .map_err(|err| Status::internal(format!("the range read failed: {err}")))?;
+        let result = result.map_err(txn::range_error)?;
         // After the read (see `get`).
-        let header = self.header();
+        let header = Header {
+            revision,
+            ..self.header()
+        };
         Ok(Response::new(txn::range_response(result, Some(header))))
     }
 

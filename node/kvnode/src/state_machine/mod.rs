@@ -252,6 +252,21 @@ impl StateMachine {
         )
     }
 
+    /// Runs `read` on the engine while no entry applies (under the change
+    /// history's read lock, which the apply takes around each entry's
+    /// engine write), and returns what it returned with the store revision
+    /// it reflects exactly. The apply waits for `read`: keep it bounded.
+    pub fn read_exact<T>(&self, read: impl FnOnce(&Engine) -> T) -> (T, u64) {
+        let history = self
+            .shared
+            .history
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        let engine = self.engine();
+        let result = read(&engine);
+        (result, history.revision())
+    }
+
     /// The change history's index: hold its read lock while reading at a
     /// past revision, and take [`StateMachine::engine`] under it.
     pub fn history(&self) -> &Arc<RwLock<History>> {

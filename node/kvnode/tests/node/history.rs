@@ -8,7 +8,7 @@
 
 use kvnode::StateMachineOptions;
 use kvnode::raft::watch::MetricsWatch;
-use kvproto::kv::v1::{CompactRequest, Consistency, PutRequest, RangeRequest};
+use kvproto::kv::v1::{CompactRequest, Consistency, GetRequest, PutRequest, RangeRequest};
 use tonic::Code;
 
 use crate::harness::{Cluster, DEADLINE, POLL};
@@ -181,3 +181,81 @@ async fn past_revisions_read_the_same_on_every_member_across_compaction_restart_
     }
     cluster.shutdown().await;
 }
+
+/// The value of "x" at `revision` through the change history, read on the
+/// leader.
+async fn value_at(cluster: &Cluster, leader: u64, revision: u64) -> Option<Vec<u8>> {
+    let reply = cluster
+        .kv(leader)
+        .await
+        .range(RangeRequest {
+            key: b"x".to_vec().into(),
+            revision,
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|err| panic!("range at {revision}: {err:?}"))
+        .into_inner();
+    reply.kvs.first().map(|kv| kv.value.to_vec())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_header_names_exactly_the_revision_it_read_while_writes_go_on() {
+    let cluster = Cluster::start(|_| StateMachineOptions::default()).await;
+    let leader = cluster.leader().await;
+    put(&cluster, "x", "0").await;
+    // Writes of "x" go on while reads check their header against history.
+    let writer = {
+        let mut kv = cluster.kv(leader).await;
+        tokio::spawn(async move {
+            for i in 1..=WRITES {
+                kv.put(PutRequest {
+                    key: b"x".to_vec().into(),
+                    value: i.to_string().into_bytes().into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            }
+        })
+    };
+    let mut kv = cluster.kv(leader).await;
+    let mut checked = 0;
+    while !writer.is_finished() && checked < WRITES {
+        let got = kv
+            .get(GetRequest {
+                key: b"x".to_vec().into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let revision = got.header.unwrap().revision;
+        assert_eq!(
+            value_at(&cluster, leader, revision).await,
+            Some(got.value.to_vec()),
+            "a get's header revision {revision} is the state it read"
+        );
+        let ranged = kv
+            .range(RangeRequest {
+                key: b"x".to_vec().into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let revision = ranged.header.unwrap().revision;
+        assert_eq!(
+            value_at(&cluster, leader, revision).await,
+            ranged.kvs.first().map(|kv| kv.value.to_vec()),
+            "a range's header revision {revision} is the state it read"
+        );
+        checked += 1;
+    }
+    writer.await.unwrap();
+    assert!(checked > 0, "no read ran while the writes went on");
+    cluster.shutdown().await;
+}
+
+/// Writes of the exact-header test.
+const WRITES: u64 = 300;
