@@ -432,10 +432,23 @@ impl Kv for KvService {
             .await?;
         let now = self.state_machine.cluster_time_ms();
         // The revision is exactly the state read (no entry applies under
-        // the read).
-        let (item, revision) = self
+        // the read). An entry applying (its engine write may fsync a sealed
+        // segment) moves the read off the async workers.
+        let (item, revision) = match self
             .state_machine
-            .read_exact(|engine| engine.get(&request.key, now));
+            .try_read_exact(|engine| engine.get(&request.key, now))
+        {
+            Some(read) => read,
+            None => {
+                let state_machine = self.state_machine.clone();
+                let key = request.key.clone();
+                tokio::task::spawn_blocking(move || {
+                    state_machine.read_exact(|engine| engine.get(&key, now))
+                })
+                .await
+                .map_err(|err| Status::internal(format!("the read failed: {err}")))?
+            }
+        };
         let item = item.map_err(engine_error)?;
         // After the read: the applied index it reports is at least the
         // state read, so passing it on as `min_index` keeps reads monotonic.

@@ -267,6 +267,16 @@ impl StateMachine {
         (result, history.revision())
     }
 
+    /// [`StateMachine::read_exact`] if the lock is free now (no entry is
+    /// applying or waiting to): what an async handler tries before it moves
+    /// the read to a blocking thread. `None`: `read` did not run.
+    pub fn try_read_exact<T>(&self, read: impl FnOnce(&Engine) -> T) -> Option<(T, u64)> {
+        let history = self.shared.history.try_read().ok()?;
+        let engine = self.engine();
+        let result = read(&engine);
+        Some((result, history.revision()))
+    }
+
     /// The change history's index: hold its read lock while reading at a
     /// past revision, and take [`StateMachine::engine`] under it.
     pub fn history(&self) -> &Arc<RwLock<History>> {
