@@ -1,5 +1,6 @@
 //! Shared test helpers: a test Raft type config and log-store shortcuts.
 
+use std::net::{IpAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -102,3 +103,24 @@ pub fn assert_payloads(found: &[TestEntry], term_of: impl Fn(u64) -> u64) {
 
 /// A loopback address no other test uses (see the function's docs).
 pub use kvnode::testing::private_loopback;
+
+/// A port of `host` (a test's own loopback address) that was free a moment
+/// ago, for a member started later.
+pub fn free_port(host: IpAddr) -> u16 {
+    // Below the kernel's ephemeral range (32768 and up by default): a port
+    // picked from that range can be taken by an outgoing connection of an
+    // already running member before the member it was picked for binds it.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let seed = std::process::id()
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+    for _ in 0..1000 {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = 20_000 + (seed.wrapping_add(n.wrapping_mul(7919)) % 12_000) as u16;
+        if TcpListener::bind((host, port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port below the ephemeral range on {host} in 1000 attempts");
+}

@@ -18,7 +18,7 @@
 //! Every mount is unmounted and every process SIGKILLed by drop guards.
 
 use std::io::Write as _;
-use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -28,6 +28,7 @@ use kvnode::server::limits::Limits;
 use kvproto::kv::v1::{Consistency, GetRequest, error_detail};
 use tonic::Code;
 
+use crate::common::free_port;
 use crate::common::private_loopback;
 use crate::limits::{kv, put_and_get, put_request, single_member};
 
@@ -335,25 +336,6 @@ impl Drop for Process {
             );
         }
     }
-}
-
-fn free_port(host: IpAddr) -> u16 {
-    // Below the kernel's ephemeral range (32768 and up by default): a port
-    // picked from that range can be taken by an outgoing connection of an
-    // already running member before the member it was picked for binds it.
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let seed = std::process::id()
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-    for _ in 0..1000 {
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let port = 20_000 + (seed.wrapping_add(n.wrapping_mul(7919)) % 12_000) as u16;
-        if TcpListener::bind((host, port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port below the ephemeral range on {host} in 1000 attempts");
 }
 
 fn value(i: usize) -> Vec<u8> {

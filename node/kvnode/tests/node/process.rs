@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::free_port;
 use crate::common::private_loopback;
 use kvnode::server::convert::detail_of;
 use kvproto::kv::v1::kv_client::KvClient;
@@ -47,28 +48,6 @@ const LOG_TAIL_LINES: usize = 30;
 
 fn kvnode_exe() -> &'static str {
     env!("CARGO_BIN_EXE_kvnode")
-}
-
-/// A port of `host` that was free a moment ago (bind :0, read, drop). The
-/// host is this test's own [`private_loopback`] address, so nothing else
-/// takes the port in between or while a killed member is down.
-fn free_port(host: IpAddr) -> u16 {
-    // Below the kernel's ephemeral range (32768 and up by default): a port
-    // picked from that range can be taken by an outgoing connection of an
-    // already running member before the member it was picked for binds it.
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let seed = std::process::id()
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-    for _ in 0..1000 {
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let port = 20_000 + (seed.wrapping_add(n.wrapping_mul(7919)) % 12_000) as u16;
-        if TcpListener::bind((host, port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port below the ephemeral range on {host} in 1000 attempts");
 }
 
 /// One member's addresses and directory.
