@@ -350,6 +350,8 @@ impl Applier {
     /// entry's engine write from now on. A reader that loads the gauge
     /// after its engine read reports a revision at or above the
     /// `mod_revision` of anything it read (at most one entry ahead of it).
+    /// A reader that needs the exact revision reads under the history's
+    /// read lock instead ([`Applier::history`]; kvnode's `read_exact`).
     pub fn with_published_revision(mut self, gauge: Arc<AtomicU64>) -> Applier {
         gauge.store(self.header.revision, Ordering::SeqCst);
         self.published = Some(gauge);

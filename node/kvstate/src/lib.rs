@@ -41,7 +41,7 @@
 //!   writes that keep the entry's batch under
 //!   [`txn::TXN_ENTRY_BATCH_BYTES_MAX`] (32 MiB).
 //! - Per range read outside the log: [`range::RANGE_KEYS_MAX`] keys
-//!   (100 000) and [`range::RANGE_READ_BYTES_MAX`] bytes (64 MiB).
+//!   (100 000) and [`range::RANGE_READ_BYTES_MAX`] bytes (6 MiB).
 //!
 //! ## Example
 //! ```
