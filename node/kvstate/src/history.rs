@@ -343,6 +343,21 @@ impl History {
         }
     }
 
+    /// The in-window records from `revision` on, ascending by revision
+    /// (within a revision, in no particular order): (revision, key).
+    pub fn records_from(&self, revision: u64) -> impl Iterator<Item = (u64, &[u8])> {
+        let start = self.order.partition_point(|(at, _, _)| *at < revision);
+        self.order
+            .range(start..)
+            .map(|(at, key, _)| (*at, &key[..]))
+    }
+
+    /// `key`'s versions, ascending (the first may be its base), if the
+    /// index holds it.
+    pub fn versions(&self, key: &[u8]) -> Option<&[Version]> {
+        self.keys.get(key).map(Vec::as_slice)
+    }
+
     /// Whether `key` needs a base before the apply writes it: it is not
     /// in the index yet.
     pub(crate) fn holds(&self, key: &[u8]) -> bool {

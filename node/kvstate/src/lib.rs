@@ -22,6 +22,9 @@
 //! - [`history`]: the change history's index: which record holds each
 //!   key's state at each revision of the window, compaction, what merges
 //!   keep, rebuilt from the files at open.
+//! - [`watch`]: change events for watchers, read page by page from the
+//!   change history (any revision of the window, in revision order, the
+//!   same pages on every replica).
 //! - [`txn`]: etcd's transactions: compares, the ops of two branches, the
 //!   checks etcd makes before it applies one, and their results.
 //! - [`apply`]: applying one entry deterministically: one engine batch per
@@ -40,6 +43,10 @@
 //!   keys (10 000) and [`txn::TXN_READ_BYTES_MAX`] bytes (4 MiB) in all;
 //!   writes that keep the entry's batch under
 //!   [`txn::TXN_ENTRY_BATCH_BYTES_MAX`] (32 MiB).
+//! - Per watch page: [`watch::WATCH_PAGE_EVENTS_MAX`] events (1000),
+//!   [`watch::WATCH_PAGE_BYTES_MAX`] bytes (4 MiB), and
+//!   [`watch::WATCH_PAGE_SCAN_RECORDS_MAX`] history records examined
+//!   (100 000).
 //! - Per range read outside the log: [`range::RANGE_KEYS_MAX`] keys
 //!   (100 000) and [`range::RANGE_READ_BYTES_MAX`] bytes (6 MiB).
 //!
@@ -97,3 +104,4 @@ pub mod history;
 pub mod range;
 pub mod revision;
 pub mod txn;
+pub mod watch;

@@ -430,7 +430,7 @@ impl Budget {
 /// The keys a range, a compare or a delete names: from `start` (included)
 /// to `end`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct KeyBounds {
+pub struct KeyBounds {
     start: Vec<u8>,
     end: Bound<Vec<u8>>,
 }
@@ -438,7 +438,7 @@ pub(crate) struct KeyBounds {
 impl KeyBounds {
     /// etcd's reading of a key and a range end: empty = `key` alone,
     /// `"\0"` = every key at or after `key`, otherwise `[key, range_end)`.
-    pub(crate) fn new(key: &[u8], range_end: &[u8]) -> KeyBounds {
+    pub fn new(key: &[u8], range_end: &[u8]) -> KeyBounds {
         let end = match range_end {
             [] => Bound::Included(key.to_vec()),
             [0] => Bound::Unbounded,
@@ -451,7 +451,7 @@ impl KeyBounds {
     }
 
     /// Whether `key` is within the bounds.
-    pub(crate) fn contains(&self, key: &[u8]) -> bool {
+    pub fn contains(&self, key: &[u8]) -> bool {
         key >= self.start.as_slice() && below_end(key, &self.end)
     }
 

@@ -465,3 +465,390 @@ fn a_key_first_written_while_a_merge_runs_keeps_its_base_through_the_merge() {
     assert_eq!(index_of(&cluster.history().read().unwrap()), live);
     cluster.check_window(compact);
 }
+
+/// Watch pages (`kvstate::watch`): what a watcher reads from the change
+/// history, checked against the changes each revision made to the whole
+/// key space (the current reads the cluster recorded after each entry).
+mod watch {
+    use super::*;
+    use kvstate::range::KeyValue;
+    use kvstate::watch::{
+        Event, EventCursor, EventKind, EventsError, WATCH_PAGE_EVENTS_MAX, WatchSpec, events,
+    };
+
+    /// One entry of one request a step (so each revision is one entry and
+    /// the recorded reads tell every revision's changes): puts, deletes,
+    /// transactions of several puts, range deletes, from a fixed seed.
+    fn one_revision_workload(cluster: &mut Cluster, steps: usize, seed: u64) {
+        let mut state = seed;
+        let mut next = move |below: u64| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) % below
+        };
+        for step in 0..steps {
+            let key = |n: u64| format!("{}{}", ["a/", "b/", "c"][(n % 3) as usize], n % 7);
+            let value = format!("v{step}");
+            match next(10) {
+                0..=4 => {
+                    cluster.apply(Command::Writes(vec![put(&key(next(21)), &value)]));
+                }
+                5 | 6 => {
+                    cluster.apply(Command::Writes(vec![delete(&key(next(21)))]));
+                }
+                7 | 8 => {
+                    let first = next(21);
+                    let keys: std::collections::BTreeSet<String> =
+                        (0..3).map(|i| key(first + i * 5)).collect();
+                    let success = keys
+                        .iter()
+                        .map(|k| TxnOp::Put {
+                            key: k.clone().into(),
+                            value: value.clone().into(),
+                            ttl_ms: 0,
+                            lease: 0,
+                            prev_kv: false,
+                            ignore_value: false,
+                            ignore_lease: false,
+                        })
+                        .collect();
+                    cluster.apply(Command::Txns(vec![TxnRequest {
+                        session: None,
+                        compares: Vec::new(),
+                        success,
+                        failure: Vec::new(),
+                    }]));
+                }
+                _ => {
+                    cluster.apply(Command::Txns(vec![delete_prefix(["a/", "b/"][step % 2])]));
+                }
+            }
+        }
+    }
+
+    /// Every event after `from`, by the recorded reads: per revision, the
+    /// keys whose state changed (in key order), with their previous state.
+    fn expected(cluster: &Cluster, from: u64) -> Vec<Shape> {
+        let mut events = Vec::new();
+        let revisions: Vec<&u64> = cluster.seen.keys().collect();
+        for pair in revisions.windows(2) {
+            let (before, after) = (&cluster.seen[pair[0]], &cluster.seen[pair[1]]);
+            if *pair[1] < from {
+                continue;
+            }
+            assert!(*pair[1] - *pair[0] <= 1, "one revision per entry");
+            let old: BTreeMap<&[u8], &KeyValue> =
+                before.kvs.iter().map(|kv| (&kv.key[..], kv)).collect();
+            let new: BTreeMap<&[u8], &KeyValue> =
+                after.kvs.iter().map(|kv| (&kv.key[..], kv)).collect();
+            let keys: std::collections::BTreeSet<&[u8]> =
+                old.keys().chain(new.keys()).copied().collect();
+            for key in keys {
+                match (old.get(key), new.get(key)) {
+                    (prev, Some(kv)) if prev != Some(kv) => {
+                        events.push((EventKind::Put, (*kv).clone(), prev.map(|p| (*p).clone())))
+                    }
+                    (Some(prev), None) => events.push((
+                        EventKind::Delete,
+                        KeyValue {
+                            key: key.to_vec(),
+                            mod_revision: *pair[1],
+                            ..KeyValue::default()
+                        },
+                        Some((*prev).clone()),
+                    )),
+                    _ => {}
+                }
+            }
+        }
+        events
+    }
+
+    /// Reads every page of `spec` from `from` to the store revision,
+    /// `step` revisions at a time (as a watcher woken every `step`
+    /// revisions does).
+    fn read_all(
+        cluster: &Cluster,
+        spec: &WatchSpec,
+        from: u64,
+        step: u64,
+    ) -> Result<Vec<Event>, EventsError> {
+        let engine = cluster.engine.clone();
+        let history = cluster.history();
+        let current = cluster.applier.header().revision;
+        let mut cursor = EventCursor::at(from);
+        let mut through = from.saturating_sub(1);
+        let mut all = Vec::new();
+        while cursor.revision <= current {
+            through = (through + step).min(current);
+            loop {
+                let page = events(|| engine.clone(), &history, spec, cursor, through)?;
+                assert!(page.events.len() <= WATCH_PAGE_EVENTS_MAX);
+                assert!(page.next > cursor || page.events.is_empty() && page.next == cursor);
+                let done = page.next.revision > through;
+                all.extend(page.events);
+                cursor = page.next;
+                if done {
+                    break;
+                }
+            }
+        }
+        Ok(all)
+    }
+
+    /// Events as (kind, key value, prev) and their order: by revision,
+    /// then by record within it.
+    fn shapes(events: &[Event]) -> Vec<Shape> {
+        for pair in events.windows(2) {
+            assert!(
+                (pair[0].revision(), pair[0].seq) < (pair[1].revision(), pair[1].seq),
+                "events in order: {pair:?}"
+            );
+        }
+        events
+            .iter()
+            .map(|e| (e.kind, e.kv.clone(), e.prev_kv.clone()))
+            .collect()
+    }
+
+    /// In key order within each revision, as `expected` lists them.
+    fn by_key(mut events: Vec<Shape>) -> Vec<Shape> {
+        events.sort_by(|a, b| (a.1.mod_revision, &a.1.key).cmp(&(b.1.mod_revision, &b.1.key)));
+        events
+    }
+
+    type Shape = (EventKind, KeyValue, Option<KeyValue>);
+
+    /// A new cluster with its first state (empty, revision 1) recorded too.
+    fn fresh() -> Cluster {
+        let mut cluster = Cluster::new();
+        let revision = cluster.applier.header().revision;
+        let empty = range(&cluster.engine, &all(), 0, revision).unwrap();
+        assert_eq!(empty.count, 0);
+        cluster.seen.insert(revision, empty);
+        cluster
+    }
+
+    /// Equal lists, or a panic naming the first difference.
+    fn same_events(got: &[Shape], want: &[Shape], what: &str) {
+        if let Some(at) = (0..got.len().max(want.len())).find(|&i| got.get(i) != want.get(i)) {
+            panic!(
+                "{what}: {} events, {} expected; first difference at {at}:\n got {:?}\nwant {:?}",
+                got.len(),
+                want.len(),
+                got.get(at),
+                want.get(at)
+            );
+        }
+    }
+
+    fn with_prev(key: &str, range_end: &str) -> WatchSpec {
+        WatchSpec {
+            prev_kv: true,
+            ..WatchSpec::new(key.as_bytes(), range_end.as_bytes())
+        }
+    }
+
+    /// Every start revision of the window, several wake-up steps, with and
+    /// without prev_kv.
+    fn check_every_start(cluster: &Cluster, first: u64) {
+        let everything = with_prev("\0", "\0");
+        let current = cluster.applier.header().revision;
+        for from in first..=current + 1 {
+            let want = expected(cluster, from);
+            for step in [1, 7, 1000] {
+                let got = by_key(shapes(&read_all(cluster, &everything, from, step).unwrap()));
+                same_events(
+                    &got,
+                    &want,
+                    &format!("events from revision {from}, step {step}"),
+                );
+            }
+        }
+        // Without prev_kv, none is sent.
+        let plain = WatchSpec::new(b"\0", b"\0");
+        let got = read_all(cluster, &plain, first, 3).unwrap();
+        assert!(got.iter().all(|e| e.prev_kv.is_none()));
+        assert_eq!(got.len(), expected(cluster, first).len());
+    }
+
+    #[test]
+    fn pages_from_every_revision_carry_each_change_once_in_order_through_merges_and_restart() {
+        let mut cluster = fresh();
+        one_revision_workload(&mut cluster, 120, 7);
+        check_every_start(&cluster, 1);
+        cluster.merge();
+        check_every_start(&cluster, 1);
+        one_revision_workload(&mut cluster, 40, 8);
+        cluster.restart();
+        check_every_start(&cluster, 1);
+    }
+
+    #[test]
+    fn ranges_prefixes_and_filters_select_their_events() {
+        let mut cluster = fresh();
+        one_revision_workload(&mut cluster, 150, 11);
+        let all = expected(&cluster, 1);
+        let puts = all.iter().filter(|e| e.0 == EventKind::Put).count();
+        let deletes = all.len() - puts;
+        assert!(puts > 20 && deletes > 20, "{puts} puts, {deletes} deletes");
+        for (spec, keep) in [
+            (
+                with_prev("a/", "a0"),
+                Box::new(|kv: &KeyValue| kv.key.starts_with(b"a/"))
+                    as Box<dyn Fn(&KeyValue) -> bool>,
+            ),
+            (
+                with_prev("b/3", ""),
+                Box::new(|kv: &KeyValue| kv.key == b"b/3"),
+            ),
+            (
+                with_prev("b/", "\0"),
+                Box::new(|kv: &KeyValue| kv.key.as_slice() >= b"b/".as_slice()),
+            ),
+        ] {
+            let want: Vec<_> = all.iter().filter(|e| keep(&e.1)).cloned().collect();
+            assert!(!want.is_empty());
+            let got = by_key(shapes(&read_all(&cluster, &spec, 1, 5).unwrap()));
+            same_events(&got, &want, &format!("{spec:?}"));
+        }
+        let no_put = WatchSpec {
+            no_put: true,
+            ..with_prev("\0", "\0")
+        };
+        let got = read_all(&cluster, &no_put, 1, 5).unwrap();
+        assert_eq!(got.len(), deletes);
+        assert!(got.iter().all(|e| e.kind == EventKind::Delete));
+        let no_delete = WatchSpec {
+            no_delete: true,
+            ..with_prev("\0", "\0")
+        };
+        let got = read_all(&cluster, &no_delete, 1, 5).unwrap();
+        assert_eq!(got.len(), puts);
+        assert!(got.iter().all(|e| e.kind == EventKind::Put));
+    }
+
+    #[test]
+    fn a_start_at_or_below_the_compact_revision_is_refused_naming_it() {
+        let mut cluster = fresh();
+        one_revision_workload(&mut cluster, 60, 3);
+        let current = cluster.applier.header().revision;
+        let compact = current - 20;
+        cluster.apply(Command::Compact { revision: compact });
+        for from in [1, compact - 1, compact] {
+            match read_all(&cluster, &with_prev("\0", "\0"), from, 5) {
+                Err(EventsError::Compacted {
+                    requested,
+                    compact_revision,
+                }) => assert_eq!((requested, compact_revision), (from, compact)),
+                other => panic!("from {from}: {other:?}"),
+            }
+        }
+        let message = read_all(&cluster, &with_prev("\0", "\0"), 2, 5)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.contains("compacted") && message.contains(&compact.to_string()),
+            "{message}"
+        );
+        check_every_start(&cluster, compact + 1);
+        // A merge after the compaction keeps what the window serves.
+        one_revision_workload(&mut cluster, 30, 4);
+        cluster.merge();
+        check_every_start(&cluster, compact + 1);
+    }
+
+    #[test]
+    fn a_revision_larger_than_a_page_is_cut_and_resumed_inside_it() {
+        let mut cluster = fresh();
+        let keys = WATCH_PAGE_EVENTS_MAX * 2 + 17;
+        let puts = (0..keys)
+            .map(|i| Op::Put {
+                key: format!("p{i:05}").into(),
+                value: "v".into(),
+                ttl_ms: 0,
+            })
+            .collect();
+        cluster.apply(Command::Writes(vec![Request {
+            session: None,
+            conditions: Vec::new(),
+            ops: puts,
+        }]));
+        cluster.apply(Command::Txns(vec![delete_prefix("p")]));
+        let revision = cluster.applier.header().revision;
+        let engine = cluster.engine.clone();
+        let history = cluster.history();
+        let spec = WatchSpec::new(b"p", b"q");
+        let first = events(
+            || engine.clone(),
+            &history,
+            &spec,
+            EventCursor::at(1),
+            revision,
+        )
+        .unwrap();
+        assert_eq!(first.events.len(), WATCH_PAGE_EVENTS_MAX);
+        assert_eq!(
+            first.next.skip, WATCH_PAGE_EVENTS_MAX,
+            "cut inside the revision"
+        );
+        let got = read_all(&cluster, &spec, 1, 1000).unwrap();
+        shapes(&got);
+        assert_eq!(got.len(), 2 * keys);
+        let (puts, deletes) = got.split_at(keys);
+        assert!(puts.iter().all(|e| e.kind == EventKind::Put));
+        assert!(deletes.iter().all(|e| e.kind == EventKind::Delete));
+        assert_eq!(puts[0].revision(), revision - 1);
+        assert!(puts.iter().all(|e| e.revision() == revision - 1));
+        assert!(deletes.iter().all(|e| e.revision() == revision));
+    }
+
+    #[test]
+    fn a_key_written_twice_at_one_revision_gives_two_events_and_expiry_gives_a_delete() {
+        let mut cluster = fresh();
+        cluster.apply(Command::Writes(vec![Request {
+            session: None,
+            conditions: Vec::new(),
+            ops: vec![
+                Op::Put {
+                    key: "twice".into(),
+                    value: "one".into(),
+                    ttl_ms: 0,
+                },
+                Op::Put {
+                    key: "twice".into(),
+                    value: "two".into(),
+                    ttl_ms: 0,
+                },
+                Op::Put {
+                    key: "brief".into(),
+                    value: "gone soon".into(),
+                    ttl_ms: 2,
+                },
+            ],
+        }]));
+        let written = cluster.applier.header().revision;
+        while cluster.applier.header().revision == written {
+            assert!(cluster.index < 10, "the TTL's delete came");
+            cluster.apply(Command::Advance);
+        }
+        let got = read_all(&cluster, &with_prev("\0", "\0"), 1, 1).unwrap();
+        let shown: Vec<(EventKind, &[u8], &[u8], u64)> = got
+            .iter()
+            .map(|e| (e.kind, &e.kv.key[..], &e.kv.value[..], e.revision()))
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                (EventKind::Put, &b"twice"[..], &b"one"[..], written),
+                (EventKind::Put, &b"twice"[..], &b"two"[..], written),
+                (EventKind::Put, &b"brief"[..], &b"gone soon"[..], written),
+                (EventKind::Delete, &b"brief"[..], &b""[..], written + 1),
+            ]
+        );
+        // The second write's previous state is the first's.
+        assert_eq!(got[1].prev_kv.as_ref().unwrap().value, b"one");
+        assert_eq!(got[3].prev_kv.as_ref().unwrap().value, b"gone soon");
+    }
+}
