@@ -185,10 +185,11 @@ pub enum EventsError {
 }
 
 /// The next page of `spec`'s events from `from`, up to revision `through`
-/// (at most the history's revision): whole revisions until
-/// [`WATCH_PAGE_EVENTS_MAX`] events or [`WATCH_PAGE_BYTES_MAX`] bytes are
-/// reached (a revision larger than that is cut, and the next page goes on
-/// inside it), at most [`WATCH_PAGE_SCAN_RECORDS_MAX`] records examined.
+/// (at most the history's revision): whole revisions while they fit in
+/// [`WATCH_PAGE_EVENTS_MAX`] events and [`WATCH_PAGE_BYTES_MAX`] bytes (by
+/// the records' stored sizes); a revision larger than that alone is cut
+/// (the page holds only it, `next.skip` > 0, and the next page goes on
+/// inside it); at most [`WATCH_PAGE_SCAN_RECORDS_MAX`] records examined.
 /// Reads under the history's read lock (the apply waits for it: that is
 /// what the bounds are for), taking the engine (`engine`) under it; starts
 /// over when a merge moved a record, for up to [`HISTORY_READ_WAIT_MAX`].
@@ -301,6 +302,27 @@ fn page(
         } else {
             0
         };
+        // A revision is cut only when it alone is larger than a page: one
+        // that does not fit after others starts the next page.
+        if !page.events.is_empty() {
+            let rest = changes.get(skip..).unwrap_or(&[]);
+            let estimate: usize = rest
+                .iter()
+                .map(|(_, position, versions)| {
+                    let prev = match position.checked_sub(1) {
+                        Some(before) if spec.prev_kv => versions[before].location.len,
+                        _ => 0,
+                    };
+                    (versions[*position].location.len + prev) as usize
+                })
+                .sum();
+            if page.events.len() + rest.len() > WATCH_PAGE_EVENTS_MAX
+                || bytes + estimate > WATCH_PAGE_BYTES_MAX
+            {
+                page.next = EventCursor { revision, skip };
+                return Ok(page);
+            }
+        }
         for (done, (key, position, versions)) in changes.iter().enumerate().skip(skip) {
             if page.events.len() >= WATCH_PAGE_EVENTS_MAX || bytes >= WATCH_PAGE_BYTES_MAX {
                 // Cut inside the revision: the next page resumes here.

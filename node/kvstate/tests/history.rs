@@ -586,6 +586,16 @@ mod watch {
                 let page = events(|| engine.clone(), &history, spec, cursor, through)?;
                 assert!(page.events.len() <= WATCH_PAGE_EVENTS_MAX);
                 assert!(page.next > cursor || page.events.is_empty() && page.next == cursor);
+                if page.next.skip > 0 {
+                    // Cut inside a revision: the page holds only it.
+                    assert!(
+                        page.events
+                            .iter()
+                            .all(|e| e.revision() == page.next.revision),
+                        "a page cut inside revision {} holds only it",
+                        page.next.revision
+                    );
+                }
                 let done = page.next.revision > through;
                 all.extend(page.events);
                 cursor = page.next;
@@ -793,6 +803,21 @@ mod watch {
             first.next.skip, WATCH_PAGE_EVENTS_MAX,
             "cut inside the revision"
         );
+        // The revision's last events start a page; the next revision, too
+        // large to follow them, starts the one after.
+        let third = events(
+            || engine.clone(),
+            &history,
+            &spec,
+            EventCursor {
+                revision: revision - 1,
+                skip: 2 * WATCH_PAGE_EVENTS_MAX,
+            },
+            revision,
+        )
+        .unwrap();
+        assert_eq!(third.events.len(), 17);
+        assert_eq!(third.next, EventCursor::at(revision));
         let got = read_all(&cluster, &spec, 1, 1000).unwrap();
         shapes(&got);
         assert_eq!(got.len(), 2 * keys);
