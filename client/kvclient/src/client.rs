@@ -29,6 +29,7 @@ use crate::types::{
     Batch, BatchApplied, Condition, Consistency, Entry, KeyValue, OpResult, PutOptions, Read,
     Removed, Revisions, Scan, Written, ttl_left, ttl_ms,
 };
+use crate::watch::{Watch, WatchStream};
 
 /// Largest response the client accepts, in bytes (a scan page or a value of
 /// the largest size, with room to spare).
@@ -50,12 +51,12 @@ pub struct Client {
 
 #[derive(Debug)]
 struct Inner {
-    router: Router,
+    router: Arc<Router>,
     sessions: Arc<Sessions>,
     last_write_index: AtomicU64,
 }
 
-fn kv(channel: Channel) -> KvClient<Channel> {
+pub(crate) fn kv(channel: Channel) -> KvClient<Channel> {
     KvClient::new(channel).max_decoding_message_size(RESPONSE_SIZE_BYTES_MAX)
 }
 
@@ -96,7 +97,7 @@ impl Client {
     pub(crate) fn from_settings(settings: Settings) -> Client {
         Client {
             inner: Arc::new(Inner {
-                router: Router::new(settings),
+                router: Arc::new(Router::new(settings)),
                 sessions: Arc::new(Sessions::new()),
                 last_write_index: AtomicU64::new(0),
             }),
@@ -447,6 +448,19 @@ impl Client {
             }),
             None => Err(Error::Protocol("BatchResponse.outcome is missing".into())),
         }
+    }
+
+    /// Watches `watch`'s keys from a member picked round-robin: returns
+    /// once the member has created the watch. The stream resumes on
+    /// another member by itself (see [`crate::watch`]).
+    pub async fn watch(&self, watch: Watch) -> Result<WatchStream> {
+        crate::watch::start(self.inner.router.clone(), watch, None).await
+    }
+
+    /// [`Client::watch`], started on the member at `addr` (`host:port`);
+    /// it resumes on any member of the client.
+    pub async fn watch_on(&self, addr: &str, watch: Watch) -> Result<WatchStream> {
+        crate::watch::start(self.inner.router.clone(), watch, Some(addr)).await
     }
 
     /// One page of a scan, resuming after `after` (exclusive).

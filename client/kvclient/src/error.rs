@@ -88,6 +88,17 @@ pub enum Error {
         /// The server's message.
         message: String,
     },
+    /// A watch's next revision is at or below the compact revision: the
+    /// events it needs are gone. Re-read the keys, then watch again from
+    /// `compact_revision + 1` or later.
+    #[error(
+        "mvcc: required revision has been compacted: the watch needed events the cluster no \
+         longer holds; the compact revision is {compact_revision}"
+    )]
+    Compacted {
+        /// The compact revision when the watch was cancelled.
+        compact_revision: u64,
+    },
     /// The server's answer broke the protocol (e.g. a missing outcome).
     #[error("malformed response: {0}")]
     Protocol(String),

@@ -21,6 +21,8 @@
 //!   [`Client::range`], [`Client::delete_range`] and [`Client::txn`].
 //! - [`types`]: [`Consistency`], [`Entry`], [`Written`], [`PutOptions`],
 //!   [`Batch`], [`Scan`] and friends.
+//! - [`watch`]: [`Watch`] and the [`WatchStream`] of its changes
+//!   ([`Client::watch`]), which resumes on another member by itself.
 //!
 //! ## Guarantees
 //!
@@ -86,6 +88,7 @@ pub mod router;
 mod session;
 pub mod txn;
 pub mod types;
+pub mod watch;
 
 pub use builder::{ClientBuilder, ClientTls};
 pub use client::{Client, ScanPage, ScanStream};
@@ -95,3 +98,4 @@ pub use types::{
     Batch, BatchApplied, Condition, Consistency, Entry, KeyValue, OpResult, PutOptions, Read,
     Removed, Revisions, Scan, Written,
 };
+pub use watch::{EventKind, Watch, WatchBatch, WatchEvent, WatchStream};

@@ -57,6 +57,8 @@ pub(crate) enum Target {
     Leader,
     /// Any healthy member, round-robin (reads).
     Any,
+    /// The member at this index of the list (a watch's first member).
+    Member(usize),
 }
 
 #[derive(Debug)]
@@ -143,7 +145,7 @@ impl Router {
         }
     }
 
-    fn mark(&self, addr: &str, healthy: bool) {
+    pub(crate) fn mark(&self, addr: &str, healthy: bool) {
         let mut members = self.lock();
         if let Some(m) = members.list.iter_mut().find(|m| m.addr == addr) {
             m.unhealthy_until = (!healthy).then(|| Instant::now() + UNHEALTHY_PAUSE);
@@ -151,10 +153,11 @@ impl Router {
     }
 
     /// The member for the next attempt and its channel.
-    fn pick(&self, target: Target) -> Result<(String, Channel)> {
+    pub(crate) fn pick(&self, target: Target) -> Result<(String, Channel)> {
         let mut members = self.lock();
         let index = match (target, members.leader.clone()) {
             (Target::Leader, Some(leader)) => members.list.iter().position(|m| m.addr == leader),
+            (Target::Member(index), _) if index < members.list.len() => Some(index),
             _ => None,
         };
         let index = match index {
@@ -162,7 +165,7 @@ impl Router {
             None => {
                 let counter = match target {
                     Target::Leader => &self.next_probe,
-                    Target::Any => &self.next_any,
+                    Target::Any | Target::Member(_) => &self.next_any,
                 };
                 let now = Instant::now();
                 let len = members.list.len();
@@ -195,6 +198,31 @@ impl Router {
             }
         };
         Ok((member.addr.clone(), channel))
+    }
+
+    /// `addr`'s channel, learning it as a member if new (a watch started
+    /// on a member of the caller's choice).
+    pub(crate) fn channel_to(&self, addr: &str) -> Result<(String, Channel)> {
+        let index = {
+            let mut members = self.lock();
+            match members.list.iter().position(|m| m.addr == addr) {
+                Some(index) => index,
+                None if members.list.len() < MEMBERS_MAX => {
+                    members.list.push(Member {
+                        addr: addr.to_string(),
+                        channel: None,
+                        unhealthy_until: None,
+                    });
+                    members.list.len() - 1
+                }
+                None => {
+                    return Err(Error::InvalidConfig(format!(
+                        "{addr}: the client knows {MEMBERS_MAX} members (the limit MEMBERS_MAX)"
+                    )));
+                }
+            }
+        };
+        self.pick(Target::Member(index))
     }
 
     /// Runs `call` against `target` until it answers, a fatal error comes,

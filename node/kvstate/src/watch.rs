@@ -206,7 +206,7 @@ pub fn events(
     loop {
         let attempt = {
             let history = history.read().unwrap_or_else(PoisonError::into_inner);
-            page(&engine(), &history, spec, from, through)
+            page_in(&engine(), &history, spec, from, through)
         };
         match attempt {
             Err(EventsError::Engine(bitcask::Error::LocationGone { .. }))
@@ -223,8 +223,12 @@ pub fn events(
     }
 }
 
-/// One attempt at [`events`] under the history's read lock.
-fn page(
+/// One attempt at [`events`] with the history's read lock held by the
+/// caller (`engine` taken under it): what a caller that tries the lock
+/// without waiting uses. A record a merge moved is
+/// `EventsError::Engine(bitcask::Error::LocationGone)`: retry, or call
+/// [`events`].
+pub fn page_in(
     engine: &Engine,
     history: &History,
     spec: &WatchSpec,

@@ -38,7 +38,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::raft::types::NodeRaft;
 use crate::raft::watch::MetricsWatch;
-use crate::server::metrics::{EngineView, METRICS_CONTENT_TYPE, Metrics, ScrapeView};
+use crate::server::metrics::{EngineView, HistoryView, METRICS_CONTENT_TYPE, Metrics, ScrapeView};
 use crate::server::security::TLS_HANDSHAKE_TIMEOUT;
 use crate::state_machine::StateMachine;
 
@@ -141,6 +141,15 @@ impl AdminState {
             applied_index: self.applied_index(),
             commit_index,
             engine,
+            history: self.state_machine.history().try_read().ok().map(|history| {
+                let (records, bytes) = history.records();
+                HistoryView {
+                    compact_revision: history.compact_revision(),
+                    revision: history.revision(),
+                    records: records as u64,
+                    bytes,
+                }
+            }),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The client `Kv` gRPC service: Put, Delete, Expire, Persist, Get, Scan,
 //! Batch, and etcd's Range, DeleteRange and Txn (their wire conversions in
-//! `txn.rs`).
+//! `txn.rs`), and Watch (served by `watch.rs`).
 //!
 //! Writes go through the proposal batcher on the leader; a follower fails
 //! them fast with FAILED_PRECONDITION + `NotLeader`. Linearizable reads get
@@ -848,6 +848,22 @@ impl Kv for KvService {
                 "the compaction's outcome is unknown: {err:?}"
             ))),
         }
+    }
+
+    type WatchStream = crate::server::watch::WatchStream;
+
+    async fn watch(
+        &self,
+        request: Request<tonic::Streaming<kvproto::kv::v1::WatchRequest>>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let context = crate::server::watch::WatchContext {
+            raft: self.raft.clone(),
+            state_machine: self.state_machine.clone(),
+            reads: self.reads.clone(),
+            identity: self.identity.clone(),
+            metrics: self.metrics.clone(),
+        };
+        Ok(Response::new(context.serve(request.into_inner())))
     }
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {

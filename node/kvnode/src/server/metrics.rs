@@ -48,6 +48,10 @@ pub const PROPOSAL_BATCH_BUCKET_FIRST_OPS: f64 = 1.0;
 /// 2^16 = 65536 ops, above the most user ops one entry may carry.
 pub const PROPOSAL_BATCH_BUCKETS: u16 = 17;
 
+/// The reasons `raftcask_watch_cancellations` is labelled with.
+pub const WATCH_CANCEL_REASONS: [&str; 5] =
+    ["client", "compacted", "refused", "unavailable", "error"];
+
 /// The client operations `raftcask_request_seconds` is labelled with
 /// (label `op`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -125,6 +129,21 @@ pub struct ScrapeView {
     pub commit_index: Option<u64>,
     /// Engine stats (`None` if they could not be read).
     pub engine: Option<EngineView>,
+    /// The change history's window (`None` if its lock was busy).
+    pub history: Option<HistoryView>,
+}
+
+/// The change history part of a [`ScrapeView`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HistoryView {
+    /// The compact revision: the oldest revision reads and watches serve.
+    pub compact_revision: u64,
+    /// The store revision the history holds.
+    pub revision: u64,
+    /// Records the history's index names within the window.
+    pub records: u64,
+    /// Bytes of the records the history names (bases included).
+    pub bytes: u64,
 }
 
 /// The engine part of a [`ScrapeView`].
@@ -180,6 +199,48 @@ struct Inner {
     /// One histogram per [`RequestOp`] (in [`RequestOp::ALL`] order), all
     /// members of the registered family.
     request_seconds: Vec<Histogram>,
+    history_compact_revision: Gauge,
+    history_revision: Gauge,
+    history_records: Gauge,
+    history_bytes: Gauge,
+    watchers: Gauge,
+    watchers_catching_up: Gauge,
+    watch_events_sent: Counter,
+    watch_cancellations: Family<ReasonLabel, Counter>,
+}
+
+/// The label set of `raftcask_watch_cancellations`: `reason`.
+type ReasonLabel = [(&'static str, &'static str); 1];
+
+/// One watch, counted in `raftcask_watchers` (and, while it reads a
+/// backlog, `raftcask_watchers_catching_up`) until it drops.
+#[derive(Debug)]
+pub struct Watcher {
+    watchers: Gauge,
+    catching_up: Gauge,
+    behind: bool,
+}
+
+impl Watcher {
+    /// Whether the watch is reading a backlog (more than one page behind
+    /// the store revision) rather than waiting for the next revision.
+    pub fn set_behind(&mut self, behind: bool) {
+        if behind != self.behind {
+            self.behind = behind;
+            if behind {
+                self.catching_up.inc();
+            } else {
+                self.catching_up.dec();
+            }
+        }
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.set_behind(false);
+        self.watchers.dec();
+    }
 }
 
 /// A gauge value from an unsigned count (saturating: gauges are `i64`).
@@ -305,8 +366,56 @@ impl Metrics {
             "Duration of each client request, by operation, errors included",
             family,
         );
+        let history_compact_revision = gauge(
+            &mut registry,
+            "history_compact_revision",
+            "The change history's compact revision: the oldest revision past reads and watches are served from",
+        );
+        let history_revision = gauge(
+            &mut registry,
+            "history_revision",
+            "The store revision the change history holds",
+        );
+        let history_records = gauge(
+            &mut registry,
+            "history_records",
+            "Records the change history names within its window",
+        );
+        let history_bytes = gauge(
+            &mut registry,
+            "history_bytes",
+            "Bytes of the records the change history names (bases included)",
+        );
+        let watchers = gauge(&mut registry, "watchers", "Watches open on this member");
+        let watchers_catching_up = gauge(
+            &mut registry,
+            "watchers_catching_up",
+            "Watches reading a backlog from the change history (behind the store revision by more than a page)",
+        );
+        let watch_events_sent = counter(
+            &mut registry,
+            "watch_events_sent",
+            "Events this member sent to watchers",
+        );
+        let watch_cancellations = Family::<ReasonLabel, Counter>::default();
+        for reason in WATCH_CANCEL_REASONS {
+            drop(watch_cancellations.get_or_create(&[("reason", reason)]));
+        }
+        registry.register(
+            "watch_cancellations",
+            "Watches ended by this member, by reason: client (cancelled by the client), compacted (fell below the compact revision), refused (a create over a limit or malformed), unavailable (no current revision for a watch from now), error",
+            watch_cancellations.clone(),
+        );
         Metrics {
             inner: Arc::new(Inner {
+                history_compact_revision,
+                history_revision,
+                history_records,
+                history_bytes,
+                watchers,
+                watchers_catching_up,
+                watch_events_sent,
+                watch_cancellations,
                 member_id,
                 registry,
                 scrape: Mutex::new(()),
@@ -328,6 +437,30 @@ impl Metrics {
                 request_seconds,
             }),
         }
+    }
+
+    /// Counts one watch until the guard drops.
+    pub fn watcher(&self) -> Watcher {
+        self.inner.watchers.inc();
+        Watcher {
+            watchers: self.inner.watchers.clone(),
+            catching_up: self.inner.watchers_catching_up.clone(),
+            behind: false,
+        }
+    }
+
+    /// Counts events sent to watchers.
+    pub fn watch_events_sent(&self, events: u64) {
+        self.inner.watch_events_sent.inc_by(events);
+    }
+
+    /// Counts a watch this member ended, by reason (one of
+    /// [`WATCH_CANCEL_REASONS`]).
+    pub fn watch_cancelled(&self, reason: &'static str) {
+        self.inner
+            .watch_cancellations
+            .get_or_create(&[("reason", reason)])
+            .inc();
     }
 
     /// The member these metrics belong to.
@@ -424,6 +557,14 @@ impl Metrics {
             .set(gauge_value(view.applied_index));
         if let Some(commit_index) = view.commit_index {
             inner.raft_commit_index.set(gauge_value(commit_index));
+        }
+        if let Some(history) = view.history {
+            inner
+                .history_compact_revision
+                .set(gauge_value(history.compact_revision));
+            inner.history_revision.set(gauge_value(history.revision));
+            inner.history_records.set(gauge_value(history.records));
+            inner.history_bytes.set(gauge_value(history.bytes));
         }
         if let Some(engine) = view.engine {
             inner.engine_keys.set(gauge_value(engine.keys));

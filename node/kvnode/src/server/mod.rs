@@ -9,6 +9,8 @@
 //!   consistency).
 //! - [`txn`]: the wire form of `Kv.Range`, `Kv.DeleteRange` and `Kv.Txn`
 //!   (checked into kvstate's range and transaction types, and back).
+//! - [`watch`]: `Kv.Watch`: one task per watch reading its events page by
+//!   page from the change history, woken by each applied revision.
 //! - [`cluster`]: the client `Cluster` service (status, membership,
 //!   snapshots, SaveSnapshot streaming).
 //! - [`raft`]: the peer `Raft` service (AppendEntries, Vote, ReadIndex,
@@ -32,3 +34,4 @@ pub mod metrics;
 pub mod raft;
 pub mod security;
 pub mod txn;
+pub mod watch;

@@ -115,6 +115,10 @@ pub(crate) struct Shared {
     /// applier; a read at a past revision holds its read lock, and takes
     /// the engine under it (an install switches both under its write lock).
     pub(crate) history: Arc<RwLock<History>>,
+    /// The store revision after the last applied batch of entries (or
+    /// install), sent once the change history holds it: what watchers wait
+    /// on ([`StateMachine::subscribe_applied`]).
+    pub(crate) applied: tokio::sync::watch::Sender<u64>,
     /// Held for the whole of a snapshot build or install: an install never
     /// removes an engine directory a build is still linking from.
     pub(crate) snapshot_work: Mutex<()>,
@@ -198,6 +202,7 @@ impl StateMachine {
                 cluster_time_ms: AtomicU64::new(time_ms),
                 revision,
                 history,
+                applied: tokio::sync::watch::Sender::new(0),
                 snapshot_work: Mutex::new(()),
                 cluster_id: AtomicU64::new(0),
                 inner: Mutex::new(Inner {
@@ -214,6 +219,7 @@ impl StateMachine {
         };
         sm.switch_in_newer_snapshot()?;
         sm.prune_snapshots();
+        sm.notify_applied();
         Ok(sm)
     }
 
@@ -275,6 +281,29 @@ impl StateMachine {
         let engine = self.engine();
         let result = read(&engine);
         Some((result, history.revision()))
+    }
+
+    /// The store revision the change history holds, sent after each
+    /// applied batch of entries and each install: a watcher waits on it for
+    /// its next revision. (The value may run ahead of what a reader under
+    /// the history's lock sees only by entries still applying.)
+    pub fn subscribe_applied(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.applied.subscribe()
+    }
+
+    /// Tells watchers what the change history holds now.
+    pub(crate) fn notify_applied(&self) {
+        let revision = self
+            .shared
+            .history
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .revision();
+        self.shared.applied.send_if_modified(|sent| {
+            let changed = *sent != revision;
+            *sent = revision;
+            changed
+        });
     }
 
     /// The change history's index: hold its read lock while reading at a
@@ -410,6 +439,8 @@ impl StateMachine {
                 EntryResponse::default()
             });
         }
+        drop(inner);
+        self.notify_applied();
         Ok(responses)
     }
 
@@ -658,7 +689,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .await
             .map_err(|err| SmError::Inconsistent(format!("install task: {err}")))
             .and_then(|installed| installed)
-            .map_err(sm_err)
+            .map_err(sm_err)?;
+        self.notify_applied();
+        Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<NodeSnapshot>, io::Error> {

@@ -1,0 +1,449 @@
+//! `Kv.Watch`: change streams served from this member's applied state.
+//!
+//! One gRPC stream carries any number of watches. The stream's task reads
+//! the client's messages (create, cancel, progress) and runs one task per
+//! watch; every watch task sends into the stream's one bounded response
+//! channel ([`WATCH_STREAM_RESPONSES_BUFFERED`]).
+//!
+//! A watch task keeps a cursor (the next revision whose events it has not
+//! all sent) and reads its events page by page from the change history
+//! (`kvstate::watch::events`): nothing is buffered per watcher and nothing
+//! runs on the apply path. A watcher that keeps up reads each new
+//! revision's page as soon as the state machine says it is applied
+//! ([`StateMachine::subscribe_applied`]); one whose client reads slowly
+//! waits on the response channel, falls behind, and later reads its
+//! backlog from the history the same way (etcd's "unsynced" watchers).
+//! Memory per watcher is one page at most. A watcher is cancelled only when
+//! its cursor falls to or below the compact revision; the cancel names the
+//! compact revision, so the client re-reads and resumes.
+//!
+//! Every replica's history is the same, so is every page: a watcher that
+//! resumes on another member with `start_revision` = last seen + 1 gets
+//! every later event exactly once, in order.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvproto::kv::v1::{
+    Event as PbEvent, EventType, Header, KeyValue as PbKeyValue, WatchCreateRequest, WatchRequest,
+    WatchResponse, watch_request,
+};
+use kvstate::range::KeyValue;
+use kvstate::watch::{
+    Event, EventCursor, EventKind, EventPage, EventsError, WatchSpec, events, page_in,
+};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Status, Streaming};
+
+use crate::node::identity::Identity;
+use crate::raft::read_index::ReadRounds;
+use crate::raft::types::NodeRaft;
+use crate::raft::watch::MetricsWatch;
+use crate::server::cluster;
+use crate::server::convert::check_key;
+use crate::server::metrics::Metrics;
+use crate::state_machine::StateMachine;
+
+/// Responses a watch stream holds for its client before its watch tasks
+/// wait (each response is one page at most: `WATCH_PAGE_EVENTS_MAX` events,
+/// `WATCH_PAGE_BYTES_MAX` bytes).
+pub const WATCH_STREAM_RESPONSES_BUFFERED: usize = 4;
+/// Watches one stream may hold at once; a create beyond it is answered
+/// cancelled, naming the limit.
+pub const WATCH_STREAM_WATCHES_MAX: usize = 10_000;
+/// How often a watch created with `progress_notify` gets a progress
+/// notification while it is caught up.
+pub const WATCH_PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
+/// A watcher this many revisions behind (or fewer) reads its page on the
+/// async worker when the history's lock is free; further behind, the read
+/// moves to a blocking thread.
+pub const WATCH_INLINE_REVISIONS_MAX: u64 = 64;
+
+/// What a watch stream needs of its member.
+#[derive(Clone)]
+pub(crate) struct WatchContext {
+    pub(crate) raft: NodeRaft,
+    pub(crate) state_machine: StateMachine,
+    pub(crate) reads: ReadRounds,
+    pub(crate) identity: Identity,
+    pub(crate) metrics: Option<Metrics>,
+}
+
+/// The response stream `Kv.Watch` returns.
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
+
+type Out = mpsc::Sender<Result<WatchResponse, Status>>;
+
+impl WatchContext {
+    fn header(&self, revision: u64) -> Header {
+        let metrics = self.raft.metrics().borrow().clone();
+        Header {
+            revision,
+            ..cluster::header(&self.identity, &self.state_machine, &metrics)
+        }
+    }
+
+    fn response(&self, watch_id: i64, revision: u64) -> WatchResponse {
+        WatchResponse {
+            header: Some(self.header(revision)),
+            watch_id,
+            ..WatchResponse::default()
+        }
+    }
+
+    /// Starts serving one watch stream.
+    pub(crate) fn serve(self, requests: Streaming<WatchRequest>) -> WatchStream {
+        let (out, responses) = mpsc::channel(WATCH_STREAM_RESPONSES_BUFFERED);
+        tokio::spawn(self.run_stream(requests, out));
+        Box::pin(ReceiverStream::new(responses))
+    }
+
+    /// Reads the client's messages until the stream ends; then stops every
+    /// watch of it.
+    async fn run_stream(self, mut requests: Streaming<WatchRequest>, out: Out) {
+        let mut watches: HashMap<i64, JoinHandle<()>> = HashMap::new();
+        let mut next_id: i64 = 0;
+        let (progress, _) = watch::channel(0u64);
+        loop {
+            let request = tokio::select! {
+                request = requests.message() => request,
+                () = out.closed() => break,
+            };
+            let request = match request {
+                Ok(Some(request)) => request,
+                Ok(None) => break,
+                Err(status) => {
+                    tracing::debug!(%status, "watch stream ended");
+                    break;
+                }
+            };
+            watches.retain(|_, task| !task.is_finished());
+            match request.request {
+                Some(watch_request::Request::Create(create)) => {
+                    let id = if create.watch_id != 0 {
+                        create.watch_id
+                    } else {
+                        while watches.contains_key(&next_id) {
+                            next_id += 1;
+                        }
+                        next_id
+                    };
+                    let refused = if watches.contains_key(&id) {
+                        Some(format!("watch id {id} is in use on this stream"))
+                    } else if watches.len() >= WATCH_STREAM_WATCHES_MAX {
+                        Some(format!(
+                            "the stream holds {WATCH_STREAM_WATCHES_MAX} watches (the limit \
+                             WATCH_STREAM_WATCHES_MAX); cancel one or open another stream"
+                        ))
+                    } else {
+                        check_create(&create).err().map(|s| s.message().to_string())
+                    };
+                    if let Some(reason) = refused {
+                        let response = WatchResponse {
+                            created: true,
+                            canceled: true,
+                            cancel_reason: reason,
+                            ..self.response(id, self.state_machine.revision())
+                        };
+                        self.count_cancel("refused");
+                        if out.send(Ok(response)).await.is_err() {
+                            break;
+                        }
+                        continue;
+                    }
+                    let task = tokio::spawn(self.clone().run_watch(
+                        id,
+                        create,
+                        out.clone(),
+                        progress.subscribe(),
+                    ));
+                    watches.insert(id, task);
+                }
+                Some(watch_request::Request::Cancel(cancel)) => {
+                    let id = cancel.watch_id;
+                    if let Some(task) = watches.remove(&id) {
+                        task.abort();
+                        self.count_cancel("client");
+                        let response = WatchResponse {
+                            canceled: true,
+                            ..self.response(id, self.state_machine.revision())
+                        };
+                        if out.send(Ok(response)).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+                Some(watch_request::Request::Progress(_)) => {
+                    progress.send_modify(|asked| *asked += 1);
+                }
+                None => {
+                    let status = Status::invalid_argument("a WatchRequest must set `request`");
+                    let _ = out.send(Err(status)).await;
+                    break;
+                }
+            }
+        }
+        for (_, task) in watches {
+            task.abort();
+        }
+    }
+
+    fn count_cancel(&self, reason: &'static str) {
+        if let Some(metrics) = &self.metrics {
+            metrics.watch_cancelled(reason);
+        }
+    }
+
+    /// One watch: where it starts, then pages until the client goes, the
+    /// watch is cancelled, or it falls below the compact revision.
+    async fn run_watch(
+        self,
+        id: i64,
+        create: WatchCreateRequest,
+        out: Out,
+        mut progress: watch::Receiver<u64>,
+    ) {
+        let mut watching = self.metrics.as_ref().map(Metrics::watcher);
+        let start = match self.start_revision(&create).await {
+            Ok(start) => start,
+            Err(status) => {
+                let response = WatchResponse {
+                    created: true,
+                    canceled: true,
+                    cancel_reason: status.message().to_string(),
+                    ..self.response(id, self.state_machine.revision())
+                };
+                self.count_cancel("unavailable");
+                let _ = out.send(Ok(response)).await;
+                return;
+            }
+        };
+        let created = WatchResponse {
+            created: true,
+            ..self.response(id, start - 1)
+        };
+        if out.send(Ok(created)).await.is_err() {
+            return;
+        }
+        let spec = Arc::new(WatchSpec {
+            prev_kv: create.prev_kv,
+            no_put: create.no_put,
+            no_delete: create.no_delete,
+            ..WatchSpec::new(&create.key, &create.range_end)
+        });
+        // NEGATIVE CONTROL (feature nc-watch-skip): a watch that resumes
+        // (an explicit start revision) loses its first event.
+        let mut skip_one = cfg!(feature = "nc-watch-skip") && create.start_revision != 0;
+        let mut cursor = EventCursor::at(start);
+        let mut applied = self.state_machine.subscribe_applied();
+        let mut ticker = tokio::time::interval(WATCH_PROGRESS_INTERVAL);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.reset();
+        let mut progress_wanted = false;
+        progress.borrow_and_update();
+        loop {
+            let page = match self.read_page(&spec, cursor).await {
+                Ok(page) => page,
+                Err(err) => {
+                    let (compact_revision, reason) = match &err {
+                        EventsError::Compacted {
+                            compact_revision, ..
+                        } => (*compact_revision, "compacted"),
+                        _ => (0, "error"),
+                    };
+                    self.count_cancel(reason);
+                    let response = WatchResponse {
+                        canceled: true,
+                        compact_revision,
+                        cancel_reason: err.to_string(),
+                        ..self.response(id, self.state_machine.revision())
+                    };
+                    let _ = out.send(Ok(response)).await;
+                    return;
+                }
+            };
+            let mut page_events = page.events;
+            if skip_one && !page_events.is_empty() {
+                page_events.remove(0);
+                skip_one = false;
+            }
+            if !page_events.is_empty() {
+                if let Some(metrics) = &self.metrics {
+                    metrics.watch_events_sent(page_events.len() as u64);
+                }
+                let response = WatchResponse {
+                    fragment: page.next.skip > 0,
+                    events: page_events.into_iter().map(event_pb).collect(),
+                    ..self.response(id, page.revision)
+                };
+                if out.send(Ok(response)).await.is_err() {
+                    return;
+                }
+            }
+            cursor = page.next;
+            if cursor.revision <= page.revision {
+                // Behind: the next page at once.
+                if let Some(watching) = &mut watching {
+                    watching.set_behind(true);
+                }
+                continue;
+            }
+            if let Some(watching) = &mut watching {
+                watching.set_behind(false);
+            }
+            // Caught up: every event up to `cursor.revision - 1` is sent.
+            if progress_wanted {
+                progress_wanted = false;
+                if out
+                    .send(Ok(self.response(id, cursor.revision - 1)))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            let next = cursor.revision;
+            tokio::select! {
+                applied = async { applied.wait_for(|revision| *revision >= next).await.is_ok() } => {
+                    if !applied {
+                        return; // the state machine is gone: the member stops
+                    }
+                }
+                _ = ticker.tick(), if create.progress_notify => {
+                    if out.send(Ok(self.response(id, next - 1))).await.is_err() {
+                        return;
+                    }
+                }
+                asked = progress.changed() => {
+                    if asked.is_err() {
+                        return;
+                    }
+                    progress_wanted = true;
+                }
+                () = out.closed() => return,
+            }
+        }
+    }
+
+    /// The first revision a new watch sends: the one asked for, or for 0,
+    /// the revision after "now" (a read index's, unless stale).
+    async fn start_revision(&self, create: &WatchCreateRequest) -> Result<u64, Status> {
+        if create.start_revision != 0 {
+            return Ok(create.start_revision);
+        }
+        let stale = create.consistency == kvproto::kv::v1::Consistency::Stale as i32;
+        if !stale && !cfg!(feature = "nc-local-reads") {
+            let unavailable = |err| {
+                Status::unavailable(format!(
+                    "member {} cannot find the current revision for a watch from now: {err}; \
+                     retry, or watch with stale consistency",
+                    self.identity.member_id()
+                ))
+            };
+            let index = self.reads.read_index().await.map_err(unavailable)?;
+            self.reads.wait_applied(index).await.map_err(unavailable)?;
+        }
+        let history = self.state_machine.history().clone();
+        let revision = history.read().unwrap_or_else(|p| p.into_inner()).revision();
+        Ok(revision + 1)
+    }
+
+    /// The next page from `cursor`: on this worker when the watcher is
+    /// close behind and the history's lock is free, otherwise (or when a
+    /// merge moved a record under it) on a blocking thread.
+    async fn read_page(
+        &self,
+        spec: &Arc<WatchSpec>,
+        cursor: EventCursor,
+    ) -> Result<EventPage, EventsError> {
+        if let Some(page) = self.try_page_inline(spec, cursor) {
+            return page;
+        }
+        let state_machine = self.state_machine.clone();
+        let spec = spec.clone();
+        tokio::task::spawn_blocking(move || {
+            events(
+                || state_machine.engine(),
+                state_machine.history(),
+                &spec,
+                cursor,
+                u64::MAX,
+            )
+        })
+        .await
+        .unwrap_or_else(|err| {
+            Err(EventsError::Engine(bitcask::Error::Corruption {
+                file: String::new(),
+                offset: 0,
+                reason: format!("the watch page task failed: {err}"),
+            }))
+        })
+    }
+}
+
+impl WatchContext {
+    /// [`WatchContext::read_page`] on this worker, if the watcher is close
+    /// behind and the lock is free; `None`: read it on a blocking thread.
+    fn try_page_inline(
+        &self,
+        spec: &WatchSpec,
+        cursor: EventCursor,
+    ) -> Option<Result<EventPage, EventsError>> {
+        let history = self.state_machine.history().try_read().ok()?;
+        if history.revision().saturating_sub(cursor.revision) >= WATCH_INLINE_REVISIONS_MAX {
+            return None;
+        }
+        match page_in(
+            &self.state_machine.engine(),
+            &history,
+            spec,
+            cursor,
+            u64::MAX,
+        ) {
+            Err(EventsError::Engine(bitcask::Error::LocationGone { .. })) => None,
+            other => Some(other),
+        }
+    }
+}
+
+/// A create's keys within the key limits.
+fn check_create(create: &WatchCreateRequest) -> Result<(), Status> {
+    check_key(&create.key)?;
+    if create.range_end.as_ref() != b"\0" {
+        check_key(&create.range_end)?;
+    }
+    Ok(())
+}
+
+fn kv_pb(kv: KeyValue) -> PbKeyValue {
+    PbKeyValue {
+        key: kv.key.into(),
+        value: kv.value.into(),
+        create_revision: kv.create_revision,
+        mod_revision: kv.mod_revision,
+        version: kv.version,
+        lease: kv.lease,
+        ..PbKeyValue::default()
+    }
+}
+
+fn event_pb(event: Event) -> PbEvent {
+    let kind = match event.kind {
+        EventKind::Put => EventType::Put,
+        EventKind::Delete => EventType::Delete,
+    };
+    let seq = event.seq;
+    PbEvent {
+        r#type: kind as i32,
+        kv: Some(PbKeyValue {
+            seq,
+            ..kv_pb(event.kv)
+        }),
+        prev_kv: event.prev_kv.map(kv_pb),
+    }
+}
