@@ -7,3 +7,4 @@ mod operations;
 mod read_your_writes;
 mod scan_paging;
 mod unknown_outcome;
+mod watch;

@@ -152,6 +152,13 @@ impl Kv for Fake {
     ) -> Result<Response<pb::CompactResponse>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    type WatchStream = tokio_stream::Empty<Result<pb::WatchResponse, Status>>;
+    async fn watch(
+        &self,
+        _: Request<tonic::Streaming<pb::WatchRequest>>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
 }
 
 /// Starts a fake on an ephemeral port; returns its address and the sessions

@@ -250,7 +250,8 @@ impl Member<'_> {
         .with_watermark(crate::node::disk::Watermark::new(
             &config.data_dir,
             config.limits.disk_free_min_bytes,
-        ));
+        ))
+        .with_shutdown(shutdown.subscribe());
         // No Nagle: a small reply held back for a delayed ACK costs 40 ms.
         let limits = config.limits.clone();
         let (peer, client) = (

@@ -74,6 +74,9 @@ pub struct KvService {
     watermark: Option<crate::node::disk::Watermark>,
     /// Proposes a compaction (`Kv.Compact`); `None`: refused.
     compactor: Option<crate::raft::propose::ProposeCommand>,
+    /// Turns true when the member stops: watch streams end then (they
+    /// hold the state machine, which a stopping member waits to release).
+    shutdown: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl std::fmt::Debug for KvService {
@@ -105,7 +108,14 @@ impl KvService {
             metrics: None,
             watermark: None,
             compactor: None,
+            shutdown: None,
         }
+    }
+
+    /// Ends every watch stream when `shutdown` turns true.
+    pub fn with_shutdown(mut self, shutdown: tokio::sync::watch::Receiver<bool>) -> KvService {
+        self.shutdown = Some(shutdown);
+        self
     }
 
     /// Times every request into `metrics` (`raftcask_request_seconds`).
@@ -862,6 +872,7 @@ impl Kv for KvService {
             reads: self.reads.clone(),
             identity: self.identity.clone(),
             metrics: self.metrics.clone(),
+            shutdown: self.shutdown.clone(),
         };
         Ok(Response::new(context.serve(request.into_inner())))
     }

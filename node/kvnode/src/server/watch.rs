@@ -72,6 +72,19 @@ pub(crate) struct WatchContext {
     pub(crate) reads: ReadRounds,
     pub(crate) identity: Identity,
     pub(crate) metrics: Option<Metrics>,
+    /// Turns true when the member stops (`None`: never).
+    pub(crate) shutdown: Option<watch::Receiver<bool>>,
+}
+
+/// Resolves once `shutdown` turns true (or its sender is gone); never
+/// without one.
+async fn stopped(shutdown: Option<watch::Receiver<bool>>) {
+    match shutdown {
+        Some(mut shutdown) => {
+            let _ = shutdown.wait_for(|stop| *stop).await;
+        }
+        None => std::future::pending().await,
+    }
 }
 
 /// The response stream `Kv.Watch` returns.
@@ -109,10 +122,20 @@ impl WatchContext {
         let mut watches: HashMap<i64, JoinHandle<()>> = HashMap::new();
         let mut next_id: i64 = 0;
         let (progress, _) = watch::channel(0u64);
+        let stop = stopped(self.shutdown.clone());
+        tokio::pin!(stop);
         loop {
             let request = tokio::select! {
                 request = requests.message() => request,
                 () = out.closed() => break,
+                () = &mut stop => {
+                    let status = Status::unavailable(format!(
+                        "member {} is stopping; resume the watch on another member",
+                        self.identity.member_id()
+                    ));
+                    let _ = out.try_send(Err(status));
+                    break;
+                }
             };
             let request = match request {
                 Ok(Some(request)) => request,
