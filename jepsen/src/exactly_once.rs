@@ -358,6 +358,8 @@ mod tests {
             member: None,
             versions: None,
             final_read: false,
+            found: None,
+            watch: None,
         }
     }
 

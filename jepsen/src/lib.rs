@@ -97,6 +97,7 @@ pub mod simulate;
 pub mod suite;
 pub mod ttl_check;
 pub mod verdict;
+pub mod watch_check;
 pub mod workload;
 
 /// The errors of reading and checking a history.

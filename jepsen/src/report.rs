@@ -304,13 +304,13 @@ pub fn write_latency_svg(
         );
         let style = colour.filled();
         match f {
-            Function::Read | Function::ReadAll => {
+            Function::Read | Function::ReadAll | Function::WatchOpen | Function::Watch => {
                 chart
                     .draw_series(points.into_iter().map(|p| Circle::new(p, 2, style)))?
                     .label(label)
                     .legend(move |(x, y)| Circle::new((x + 10, y), 3, style));
             }
-            Function::Write | Function::Add => {
+            Function::Write | Function::Add | Function::Delete => {
                 chart
                     .draw_series(points.into_iter().map(|p| TriangleMarker::new(p, 3, style)))?
                     .label(label)
@@ -364,6 +364,8 @@ mod tests {
             member: None,
             versions: None,
             final_read: false,
+            found: None,
+            watch: None,
         })
     }
 

@@ -35,6 +35,8 @@ pub fn model_of(workload: WorkloadKind) -> ModelName {
         // The exactly-once workload has a checker of its own
         // (`exactly_once`); its adds and final scan are those of a set.
         WorkloadKind::ExactlyOnce => ModelName::Set,
+        // The watch workload has a checker of its own (`watch_check`).
+        WorkloadKind::Watch => ModelName::Register,
     }
 }
 
@@ -147,6 +149,8 @@ mod tests {
             member: None,
             versions: None,
             final_read: false,
+            found: None,
+            watch: None,
         }
     }
 

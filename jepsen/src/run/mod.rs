@@ -56,6 +56,11 @@ pub enum WorkloadKind {
     /// kills, then a final scan with versions: no element applied twice,
     /// none acknowledged and lost.
     ExactlyOnce,
+    /// Puts (some with a TTL), deletes and linearizable reads of a few
+    /// keys while one watcher per member watches them all, resuming on
+    /// other members under faults: every watcher sees exactly the
+    /// writes' events, in revision order, and they all agree.
+    Watch,
 }
 
 /// Flags of `jepsen run`.
@@ -441,7 +446,8 @@ struct Ran {
     exited: Vec<(u64, String)>,
     /// Saved votes taken back, members that did not come back.
     durability: Vec<crate::durability::DurabilityAnomaly>,
-    /// Whether the scan final read succeeded (set, exactly-once).
+    /// Whether the scan final read succeeded (set, exactly-once; watch:
+    /// the final read of the store revision).
     final_read_ok: Option<bool>,
     /// Keys whose final read never succeeded (register).
     unread: Vec<String>,
@@ -477,12 +483,16 @@ async fn run_workload_and_faults(
         quiet: args.quiet,
         end: deadline,
     };
+    let watchers = workload::watch::Watchers::new();
     let workload_run = async {
         match args.workload {
             WorkloadKind::Register => workload::register::run(config, history.clone()).await,
             WorkloadKind::Set => workload::set::run(config, history.clone()).await,
             WorkloadKind::Ttl => workload::ttl::run(config, history.clone()).await,
             WorkloadKind::ExactlyOnce => workload::exactly_once::run(config, history.clone()).await,
+            WorkloadKind::Watch => {
+                workload::watch::run(config, history.clone(), watchers.clone()).await
+            }
         }
     };
     let (worked, nemesis_ran) = tokio::join!(
@@ -495,11 +505,15 @@ async fn run_workload_and_faults(
         WorkloadKind::ExactlyOnce => {
             Some(workload::exactly_once::final_read(endpoints, &history).await?)
         }
+        // The watchers run until here: the final read, their catch-up.
+        WorkloadKind::Watch => Some(workload::watch::finish(endpoints, &history, &watchers).await?),
         WorkloadKind::Register | WorkloadKind::Ttl => None,
     };
     let unread = match args.workload {
         WorkloadKind::Register => workload::register::final_reads(endpoints, &history).await?,
-        WorkloadKind::Set | WorkloadKind::Ttl | WorkloadKind::ExactlyOnce => Vec::new(),
+        WorkloadKind::Set | WorkloadKind::Ttl | WorkloadKind::ExactlyOnce | WorkloadKind::Watch => {
+            Vec::new()
+        }
     };
     let exited = nemesis.cluster_mut().exited_on_their_own();
     let mut durability = nemesis.durability_anomalies().to_vec();
@@ -540,7 +554,7 @@ fn run_problems(args: &RunArgs, records: &[Record], ran: &Ran) -> Vec<String> {
         problems.push(format!("member {id} exited on its own: {status}"));
     }
     if ran.final_read_ok == Some(false) {
-        problems.push("the final read (scan) never succeeded".to_string());
+        problems.push("the final read never succeeded".to_string());
     }
     if !ran.unread.is_empty() {
         problems.push(format!(
@@ -575,6 +589,13 @@ fn workload_verdict(
             "exactly-once".to_string(),
             report.valid,
         )
+    } else if args.workload == WorkloadKind::Watch {
+        // Nothing but the workload writes during the run: every revision
+        // after the watchers' start is a change of a watched key.
+        let report = crate::watch_check::check(records, true);
+        problems.extend(crate::watch_check::shortfalls(&report));
+        let json = serde_json::to_value(&report)?;
+        (json, report.summary(), "watch".to_string(), report.valid)
     } else {
         let report = crate::verdict::check_run(records, args.workload)?;
         let json = serde_json::to_value(&report)?;

@@ -9,7 +9,8 @@ use crate::workload::{Function, Outcome, Phase, Record};
 /// Item 7 of the fault suite: a run proves something only if it did
 /// something **during the fault schedule**. Only operations invoked before
 /// the final reads count (an op marked `final_read` does not, nor does
-/// anything invoked after the first of them). Returns the shortfalls:
+/// anything invoked after the first of them; a watcher's records are
+/// neither reads nor writes). Returns the shortfalls:
 /// fewer than `min_ok_writes` acknowledged writes or `min_ok_reads` ok
 /// reads (the caller scales them to the run's length: [`super::minimum_for`]);
 /// or a heal — a fault stop that leaves no fault active — with no ok read
@@ -32,7 +33,10 @@ pub fn check_minimums(
         .iter()
         .filter_map(|r| match r {
             Record::Op(op)
-                if op.outcome == Outcome::Ok && !op.final_read && op.invoke_ns < schedule_end =>
+                if op.outcome == Outcome::Ok
+                    && !op.final_read
+                    && !op.f.is_watch()
+                    && op.invoke_ns < schedule_end =>
             {
                 Some(op)
             }
@@ -148,6 +152,9 @@ pub(super) fn summary(
         Function::Cas,
         Function::Add,
         Function::ReadAll,
+        Function::Delete,
+        Function::WatchOpen,
+        Function::Watch,
     ] {
         let ops: Vec<_> = records
             .iter()

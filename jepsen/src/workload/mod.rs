@@ -7,7 +7,7 @@
 //! applied) is `info`; its process never issues another operation (the
 //! worker continues as a new process), as in Jepsen.
 //!
-//! Workloads ([`register`], [`set`], [`ttl`]) run a bounded number of concurrent
+//! Workloads ([`register`], [`set`], [`ttl`], [`exactly_once`], [`watch`]) run a bounded number of concurrent
 //! workers, each one kvclient session, paced to a total rate sized for two
 //! cores, until a deadline.
 //!
@@ -18,6 +18,7 @@ pub mod exactly_once;
 pub mod register;
 pub mod set;
 pub mod ttl;
+pub mod watch;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
@@ -44,12 +45,26 @@ pub enum Function {
     Add,
     /// The set workload's final read of every element.
     ReadAll,
+    /// A delete of one key (the watch workload).
+    Delete,
+    /// A watch stream opened (ok: created, from `watch.start_revision`)
+    /// or not (fail).
+    WatchOpen,
+    /// What one watch stream delivered: ok = one batch of events (or a
+    /// progress notification), fail = the stream ended with this error.
+    Watch,
 }
 
 impl Function {
     /// Whether the operation writes.
     pub fn is_write(self) -> bool {
-        matches!(self, Self::Write | Self::Cas | Self::Add)
+        matches!(self, Self::Write | Self::Cas | Self::Add | Self::Delete)
+    }
+
+    /// Whether it is a watcher's record (neither a read nor a write: the
+    /// run's minimums do not count it).
+    pub fn is_watch(self) -> bool {
+        matches!(self, Self::WatchOpen | Self::Watch)
     }
 }
 
@@ -127,6 +142,65 @@ pub struct Op {
     /// healed: it does not count towards the run's minimum work.
     #[serde(default, skip_serializing_if = "is_false")]
     pub final_read: bool,
+    /// An ok delete's answer: whether it removed a live key (false: the
+    /// key was already absent, no revision was taken).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub found: Option<bool>,
+    /// A watcher's record (`watch-open`, `watch`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watch: Option<WatchRecord>,
+}
+
+/// Put or delete, as a watch event says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EventKind {
+    /// The key was written.
+    Put,
+    /// The key was deleted (by a request or by its TTL).
+    Delete,
+}
+
+/// One event a watcher received.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct WatchEventRecord {
+    /// The event's revision (the key's `mod_revision` after the change).
+    pub revision: u64,
+    /// The key.
+    pub key: String,
+    /// Put or delete.
+    pub kind: EventKind,
+    /// A put's value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// A put's `create_revision`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_revision: Option<u64>,
+    /// A put's `version` (changes since creation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u64>,
+    /// The value before the change (`prev_kv`), when the key existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prev_value: Option<String>,
+}
+
+/// What a watcher recorded with one `watch-open` or `watch` operation.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchRecord {
+    /// The watcher (one per member at the start).
+    pub watcher: u64,
+    /// The watcher's stream (0, 1, ...: a new one after a stream ended).
+    pub stream: u64,
+    /// `watch-open`: the first revision the stream covers (the asked
+    /// start, or the created revision + 1 for a start at "now").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_revision: Option<u64>,
+    /// After this record: the revision the stream would resume from
+    /// (`WatchStream::next_revision`): every event below it was delivered.
+    pub next_revision: u64,
+    /// The events delivered, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<WatchEventRecord>,
 }
 
 impl Op {
@@ -272,6 +346,8 @@ impl History {
                 member: None,
                 versions: None,
                 final_read: false,
+                found: None,
+                watch: None,
             },
         }
     }

@@ -38,6 +38,8 @@ fn op(
         member: None,
         versions: None,
         final_read: false,
+        found: None,
+        watch: None,
     })
 }
 

@@ -78,6 +78,8 @@ fn op(id: u64, f: Function, outcome: Outcome, at_ms: u64, latency_ms: u64) -> Re
         member: None,
         versions: None,
         final_read: false,
+        found: None,
+        watch: None,
     })
 }
 
