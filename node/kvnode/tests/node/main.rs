@@ -33,3 +33,4 @@ mod suite;
 mod tls;
 mod transactions;
 mod ttl;
+mod watch;
