@@ -134,6 +134,12 @@ pub enum Command {
         /// revision, at most the store revision).
         revision: u64,
     },
+    /// Print the changes of a key, a prefix or a range as they happen, as
+    /// etcdctl watch does: PUT or DELETE, then the key and value (with
+    /// --prev-kv, the previous key and value before them). Resumes on
+    /// another member by itself; exits after --count events, or with an
+    /// error (exit 2) once its start revision was compacted.
+    Watch(WatchArgs),
     /// Give an existing key a time to live (exit 1 if absent).
     Expire {
         /// The key.
@@ -207,6 +213,28 @@ pub struct PutArgs {
     /// Only if the key is absent; else exit 4.
     #[arg(long)]
     pub if_absent: bool,
+}
+
+/// `watch` flags: etcdctl's.
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// The key (with --prefix the prefix, with RANGE_END the first key).
+    pub key: String,
+    /// Watch `[KEY, RANGE_END)`.
+    #[arg(conflicts_with = "prefix")]
+    pub range_end: Option<String>,
+    /// Every key starting with KEY.
+    #[arg(long)]
+    pub prefix: bool,
+    /// Events from store revision N on (0 = after the current one).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub rev: u64,
+    /// Print each event's previous key and value too.
+    #[arg(long)]
+    pub prev_kv: bool,
+    /// Exit after N events (0 = never).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub count: u64,
 }
 
 /// `get` flags: etcdctl's.

@@ -145,6 +145,8 @@ impl Failure {
                 };
                 Failure::new(exit, format!("the cluster answered {code:?}: {message}"))
             }
+            // As a read at a compacted revision (OUT_OF_RANGE): exit 2.
+            err @ Error::Compacted { .. } => Failure::usage(err.to_string()),
             Error::Protocol(message) => Failure::new(
                 Exit::Unavailable,
                 format!("malformed answer from {}: {message}", tried()),

@@ -9,6 +9,7 @@
 //! - [`del`]: `del KEY`, optionally conditional on a mod revision, and
 //!   range deletes (`--prefix`, `--prev-kv`).
 //! - [`compact`]: `compact REV`, moving the change history's start.
+//! - [`watch`]: `watch KEY`, printing changes as etcdctl watch does.
 //! - [`txn`]: `txn`, reading etcdctl's transaction format from standard
 //!   input.
 //! - [`expire`]: `expire KEY TTL` and `persist KEY`.
@@ -42,6 +43,7 @@ pub mod scan;
 pub mod snapshot;
 pub mod status;
 pub mod txn;
+pub mod watch;
 
 /// Largest key, in bytes: the cluster's limit (DESIGN §4), checked before
 /// sending so the message comes at once.
@@ -115,6 +117,7 @@ pub async fn run(cli: Cli, printer: Printer) -> Result<(), Failure> {
         Command::Del(args) => del::run(&context, args).await,
         Command::Txn => txn::run(&context).await,
         Command::Compact { revision } => compact::run(&context, revision).await,
+        Command::Watch(args) => watch::run(&context, args).await,
         Command::Expire { key, ttl } => expire::run(&context, key, Some(ttl)).await,
         Command::Persist { key } => expire::run(&context, key, None).await,
         Command::Scan(args) => scan::run(&context, args).await,
