@@ -613,6 +613,11 @@ mod tests {
         drop(metrics.request_timer(RequestOp::Put));
         drop(metrics.request_timer(RequestOp::Put));
         metrics.add_snapshot_bytes_sent(10);
+        drop(metrics.watcher());
+        let mut watcher = metrics.watcher();
+        watcher.set_behind(true);
+        metrics.watch_events_sent(3);
+        metrics.watch_cancelled("compacted");
         let text = metrics.encode(&ScrapeView {
             term: 4,
             is_leader: true,
@@ -624,6 +629,12 @@ mod tests {
                 keys: 2,
                 live_bytes: 100,
                 dead_bytes: 7,
+            }),
+            history: Some(HistoryView {
+                compact_revision: 5,
+                revision: 11,
+                records: 6,
+                bytes: 300,
             }),
         });
         let expect = [
@@ -645,6 +656,18 @@ mod tests {
             ("raftcask_proposal_batch_ops_sum", 5.0),
             ("raftcask_request_seconds_count{op=\"put\"}", 2.0),
             ("raftcask_request_seconds_count{op=\"get\"}", 0.0),
+            ("raftcask_history_compact_revision", 5.0),
+            ("raftcask_history_revision", 11.0),
+            ("raftcask_history_records", 6.0),
+            ("raftcask_history_bytes", 300.0),
+            ("raftcask_watchers", 1.0),
+            ("raftcask_watchers_catching_up", 1.0),
+            ("raftcask_watch_events_sent_total", 3.0),
+            (
+                "raftcask_watch_cancellations_total{reason=\"compacted\"}",
+                1.0,
+            ),
+            ("raftcask_watch_cancellations_total{reason=\"client\"}", 0.0),
         ];
         for (series, value) in expect {
             assert_eq!(value_of(&text, series), Some(value), "{series} in\n{text}");
