@@ -303,6 +303,13 @@ impl kv::kv_server::Kv for StubKv {
     ) -> Result<Response<kv::CompactResponse>, Status> {
         Err(Status::unimplemented("compact"))
     }
+    type WatchStream = BoxStream<kv::WatchResponse>;
+    async fn watch(
+        &self,
+        _: Request<tonic::Streaming<kv::WatchRequest>>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        Err(Status::unimplemented("watch"))
+    }
 }
 
 /// Cluster: SaveSnapshot streams a manifest and one chunk, everything else UNIMPLEMENTED.

@@ -437,14 +437,14 @@ impl Watcher {
                 Some(last) if !response.fragment => Some(last),
                 Some(_) => None,
             };
-            if let Some(through) = whole_through {
-                if through >= cursor.next_revision {
-                    to_skip = 0;
-                    cursor = Cursor {
-                        next_revision: through + 1,
-                        delivered_in_next: 0,
-                    };
-                }
+            if let Some(through) = whole_through
+                && through >= cursor.next_revision
+            {
+                to_skip = 0;
+                cursor = Cursor {
+                    next_revision: through + 1,
+                    delivered_in_next: 0,
+                };
             }
             self.set_cursor(cursor);
             if sent && events.is_empty() {
