@@ -38,12 +38,16 @@
 //!   a power cut took back, members that did not come back after the heal
 //!   (exited, or never applied the run's highest answered index); any one
 //!   makes the verdict `not-durable`.
-//! - [`workload`]: the `register` and `set` workloads and their operation
-//!   records (JSON lines), well-formedness.
+//! - [`workload`]: the `register`, `set`, `ttl`, `exactly-once` and
+//!   `watch` workloads and their operation records (JSON lines),
+//!   well-formedness.
 //! - [`report`]: the summary table (ops, faults, anomalies by kind, lost
 //!   writes) and `latency.svg` (every operation, fault windows shaded).
 //! - [`ttl_check`]: the `ttl` workload's checker — early expiry (by more
 //!   than the cluster-time tick) and resurrection after an observed expiry.
+//! - [`watch_check`]: the `watch` workload's checker — watchers' events in
+//!   order, without duplicate or gap, agreeing with each other, with the
+//!   writes' acknowledged revisions and with the linearizable reads.
 //! - [`run`]: `jepsen run`: one bounded scenario, its history, summary and
 //!   the "did enough" minimums (those two in `run::outcome`).
 //! - [`suite`]: `jepsen suite` (fixed scenario list) and `jepsen controls`

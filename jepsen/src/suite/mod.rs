@@ -7,7 +7,8 @@
 //!   workload), `ttl-leader-change` (TTL workload under
 //!   restart-after-idle, leader kills, a leader partition, membership) and
 //!   `exactly-once` (lost replies, leader kills, a short session idle
-//!   window) against the real kvnode, and power loss against a
+//!   window) and `watch` (watchers on every member under partitions and
+//!   kills) against the real kvnode, and power loss against a
 //!   `lazy-disk` build. A scenario passes when its run passes.
 //! - `jepsen controls [--only NAME]`: each negative control is a kvnode
 //!   built with one `nc-*` feature that breaks it on purpose, run in the
@@ -42,7 +43,7 @@ pub use scenarios::{
     Build, DROP_REPLY_ENV, DROP_REPLY_PERCENT, EXACTLY_ONCE_SESSION_IDLE_MS,
     SNAPSHOT_EVERY_ENTRIES_CONTROL, SNAPSHOT_EVERY_ENTRIES_ENV, SNAPSHOT_LOG_KEEP_ENV,
     STALE_BUILD_ENV, Scenario, TTL_LEADER_CHANGE_IDLE, TTL_LEADER_CHANGE_TTL_MAX,
-    TTL_LEADER_CHANGE_TTL_MIN, control_scenarios, suite_scenarios,
+    TTL_LEADER_CHANGE_TTL_MIN, WATCH_NEMESIS, control_scenarios, suite_scenarios,
 };
 
 /// Extra time a scenario's run may take beyond its `--time` (start-up,
@@ -349,7 +350,7 @@ pub fn run_scenario(
     let exit = status.and_then(|s| s.code());
     let verdict = read_verdict(out);
     // `not-linearizable` (register, set), `not-valid (ttl)`, `not-valid`
-    // (exactly-once): the checker found an anomaly or a lost write.
+    // (exactly-once, watch): the checker found an anomaly or a lost write.
     let checker_rejected = verdict
         .as_ref()
         .is_some_and(|v| v.verdict.starts_with("not-"));
@@ -416,8 +417,12 @@ fn read_verdict(out: &Path) -> Option<Verdict> {
     // The TTL and exactly-once checkers list at most 50 anomalies but
     // count every one by kind.
     if let Some(kinds) = json.get("anomalies_by_kind").and_then(|k| k.as_object()) {
+        // (The watch checker lists every kind, zeros included.)
         for (kind, count) in kinds {
-            anomalies.push((kind.clone(), count.as_u64().unwrap_or(0) as usize));
+            let count = count.as_u64().unwrap_or(0) as usize;
+            if count > 0 {
+                anomalies.push((kind.clone(), count));
+            }
         }
     }
     if json.get("anomalies_by_kind").is_none() {

@@ -154,6 +154,26 @@ fn exactly_once(name: &'static str, seconds: u64) -> Scenario {
     }
 }
 
+/// The faults of the `watch` scenario: a leader cut off (its watchers
+/// stall, then catch up), members killed and restarted (their watchers
+/// resume on other members, from their next revision).
+pub const WATCH_NEMESIS: &str = "partition-leader,kill,kill-leader";
+
+/// `watch`: puts (some with a TTL), deletes and linearizable reads while
+/// one watcher per member watches every key, under partitions and kills.
+fn watch(name: &'static str, seconds: u64) -> Scenario {
+    Scenario {
+        name,
+        workload: "watch",
+        nemesis: WATCH_NEMESIS,
+        seconds,
+        build: Build::Real,
+        env: Vec::new(),
+        args: Vec::new(),
+        expect_caught: false,
+    }
+}
+
 /// [`EXACTLY_ONCE_SESSION_IDLE_MS`] as the flag's text.
 const EXACTLY_ONCE_SESSION_IDLE_MS_ARG: &str = "3000";
 
@@ -200,6 +220,7 @@ pub fn suite_scenarios(short: bool) -> Vec<Scenario> {
             time(100),
         ),
         exactly_once("exactly-once", time(40)),
+        watch("watch", time(40)),
     ];
     if !short {
         scenarios.push(scenario("membership", "membership", 0, Build::Real));
@@ -342,6 +363,16 @@ pub fn control_scenarios(baseline: bool) -> Vec<Scenario> {
             args: vec!["--quiet", "5s"],
             expect_caught: true,
         },
+        // A member that, for a watch created with a start revision (a
+        // resume, or a watcher that asks for one), drops the first event
+        // it would send: the watcher's span then holds a revision it has
+        // no event for, which other watchers (missing-event) or the
+        // acknowledged write (acknowledged-missing) show.
+        Scenario {
+            build: Build::Features(&["nc-watch-skip"]),
+            expect_caught: true,
+            ..watch("nc-watch-skip", 40)
+        },
     ];
     if baseline {
         for control in &mut controls {
@@ -369,12 +400,14 @@ mod tests {
         let short: Vec<_> = suite_scenarios(true).iter().map(|s| s.name).collect();
         assert!(short.contains(&"ttl-leader-change"), "{short:?}");
         assert!(short.contains(&"exactly-once"), "{short:?}");
+        assert!(short.contains(&"watch"), "{short:?}");
         let controls: Vec<_> = control_scenarios(false).iter().map(|s| s.name).collect();
         for name in [
             "nc-old-clock",
             "nc-unknown-sessions",
             "nc-snapshot-by-counter",
             "nc-rename-no-dir-fsync",
+            "nc-watch-skip",
         ] {
             assert!(controls.contains(&name), "{controls:?}");
         }
