@@ -238,6 +238,58 @@ struct Cursor {
     delivered_in_next: usize,
 }
 
+impl Cursor {
+    /// Takes one message's events, in order: drops those delivered before
+    /// (below the cursor, and the first `to_skip` of the cursor's revision,
+    /// which a stream resumed inside a split revision sends again), returns
+    /// the rest, and moves past what the message sent whole: after a
+    /// progress notification (no events) its header's revision, after a
+    /// message that does not split a revision its last event's.
+    fn absorb(
+        &mut self,
+        to_skip: &mut usize,
+        received: Vec<WatchEvent>,
+        fragment: bool,
+        header_revision: u64,
+    ) -> Vec<WatchEvent> {
+        let whole_through = match received.last() {
+            None => Some(header_revision),
+            Some(last) if !fragment => Some(last.revision()),
+            Some(_) => None,
+        };
+        let mut events = Vec::with_capacity(received.len());
+        for event in received {
+            let revision = event.revision();
+            if revision < self.next_revision {
+                continue;
+            }
+            if revision == self.next_revision && *to_skip > 0 {
+                *to_skip -= 1;
+                continue;
+            }
+            if revision == self.next_revision {
+                self.delivered_in_next += 1;
+            } else {
+                *self = Cursor {
+                    next_revision: revision,
+                    delivered_in_next: 1,
+                };
+            }
+            events.push(event);
+        }
+        if let Some(through) = whole_through
+            && through >= self.next_revision
+        {
+            *to_skip = 0;
+            *self = Cursor {
+                next_revision: through + 1,
+                delivered_in_next: 0,
+            };
+        }
+        events
+    }
+}
+
 /// How one member's stream ended.
 enum Ended {
     /// The caller is gone.
@@ -400,52 +452,14 @@ impl Watcher {
             let header = response.header.unwrap_or_default();
             *member_id = header.member_id;
             let sent = !response.events.is_empty();
-            let last_sent = response
-                .events
-                .last()
-                .map(|e| e.kv.as_ref().map_or(0, |kv| kv.mod_revision));
-            let mut cursor = self.cursor();
-            let mut events = Vec::with_capacity(response.events.len());
-            for event in response.events {
-                let event = match event_of(event) {
-                    Ok(event) => event,
-                    Err(err) => return Ended::Fatal(err),
-                };
-                let revision = event.revision();
-                if revision < cursor.next_revision {
-                    continue;
-                }
-                if revision == cursor.next_revision && to_skip > 0 {
-                    to_skip -= 1;
-                    continue;
-                }
-                if revision == cursor.next_revision {
-                    cursor.delivered_in_next += 1;
-                } else {
-                    cursor = Cursor {
-                        next_revision: revision,
-                        delivered_in_next: 1,
-                    };
-                }
-                events.push(event);
-            }
-            // Everything up to this revision has been sent whole: after a
-            // progress notification, its revision; after a message that
-            // does not split a revision, its last event's.
-            let whole_through = match last_sent {
-                None => Some(header.revision),
-                Some(last) if !response.fragment => Some(last),
-                Some(_) => None,
+            let received: Result<Vec<WatchEvent>> =
+                response.events.into_iter().map(event_of).collect();
+            let received = match received {
+                Ok(received) => received,
+                Err(err) => return Ended::Fatal(err),
             };
-            if let Some(through) = whole_through
-                && through >= cursor.next_revision
-            {
-                to_skip = 0;
-                cursor = Cursor {
-                    next_revision: through + 1,
-                    delivered_in_next: 0,
-                };
-            }
+            let mut cursor = self.cursor();
+            let events = cursor.absorb(&mut to_skip, received, response.fragment, header.revision);
             self.set_cursor(cursor);
             if sent && events.is_empty() {
                 continue; // every event of it was delivered before
@@ -620,4 +634,93 @@ pub(crate) async fn start(
         attempts,
         message: "no member created the watch".into(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(revision: u64, n: usize) -> WatchEvent {
+        WatchEvent {
+            kind: EventKind::Put,
+            kv: KeyValue {
+                key: Bytes::from(format!("k{n}")),
+                value: Bytes::new(),
+                revisions: Revisions {
+                    mod_revision: revision,
+                    ..Revisions::default()
+                },
+                seq: 0,
+                ttl_left: None,
+            },
+            prev_kv: None,
+        }
+    }
+
+    fn names(events: &[WatchEvent]) -> Vec<(u64, String)> {
+        events
+            .iter()
+            .map(|e| {
+                (
+                    e.revision(),
+                    String::from_utf8_lossy(&e.kv.key).into_owned(),
+                )
+            })
+            .collect()
+    }
+
+    /// Revision 5 holds events k0..k5, split over messages of 4 and 2.
+    fn revision_five(from: usize, to: usize) -> Vec<WatchEvent> {
+        (from..to).map(|n| event(5, n)).collect()
+    }
+
+    #[test]
+    fn a_resume_inside_a_split_revision_delivers_the_rest_of_it_once() {
+        let mut cursor = Cursor {
+            next_revision: 4,
+            delivered_in_next: 0,
+        };
+        let mut to_skip = 0;
+        let mut first = vec![event(4, 9)];
+        first.extend(revision_five(0, 3));
+        // The first message ends inside revision 5 (a fragment).
+        let got = cursor.absorb(&mut to_skip, first, true, 7);
+        assert_eq!(got.len(), 4);
+        assert_eq!((cursor.next_revision, cursor.delivered_in_next), (5, 3));
+        // The member fails; another resumes from revision 5, from its
+        // start: the 3 events already delivered are dropped.
+        let mut to_skip = cursor.delivered_in_next;
+        let got = cursor.absorb(&mut to_skip, revision_five(0, 4), true, 7);
+        assert_eq!(names(&got), vec![(5, "k3".to_string())]);
+        let mut rest = revision_five(4, 6);
+        rest.push(event(6, 0));
+        let got = cursor.absorb(&mut to_skip, rest, false, 7);
+        assert_eq!(
+            names(&got),
+            vec![(5, "k4".into()), (5, "k5".into()), (6, "k0".into())]
+        );
+        assert_eq!((cursor.next_revision, cursor.delivered_in_next), (7, 0));
+    }
+
+    #[test]
+    fn events_below_the_cursor_are_dropped_and_progress_moves_it() {
+        let mut cursor = Cursor {
+            next_revision: 10,
+            delivered_in_next: 0,
+        };
+        let mut to_skip = 0;
+        let got = cursor.absorb(&mut to_skip, vec![event(8, 0), event(9, 1)], false, 12);
+        assert!(got.is_empty());
+        assert_eq!(cursor.next_revision, 10);
+        // A progress notification at 14: nothing up to 14 is missing.
+        let got = cursor.absorb(&mut to_skip, Vec::new(), false, 14);
+        assert!(got.is_empty());
+        assert_eq!(cursor.next_revision, 15);
+        // A progress below the cursor does not move it back.
+        cursor.absorb(&mut to_skip, Vec::new(), false, 3);
+        assert_eq!(cursor.next_revision, 15);
+        let got = cursor.absorb(&mut to_skip, vec![event(15, 0), event(16, 0)], false, 16);
+        assert_eq!(got.len(), 2);
+        assert_eq!(cursor.next_revision, 17);
+    }
 }
