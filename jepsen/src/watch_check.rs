@@ -529,11 +529,15 @@ impl<'a> Checker<'a> {
             for (&revision, reference) in &self.reference {
                 let mine = watcher.events_at(revision);
                 let covered = watcher.covers(revision);
-                let ops: Vec<u64> = watcher
+                // The records of this revision; for a skipped one, the
+                // record of the watcher's next event (it went past it).
+                let mut ops: Vec<u64> = watcher
                     .by_revision
-                    .get(&revision)
-                    .map(|l| l.iter().map(|(_, op)| *op).collect())
+                    .range(revision..)
+                    .next()
+                    .map(|(_, l)| l.iter().map(|(_, op)| *op).collect())
                     .unwrap_or_default();
+                ops.dedup();
                 if mine.is_empty() {
                     if covered {
                         found.push((
