@@ -436,6 +436,11 @@ pub enum BenchOp {
     Get,
     /// Gets and puts (see --read-percent).
     Mixed,
+    /// Watches under put load: put throughput with no watcher and with
+    /// --idle-watchers watchers of keys nobody writes, then the latency
+    /// from each put's acknowledgement to its event at --watchers watchers
+    /// of the written keys (see `cmd/bench_watch.rs`).
+    Watch,
 }
 
 /// `bench` flags.
@@ -479,6 +484,14 @@ pub struct BenchArgs {
     /// Write an SVG with latency over time and a latency histogram.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<std::path::PathBuf>,
+    /// `watch`: watchers of the written keys (spread over the endpoints),
+    /// whose event latency is measured.
+    #[arg(long, default_value_t = 16)]
+    pub watchers: usize,
+    /// `watch`: watchers of keys nobody writes, open during the second put
+    /// phase (throughput compared with the first, which has none).
+    #[arg(long, default_value_t = 1000)]
+    pub idle_watchers: usize,
 }
 
 /// Parses `10s`, `500ms`, `2m`, `1h`, `1d` (a bare number is seconds).

@@ -72,6 +72,8 @@ pub const BUILD_FEATURES: &[&str] = &[
     "nc-snapshot-by-counter",
     #[cfg(feature = "nc-rename-no-dir-fsync")]
     "nc-rename-no-dir-fsync",
+    #[cfg(feature = "nc-watch-skip")]
+    "nc-watch-skip",
     // Last, so a variant's feature list reads `<lazy-disk/nc-*>+testing`.
     #[cfg(feature = "testing")]
     "testing",

@@ -1,7 +1,8 @@
 //! `kvctl bench put|get|mixed`: runs the kvload load core against the
 //! endpoints with a progress bar (on a terminal), then prints throughput
 //! and latency percentiles from the run's histogram (table or JSON) and
-//! optionally writes an SVG plot ([`crate::plot`]).
+//! optionally writes an SVG plot ([`crate::plot`]). `bench watch` is
+//! [`super::bench_watch`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,6 +71,7 @@ pub async fn run(context: &Context, args: BenchArgs) -> Result<(), Failure> {
         BenchOp::Mixed => OpKind::Mixed {
             read_percent: args.read_percent,
         },
+        BenchOp::Watch => return super::bench_watch::run(context, &args, total, duration).await,
     };
     let config = LoadConfig {
         endpoints: context.endpoints.clone(),

@@ -21,6 +21,8 @@
 //! - [`certs`]: `kvctl certs` (development CA and certificates) and the
 //!   TLS settings from `--cacert`, `--cert`, `--key`.
 //! - [`bench`](mod@bench): `kvctl bench` on `kvload`, with a progress bar.
+//! - [`bench_watch`]: `kvctl bench watch`: put throughput with idle
+//!   watchers, and event latency from a put's acknowledgement.
 
 use std::time::Duration;
 
@@ -32,6 +34,7 @@ use crate::exit::Failure;
 use crate::output::Printer;
 
 pub mod bench;
+pub mod bench_watch;
 pub mod certs;
 pub mod compact;
 pub mod del;

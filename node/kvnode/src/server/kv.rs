@@ -77,6 +77,9 @@ pub struct KvService {
     /// Turns true when the member stops: watch streams end then (they
     /// hold the state machine, which a stopping member waits to release).
     shutdown: Option<tokio::sync::watch::Receiver<bool>>,
+    /// The member's watch hub, started by the first watch.
+    watch_hub:
+        std::sync::Arc<std::sync::OnceLock<std::sync::Arc<crate::server::watch_hub::WatchHub>>>,
 }
 
 impl std::fmt::Debug for KvService {
@@ -109,6 +112,7 @@ impl KvService {
             watermark: None,
             compactor: None,
             shutdown: None,
+            watch_hub: Default::default(),
         }
     }
 
@@ -873,6 +877,15 @@ impl Kv for KvService {
             identity: self.identity.clone(),
             metrics: self.metrics.clone(),
             shutdown: self.shutdown.clone(),
+            hub: self
+                .watch_hub
+                .get_or_init(|| {
+                    crate::server::watch_hub::WatchHub::start(
+                        self.state_machine.clone(),
+                        self.shutdown.clone(),
+                    )
+                })
+                .clone(),
         };
         Ok(Response::new(context.serve(request.into_inner())))
     }

@@ -10,7 +10,9 @@
 //! - [`txn`]: the wire form of `Kv.Range`, `Kv.DeleteRange` and `Kv.Txn`
 //!   (checked into kvstate's range and transaction types, and back).
 //! - [`watch`]: `Kv.Watch`: one task per watch reading its events page by
-//!   page from the change history, woken by each applied revision.
+//!   page from the change history.
+//! - [`watch_hub`]: one task per member that wakes the caught-up watches
+//!   an applied change concerns.
 //! - [`cluster`]: the client `Cluster` service (status, membership,
 //!   snapshots, SaveSnapshot streaming).
 //! - [`raft`]: the peer `Raft` service (AppendEntries, Vote, ReadIndex,
@@ -35,3 +37,4 @@ pub mod raft;
 pub mod security;
 pub mod txn;
 pub mod watch;
+pub mod watch_hub;

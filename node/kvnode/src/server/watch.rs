@@ -8,9 +8,9 @@
 //! A watch task keeps a cursor (the next revision whose events it has not
 //! all sent) and reads its events page by page from the change history
 //! (`kvstate::watch::events`): nothing is buffered per watcher and nothing
-//! runs on the apply path. A watcher that keeps up reads each new
-//! revision's page as soon as the state machine says it is applied
-//! ([`StateMachine::subscribe_applied`]); one whose client reads slowly
+//! runs on the apply path. A watcher that keeps up reads a new page as
+//! soon as a change it may care about is applied (the member's
+//! [`WatchHub`] wakes it); one whose client reads slowly
 //! waits on the response channel, falls behind, and later reads its
 //! backlog from the history the same way (etcd's "unsynced" watchers).
 //! Memory per watcher is one page at most. A watcher is cancelled only when
@@ -47,6 +47,7 @@ use crate::raft::watch::MetricsWatch;
 use crate::server::cluster;
 use crate::server::convert::check_key;
 use crate::server::metrics::Metrics;
+use crate::server::watch_hub::WatchHub;
 use crate::state_machine::StateMachine;
 
 /// Responses a watch stream holds for its client before its watch tasks
@@ -74,11 +75,13 @@ pub(crate) struct WatchContext {
     pub(crate) metrics: Option<Metrics>,
     /// Turns true when the member stops (`None`: never).
     pub(crate) shutdown: Option<watch::Receiver<bool>>,
+    /// Wakes caught-up watches when a change concerns them.
+    pub(crate) hub: Arc<WatchHub>,
 }
 
 /// Resolves once `shutdown` turns true (or its sender is gone); never
 /// without one.
-async fn stopped(shutdown: Option<watch::Receiver<bool>>) {
+pub(crate) async fn stopped(shutdown: Option<watch::Receiver<bool>>) {
     match shutdown {
         Some(mut shutdown) => {
             let _ = shutdown.wait_for(|stop| *stop).await;
@@ -263,7 +266,7 @@ impl WatchContext {
         // (an explicit start revision) loses its first event.
         let mut skip_one = cfg!(feature = "nc-watch-skip") && create.start_revision != 0;
         let mut cursor = EventCursor::at(start);
-        let mut applied = self.state_machine.subscribe_applied();
+        let registration = self.hub.register(spec.clone());
         let mut ticker = tokio::time::interval(WATCH_PROGRESS_INTERVAL);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.reset();
@@ -310,10 +313,12 @@ impl WatchContext {
             }
             cursor = page.next;
             if cursor.revision <= page.revision {
-                // Behind: the next page at once.
+                // Behind: the next page at once (letting other tasks run:
+                // an inline page read does not wait).
                 if let Some(watching) = &mut watching {
                     watching.set_behind(true);
                 }
+                tokio::task::consume_budget().await;
                 continue;
             }
             if let Some(watching) = &mut watching {
@@ -330,18 +335,14 @@ impl WatchContext {
                     return;
                 }
             }
-            let next = cursor.revision;
+            if !registration.arm(cursor.revision) {
+                // Newer revisions were applied meanwhile.
+                tokio::task::consume_budget().await;
+                continue;
+            }
             tokio::select! {
-                applied = async { applied.wait_for(|revision| *revision >= next).await.is_ok() } => {
-                    if !applied {
-                        return; // the state machine is gone: the member stops
-                    }
-                }
-                _ = ticker.tick(), if create.progress_notify => {
-                    if out.send(Ok(self.response(id, next - 1))).await.is_err() {
-                        return;
-                    }
-                }
+                () = registration.woken() => {}
+                _ = ticker.tick(), if create.progress_notify => progress_wanted = true,
                 asked = progress.changed() => {
                     if asked.is_err() {
                         return;
