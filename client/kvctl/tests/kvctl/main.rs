@@ -7,3 +7,4 @@ mod harness;
 mod keys;
 mod ranges;
 mod tls;
+mod watch;
