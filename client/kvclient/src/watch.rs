@@ -33,7 +33,8 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::error::{Error, Result};
 use crate::router::{Router, Target};
-use crate::types::{Consistency, KeyValue, Revisions};
+use crate::txn::key_value;
+use crate::types::{Consistency, KeyValue};
 
 /// Batches a watch stream holds for its caller before it stops reading
 /// from the server.
@@ -300,21 +301,6 @@ enum Ended {
     Member(String),
 }
 
-fn kv_of(kv: pb::KeyValue) -> KeyValue {
-    KeyValue {
-        key: kv.key,
-        value: kv.value,
-        revisions: Revisions {
-            create_revision: kv.create_revision,
-            mod_revision: kv.mod_revision,
-            version: kv.version,
-            lease: kv.lease,
-        },
-        seq: kv.seq,
-        ttl_left: None,
-    }
-}
-
 fn event_of(event: pb::Event) -> Result<WatchEvent> {
     let kind = match pb::EventType::try_from(event.r#type) {
         Ok(pb::EventType::Put) => EventKind::Put,
@@ -331,8 +317,8 @@ fn event_of(event: pb::Event) -> Result<WatchEvent> {
         .ok_or_else(|| Error::Protocol("Event.kv is missing".into()))?;
     Ok(WatchEvent {
         kind,
-        kv: kv_of(kv),
-        prev_kv: event.prev_kv.map(kv_of),
+        kv: key_value(kv),
+        prev_kv: event.prev_kv.map(key_value),
     })
 }
 
@@ -639,6 +625,7 @@ pub(crate) async fn start(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::Revisions;
 
     fn event(revision: u64, n: usize) -> WatchEvent {
         WatchEvent {

@@ -57,6 +57,33 @@ fn ms(report: &LoadReport, quantile: f64) -> f64 {
     report.latency_us.value_at_quantile(quantile) as f64 / 1000.0
 }
 
+/// The kvload settings of a run of `op` with the command's flags.
+pub fn load_config(
+    context: &Context,
+    args: &BenchArgs,
+    op: OpKind,
+    total: u64,
+    duration: Duration,
+) -> LoadConfig {
+    LoadConfig {
+        endpoints: context.endpoints.clone(),
+        clients: args.clients,
+        connections: args.conns,
+        ops: total,
+        duration,
+        key_size_bytes: args.key_size,
+        value_size_bytes: args.value_size,
+        key_space: args.key_space,
+        op,
+        consistency: match args.consistency {
+            ConsistencyArg::Linearizable => Consistency::Linearizable,
+            ConsistencyArg::Stale => Consistency::Stale,
+        },
+        read_target: ReadTarget::Spread,
+        seed: args.seed,
+    }
+}
+
 /// Runs the bench and prints its report.
 pub async fn run(context: &Context, args: BenchArgs) -> Result<(), Failure> {
     let (total, duration) = match (args.total, args.duration) {
@@ -73,23 +100,7 @@ pub async fn run(context: &Context, args: BenchArgs) -> Result<(), Failure> {
         },
         BenchOp::Watch => return super::bench_watch::run(context, &args, total, duration).await,
     };
-    let config = LoadConfig {
-        endpoints: context.endpoints.clone(),
-        clients: args.clients,
-        connections: args.conns,
-        ops: total,
-        duration,
-        key_size_bytes: args.key_size,
-        value_size_bytes: args.value_size,
-        key_space: args.key_space,
-        op,
-        consistency: match args.consistency {
-            ConsistencyArg::Linearizable => Consistency::Linearizable,
-            ConsistencyArg::Stale => Consistency::Stale,
-        },
-        read_target: ReadTarget::Spread,
-        seed: args.seed,
-    };
+    let config = load_config(context, &args, op, total, duration);
     // Bad settings are usage errors naming the setting and its bound.
     config
         .validate()

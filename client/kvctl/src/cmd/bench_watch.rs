@@ -20,9 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use kvclient::kvproto::kv::v1::Consistency;
 use kvclient::{Client, Watch};
-use kvload::{LoadConfig, LoadReport, OpKind, ReadTarget};
+use kvload::{LoadReport, OpKind};
 use serde_json::json;
 use tokio_stream::StreamExt;
 
@@ -99,20 +98,7 @@ async fn put_phase(
     total: u64,
     duration: Duration,
 ) -> Result<LoadReport, Failure> {
-    let config = LoadConfig {
-        endpoints: context.endpoints.clone(),
-        clients: args.clients,
-        connections: args.conns,
-        ops: total,
-        duration,
-        key_size_bytes: args.key_size,
-        value_size_bytes: args.value_size,
-        key_space: args.key_space,
-        op: OpKind::Put,
-        consistency: Consistency::Linearizable,
-        read_target: ReadTarget::Spread,
-        seed: args.seed,
-    };
+    let config = super::bench::load_config(context, args, OpKind::Put, total, duration);
     config
         .validate()
         .map_err(|err| Failure::usage(format!("bench: {err}")))?;
