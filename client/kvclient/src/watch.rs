@@ -208,7 +208,10 @@ impl WatchStream {
     }
 
     /// The next revision whose events have not all been delivered: where
-    /// a new watch would resume.
+    /// a new watch would resume. (When the server split that revision
+    /// over several messages, some of its events may have been delivered
+    /// already; this stream drops them when it resumes by itself, a new
+    /// watch from here would send them again.)
     pub fn next_revision(&self) -> u64 {
         self.state
             .lock()
@@ -271,6 +274,8 @@ impl Cursor {
             if revision == self.next_revision {
                 self.delivered_in_next += 1;
             } else {
+                // Past the split revision: nothing of it is owed again.
+                *to_skip = 0;
                 *self = Cursor {
                     next_revision: revision,
                     delivered_in_next: 1,
@@ -426,13 +431,13 @@ impl Watcher {
             };
             *healthy = Instant::now();
             if response.canceled {
-                return if response.compact_revision != 0 {
-                    Ended::Fatal(cancel_error(&response))
-                } else {
+                return if response.unavailable {
                     Ended::Member(format!(
-                        "the member cancelled the watch: {}",
+                        "the member could not serve the watch: {}",
                         response.cancel_reason
                     ))
+                } else {
+                    Ended::Fatal(cancel_error(&response))
                 };
             }
             let header = response.header.unwrap_or_default();
@@ -549,15 +554,26 @@ fn status_error(status: tonic::Status) -> Error {
     }
 }
 
+/// A cancel as an error: compacted; this member could not serve it (try
+/// another); or the create was refused (its reason names the field or
+/// limit: no member will take it).
 fn cancel_error(response: &pb::WatchResponse) -> Error {
     if response.compact_revision != 0 {
         Error::Compacted {
             compact_revision: response.compact_revision,
         }
+    } else if response.unavailable {
+        Error::Unavailable {
+            attempts: 1,
+            message: format!(
+                "the member could not serve the watch: {}",
+                response.cancel_reason
+            ),
+        }
     } else {
-        Error::Rpc {
-            code: tonic::Code::FailedPrecondition,
+        Error::InvalidArgument {
             message: format!("the watch was refused: {}", response.cancel_reason),
+            limit: None,
         }
     }
 }

@@ -450,6 +450,11 @@ impl KeyBounds {
         }
     }
 
+    /// The first key within the bounds (the bounds are one interval).
+    pub fn start(&self) -> &[u8] {
+        &self.start
+    }
+
     /// Whether `key` is within the bounds.
     pub fn contains(&self, key: &[u8]) -> bool {
         key >= self.start.as_slice() && below_end(key, &self.end)

@@ -34,7 +34,7 @@ use kvstate::range::KeyValue;
 use kvstate::watch::{
     Event, EventCursor, EventKind, EventPage, EventsError, WatchSpec, events, page_in,
 };
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
@@ -60,10 +60,19 @@ pub const WATCH_STREAM_WATCHES_MAX: usize = 10_000;
 /// How often a watch created with `progress_notify` gets a progress
 /// notification while it is caught up.
 pub const WATCH_PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
-/// A watcher this many revisions behind (or fewer) reads its page on the
-/// async worker when the history's lock is free; further behind, the read
-/// moves to a blocking thread.
-pub const WATCH_INLINE_REVISIONS_MAX: u64 = 64;
+/// A watcher with this many history records (or fewer) to read reads its
+/// page on the async worker when the history's lock is free; with more,
+/// the read moves to a blocking thread.
+pub const WATCH_INLINE_RECORDS_MAX: usize = 64;
+/// Pages a stream's watches may hold at once, read and not yet handed to
+/// the response channel (each one at most `WATCH_PAGE_BYTES_MAX` bytes and
+/// an event): with the channel's [`WATCH_STREAM_RESPONSES_BUFFERED`], what
+/// bounds a stream's memory however many watches it carries and however
+/// slowly its client reads.
+pub const WATCH_STREAM_PAGES_IN_FLIGHT: usize = 4;
+/// The watch id of a refused create that named an id in use (etcd's
+/// `InvalidWatchID`).
+pub const INVALID_WATCH_ID: i64 = -1;
 
 /// What a watch stream needs of its member.
 #[derive(Clone)]
@@ -119,17 +128,26 @@ impl WatchContext {
         Box::pin(ReceiverStream::new(responses))
     }
 
-    /// Reads the client's messages until the stream ends; then stops every
-    /// watch of it.
+    /// Reads the client's messages until the client goes or the member
+    /// stops; then stops every watch of the stream. (A client that closes
+    /// its side keeps its watches, as etcd does.)
     async fn run_stream(self, mut requests: Streaming<WatchRequest>, out: Out) {
         let mut watches: HashMap<i64, JoinHandle<()>> = HashMap::new();
+        // Ids the server picks only increase: a late cancel of an ended
+        // watch never reaches a new one.
         let mut next_id: i64 = 0;
         let (progress, _) = watch::channel(0u64);
+        let pages = Arc::new(Semaphore::new(WATCH_STREAM_PAGES_IN_FLIGHT));
+        // Each create's answer waits for the previous create's: `created`
+        // messages come in the order of the creates, as etcd's clients
+        // pair them.
+        let mut previous_created: Option<oneshot::Receiver<()>> = None;
         let stop = stopped(self.shutdown.clone());
         tokio::pin!(stop);
+        let mut reading = true;
         loop {
             let request = tokio::select! {
-                request = requests.message() => request,
+                request = requests.message(), if reading => request,
                 () = out.closed() => break,
                 () = &mut stop => {
                     let status = Status::unavailable(format!(
@@ -142,7 +160,10 @@ impl WatchContext {
             };
             let request = match request {
                 Ok(Some(request)) => request,
-                Ok(None) => break,
+                Ok(None) => {
+                    reading = false;
+                    continue;
+                }
                 Err(status) => {
                     tracing::debug!(%status, "watch stream ended");
                     break;
@@ -151,6 +172,8 @@ impl WatchContext {
             watches.retain(|_, task| !task.is_finished());
             match request.request {
                 Some(watch_request::Request::Create(create)) => {
+                    let (created, created_rx) = oneshot::channel();
+                    let after = previous_created.replace(created_rx);
                     let id = if create.watch_id != 0 {
                         create.watch_id
                     } else {
@@ -159,36 +182,67 @@ impl WatchContext {
                         }
                         next_id
                     };
-                    let refused = if watches.contains_key(&id) {
-                        Some(format!("watch id {id} is in use on this stream"))
+                    let refused = if watches.contains_key(&id) || id < 0 {
+                        Some((
+                            INVALID_WATCH_ID,
+                            format!(
+                                "WatchCreateRequest.watch_id {id} is in use on this stream or negative"
+                            ),
+                        ))
                     } else if watches.len() >= WATCH_STREAM_WATCHES_MAX {
-                        Some(format!(
-                            "the stream holds {WATCH_STREAM_WATCHES_MAX} watches (the limit \
-                             WATCH_STREAM_WATCHES_MAX); cancel one or open another stream"
+                        Some((
+                            id,
+                            format!(
+                                "the stream holds {WATCH_STREAM_WATCHES_MAX} watches (the limit \
+                                 WATCH_STREAM_WATCHES_MAX); cancel one or open another stream"
+                            ),
                         ))
                     } else {
-                        check_create(&create).err().map(|s| s.message().to_string())
+                        check_create(&create)
+                            .err()
+                            .map(|s| (id, s.message().to_string()))
                     };
-                    if let Some(reason) = refused {
-                        let response = WatchResponse {
-                            created: true,
-                            canceled: true,
-                            cancel_reason: reason,
-                            ..self.response(id, self.state_machine.revision())
-                        };
-                        self.count_cancel("refused");
-                        if out.send(Ok(response)).await.is_err() {
-                            break;
-                        }
-                        continue;
+                    if create.watch_id == 0 && refused.is_none() {
+                        next_id += 1;
                     }
-                    let task = tokio::spawn(self.clone().run_watch(
-                        id,
-                        create,
-                        out.clone(),
-                        progress.subscribe(),
-                    ));
-                    watches.insert(id, task);
+                    let task = match refused {
+                        Some((id, reason)) => {
+                            self.count_cancel("refused");
+                            let response = WatchResponse {
+                                created: true,
+                                canceled: true,
+                                cancel_reason: reason,
+                                ..self.response(id, self.state_machine.revision())
+                            };
+                            let out = out.clone();
+                            tokio::spawn(async move {
+                                if let Some(after) = after {
+                                    let _ = after.await;
+                                }
+                                let _ = out.send(Ok(response)).await;
+                                let _ = created.send(());
+                            })
+                        }
+                        None => {
+                            let sending = Sending {
+                                out: out.clone(),
+                                pages: pages.clone(),
+                                after,
+                                created,
+                            };
+                            let task = tokio::spawn(self.clone().run_watch(
+                                id,
+                                create,
+                                sending,
+                                progress.subscribe(),
+                            ));
+                            watches.insert(id, task);
+                            continue;
+                        }
+                    };
+                    // A refusal's task: ends by itself (a refused id in use
+                    // keeps its live watch).
+                    drop(task);
                 }
                 Some(watch_request::Request::Cancel(cancel)) => {
                     let id = cancel.watch_id;
@@ -208,7 +262,9 @@ impl WatchContext {
                     progress.send_modify(|asked| *asked += 1);
                 }
                 None => {
-                    let status = Status::invalid_argument("a WatchRequest must set `request`");
+                    let status = Status::invalid_argument(
+                        "WatchRequest.request is not set: one of create, cancel, progress",
+                    );
                     let _ = out.send(Err(status)).await;
                     break;
                 }
@@ -231,29 +287,45 @@ impl WatchContext {
         self,
         id: i64,
         create: WatchCreateRequest,
-        out: Out,
+        sending: Sending,
         mut progress: watch::Receiver<u64>,
     ) {
+        let Sending {
+            out,
+            pages,
+            after,
+            created,
+        } = sending;
         let mut watching = self.metrics.as_ref().map(Metrics::watcher);
-        let start = match self.start_revision(&create).await {
+        let start = self.start_revision(&create).await;
+        if let Some(after) = after {
+            let _ = after.await;
+        }
+        let start = match start {
             Ok(start) => start,
             Err(status) => {
                 let response = WatchResponse {
                     created: true,
                     canceled: true,
+                    unavailable: true,
                     cancel_reason: status.message().to_string(),
                     ..self.response(id, self.state_machine.revision())
                 };
                 self.count_cancel("unavailable");
                 let _ = out.send(Ok(response)).await;
+                let _ = created.send(());
                 return;
             }
         };
-        let created = WatchResponse {
+        // Every event below `start` is "sent" (none is owed); a future
+        // start names the store revision instead.
+        let message = WatchResponse {
             created: true,
-            ..self.response(id, start - 1)
+            ..self.response(id, (start - 1).min(self.history_revision()))
         };
-        if out.send(Ok(created)).await.is_err() {
+        let sent = out.send(Ok(message)).await;
+        let _ = created.send(());
+        if sent.is_err() {
             return;
         }
         let spec = Arc::new(WatchSpec {
@@ -273,6 +345,11 @@ impl WatchContext {
         let mut progress_wanted = false;
         progress.borrow_and_update();
         loop {
+            // The page is held until the channel takes it: at most
+            // WATCH_STREAM_PAGES_IN_FLIGHT of the stream's watches hold one.
+            let Ok(page_permit) = pages.acquire().await else {
+                return;
+            };
             let page = match self.read_page(&spec, cursor).await {
                 Ok(page) => page,
                 Err(err) => {
@@ -286,6 +363,7 @@ impl WatchContext {
                     let response = WatchResponse {
                         canceled: true,
                         compact_revision,
+                        unavailable: compact_revision == 0,
                         cancel_reason: err.to_string(),
                         ..self.response(id, self.state_machine.revision())
                     };
@@ -311,6 +389,7 @@ impl WatchContext {
                     return;
                 }
             }
+            drop(page_permit);
             cursor = page.next;
             if cursor.revision <= page.revision {
                 // Behind: the next page at once (letting other tasks run:
@@ -327,11 +406,8 @@ impl WatchContext {
             // Caught up: every event up to `cursor.revision - 1` is sent.
             if progress_wanted {
                 progress_wanted = false;
-                if out
-                    .send(Ok(self.response(id, cursor.revision - 1)))
-                    .await
-                    .is_err()
-                {
+                let through = (cursor.revision - 1).min(page.revision);
+                if out.send(Ok(self.response(id, through))).await.is_err() {
                     return;
                 }
             }
@@ -354,6 +430,15 @@ impl WatchContext {
         }
     }
 
+    /// The store revision the change history holds.
+    fn history_revision(&self) -> u64 {
+        self.state_machine
+            .history()
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .revision()
+    }
+
     /// The first revision a new watch sends: the one asked for, or for 0,
     /// the revision after "now" (a read index's, unless stale).
     async fn start_revision(&self, create: &WatchCreateRequest) -> Result<u64, Status> {
@@ -372,9 +457,7 @@ impl WatchContext {
             let index = self.reads.read_index().await.map_err(unavailable)?;
             self.reads.wait_applied(index).await.map_err(unavailable)?;
         }
-        let history = self.state_machine.history().clone();
-        let revision = history.read().unwrap_or_else(|p| p.into_inner()).revision();
-        Ok(revision + 1)
+        Ok(self.history_revision() + 1)
     }
 
     /// The next page from `cursor`: on this worker when the watcher is
@@ -419,7 +502,11 @@ impl WatchContext {
         cursor: EventCursor,
     ) -> Option<Result<EventPage, EventsError>> {
         let history = self.state_machine.history().try_read().ok()?;
-        if history.revision().saturating_sub(cursor.revision) >= WATCH_INLINE_REVISIONS_MAX {
+        let records = history
+            .records_from(cursor.revision)
+            .take(WATCH_INLINE_RECORDS_MAX + 1)
+            .count();
+        if records > WATCH_INLINE_RECORDS_MAX {
             return None;
         }
         match page_in(
@@ -435,13 +522,33 @@ impl WatchContext {
     }
 }
 
-/// A create's keys within the key limits.
+/// A create's keys within the key limits, and a known consistency; the
+/// refusal names the field.
 fn check_create(create: &WatchCreateRequest) -> Result<(), Status> {
-    check_key(&create.key)?;
+    let named = |field: &str, status: Status| {
+        Status::invalid_argument(format!("WatchCreateRequest.{field}: {}", status.message()))
+    };
+    check_key(&create.key).map_err(|status| named("key", status))?;
     if create.range_end.as_ref() != b"\0" {
-        check_key(&create.range_end)?;
+        check_key(&create.range_end).map_err(|status| named("range_end", status))?;
+    }
+    if kvproto::kv::v1::Consistency::try_from(create.consistency).is_err() {
+        return Err(Status::invalid_argument(format!(
+            "WatchCreateRequest.consistency {} is not a known consistency \
+             (0 = LINEARIZABLE, 1 = STALE)",
+            create.consistency
+        )));
     }
     Ok(())
+}
+
+/// How a watch task sends: the stream's channel and page budget, and the
+/// order of `created` messages (wait for `after`, then signal `created`).
+struct Sending {
+    out: Out,
+    pages: Arc<Semaphore>,
+    after: Option<oneshot::Receiver<()>>,
+    created: oneshot::Sender<()>,
 }
 
 fn kv_pb(kv: KeyValue) -> PbKeyValue {

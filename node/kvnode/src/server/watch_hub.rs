@@ -61,8 +61,8 @@ struct Registered {
 
 /// What the new revisions changed.
 enum Changes {
-    /// These keys, at these revisions.
-    Keys(Vec<(u64, Vec<u8>)>),
+    /// These keys, sorted, each once.
+    Keys(Vec<Vec<u8>>),
     /// Too many to list, or the history was replaced: wake everyone.
     Everything,
 }
@@ -74,6 +74,9 @@ impl WatchHub {
         state_machine: StateMachine,
         shutdown: Option<watch::Receiver<bool>>,
     ) -> Arc<WatchHub> {
+        // Subscribed before `processed` is read: a revision applied in
+        // between is a change the first loop sees.
+        let applied = state_machine.subscribe_applied();
         let processed = read_history(&state_machine, History::revision);
         let hub = Arc::new(WatchHub {
             registry: Mutex::new(Registry {
@@ -82,7 +85,7 @@ impl WatchHub {
             }),
             ids: AtomicU64::new(0),
         });
-        tokio::spawn(hub.clone().run(state_machine, shutdown));
+        tokio::spawn(hub.clone().run(state_machine, applied, shutdown));
         hub
     }
 
@@ -113,9 +116,9 @@ impl WatchHub {
     async fn run(
         self: Arc<Self>,
         state_machine: StateMachine,
+        mut applied: watch::Receiver<u64>,
         shutdown: Option<watch::Receiver<bool>>,
     ) {
-        let mut applied = state_machine.subscribe_applied();
         let stop = crate::server::watch::stopped(shutdown);
         tokio::pin!(stop);
         loop {
@@ -147,14 +150,24 @@ impl WatchHub {
     }
 
     /// Wakes the armed watches `changes` concern; records what was examined.
+    /// One binary search of the sorted keys per watch: a watch's keys are
+    /// one interval, so it is concerned iff the first key at or after its
+    /// start is inside it. (Revisions below a watch's `from` may wake it
+    /// needlessly; a spurious wake-up costs one page read.)
     fn wake(&self, (changes, through): (Changes, u64)) {
         let mut registry = self.lock();
         for registered in registry.watches.values() {
+            if registered.from == u64::MAX {
+                continue; // not waiting
+            }
             let concerned = match &changes {
                 Changes::Everything => true,
-                Changes::Keys(keys) => keys.iter().any(|(revision, key)| {
-                    *revision >= registered.from && registered.spec.matches(key)
-                }),
+                Changes::Keys(keys) => {
+                    let first =
+                        keys.partition_point(|key| key.as_slice() < registered.spec.bounds.start());
+                    keys.get(first)
+                        .is_some_and(|key| registered.spec.matches(key))
+                }
             };
             if concerned {
                 registered.wake.notify_one();
@@ -186,12 +199,14 @@ fn changes_after(history: &History, processed: u64) -> (Changes, u64) {
         return (Changes::Everything, through);
     }
     let mut keys = Vec::new();
-    for (revision, key) in history.records_from(processed + 1) {
+    for (_, key) in history.records_from(processed + 1) {
         if keys.len() >= HUB_SCAN_RECORDS_MAX {
             return (Changes::Everything, through);
         }
-        keys.push((revision, key.to_vec()));
+        keys.push(key.to_vec());
     }
+    keys.sort_unstable();
+    keys.dedup();
     (Changes::Keys(keys), through)
 }
 

@@ -288,3 +288,117 @@ async fn a_watcher_that_does_not_read_holds_no_write_back_and_catches_up_in_orde
     assert_eq!(after, vec![seen(next, "PUT", "s/z", "z", None)]);
     cluster.shutdown().await;
 }
+
+/// Sends creates on one stream; returns the stream and its sender.
+async fn stream_of(
+    mut kv: KvClient<Channel>,
+    creates: Vec<WatchCreateRequest>,
+) -> (mpsc::Sender<WatchRequest>, Streaming<WatchResponse>) {
+    let (requests, stream) = mpsc::channel(16);
+    for create in creates {
+        requests
+            .send(WatchRequest {
+                request: Some(watch_request::Request::Create(create)),
+            })
+            .await
+            .unwrap();
+    }
+    let responses = kv
+        .watch(ReceiverStream::new(stream))
+        .await
+        .unwrap()
+        .into_inner();
+    (requests, responses)
+}
+
+async fn message(responses: &mut Streaming<WatchResponse>) -> WatchResponse {
+    tokio::time::timeout(DEADLINE, responses.message())
+        .await
+        .expect("a watch message in time")
+        .expect("no stream error")
+        .expect("the stream goes on")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_stream_answers_creates_in_order_refuses_bad_ones_by_name_and_outlives_a_half_close() {
+    let cluster = Cluster::start(|_| StateMachineOptions::default()).await;
+    let r1 = put(&cluster, "o/a", "1", 0).await;
+    let leader = cluster.leader().await;
+    let follower = cluster
+        .running()
+        .into_iter()
+        .find(|id| *id != leader)
+        .unwrap();
+    let create = |key: &str, start_revision: u64| WatchCreateRequest {
+        key: key.as_bytes().to_vec().into(),
+        start_revision,
+        ..Default::default()
+    };
+    // On a follower, a watch from now asks the leader for a read index; the
+    // next create (from a past revision) needs nothing: its `created`
+    // still comes second.
+    for _ in 0..5 {
+        let (requests, mut responses) = stream_of(
+            cluster.kv(follower).await,
+            vec![create("o/a", 0), create("o/a", r1)],
+        )
+        .await;
+        let first = message(&mut responses).await;
+        let second = message(&mut responses).await;
+        assert!(first.created && second.created, "{first:?} {second:?}");
+        assert_eq!((first.watch_id, second.watch_id), (0, 1));
+        drop(requests);
+    }
+
+    // A duplicate id is refused as -1; the live watch goes on. A bad
+    // consistency and a reserved key are refused by field name.
+    let (requests, mut responses) = stream_of(
+        cluster.kv(leader).await,
+        vec![
+            WatchCreateRequest {
+                watch_id: 7,
+                ..create("o/a", 0)
+            },
+            WatchCreateRequest {
+                watch_id: 7,
+                ..create("o/b", 0)
+            },
+            WatchCreateRequest {
+                consistency: 9,
+                ..create("o/c", 0)
+            },
+            WatchCreateRequest {
+                key: b"\xff\xffraftcask/x".to_vec().into(),
+                ..Default::default()
+            },
+        ],
+    )
+    .await;
+    let live = message(&mut responses).await;
+    assert!(
+        live.created && !live.canceled && live.watch_id == 7,
+        "{live:?}"
+    );
+    let duplicate = message(&mut responses).await;
+    assert!(
+        duplicate.canceled && duplicate.watch_id == -1,
+        "{duplicate:?}"
+    );
+    assert!(!duplicate.unavailable, "{duplicate:?}");
+    let consistency = message(&mut responses).await;
+    assert!(consistency.canceled, "{consistency:?}");
+    assert!(
+        consistency.cancel_reason.contains("consistency"),
+        "{consistency:?}"
+    );
+    let reserved = message(&mut responses).await;
+    assert!(reserved.canceled, "{reserved:?}");
+    assert!(reserved.cancel_reason.contains(".key"), "{reserved:?}");
+    // The client closes its side: the watch goes on (as etcd's).
+    drop(requests);
+    let r2 = put(&cluster, "o/a", "2", 0).await;
+    let events = message(&mut responses).await;
+    assert_eq!(events.watch_id, 7, "{events:?}");
+    assert_eq!(events.events[0].kv.as_ref().unwrap().mod_revision, r2);
+    cluster.shutdown().await;
+}
