@@ -105,6 +105,9 @@ pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> 
 type Out = mpsc::Sender<Result<WatchResponse, Status>>;
 
 impl WatchContext {
+    /// A message's header. The metrics are cloned, not borrowed: building
+    /// the header takes the apply lock (`StateMachine::applied`), and a
+    /// borrow held meanwhile would hold up openraft's metrics updates.
     fn header(&self, revision: u64) -> Header {
         let metrics = self.raft.metrics().borrow().clone();
         Header {

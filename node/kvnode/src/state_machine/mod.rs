@@ -116,8 +116,8 @@ pub(crate) struct Shared {
     /// the engine under it (an install switches both under its write lock).
     pub(crate) history: Arc<RwLock<History>>,
     /// The store revision after the last applied batch of entries (or
-    /// install), sent once the change history holds it: what watchers wait
-    /// on ([`StateMachine::subscribe_applied`]).
+    /// install), sent once the change history holds it: what the watch hub
+    /// listens to ([`StateMachine::subscribe_applied`]).
     pub(crate) applied: tokio::sync::watch::Sender<u64>,
     /// Held for the whole of a snapshot build or install: an install never
     /// removes an engine directory a build is still linking from.
@@ -284,9 +284,10 @@ impl StateMachine {
     }
 
     /// The store revision the change history holds, sent after each
-    /// applied batch of entries and each install: a watcher waits on it for
-    /// its next revision. (The value may run ahead of what a reader under
-    /// the history's lock sees only by entries still applying.)
+    /// applied batch of entries and each install (read from the history
+    /// under its lock, so a reader that sees a value finds at least that
+    /// revision there): what the watch hub (`server::watch_hub`) listens
+    /// to.
     pub fn subscribe_applied(&self) -> tokio::sync::watch::Receiver<u64> {
         self.shared.applied.subscribe()
     }
