@@ -13,7 +13,8 @@
 //! ## Modules (one per `.proto` file; module path = protobuf package minus `raftcask`)
 //!
 //! - [`kv::v1`] (`kv.proto`, package `raftcask.kv.v1`): the `Kv` service on
-//!   the client port — Get, Put, Delete, Expire, Persist, Scan, Batch — with
+//!   the client port — Get, Put, Delete, Expire, Persist, Scan, Batch, Range,
+//!   DeleteRange, Txn, Compact, Watch, and the Lease calls — with
 //!   versions, TTLs, conditions, read consistency, `min_index` and the
 //!   exactly-once `Session`; the common response `Header`; and the error
 //!   convention: gRPC status codes plus an optional [`kv::v1::ErrorDetail`]
@@ -40,8 +41,10 @@
 //! ## Limits
 //!
 //! The wire constants live here, once: [`ERROR_DETAIL_KEY`],
-//! [`KEY_SIZE_BYTES_MAX`] (4 KiB), [`VALUE_SIZE_BYTES_MAX`] (1 MiB) and
-//! [`SESSION_IDLE_MS`]. The node enforces the limits (and one Raft entry of
+//! [`KEY_SIZE_BYTES_MAX`] (4 KiB), [`VALUE_SIZE_BYTES_MAX`] (1 MiB),
+//! [`SESSION_IDLE_MS`], and the lease constants ([`LEASE_TTL_MS_MIN`],
+//! [`LEASE_TTL_MS_MAX`], [`LEASE_ID_MAX`], and the expiry promises
+//! [`LEASE_EARLY_BOUND_MS`] and [`LEASE_LATE_BOUND_MS`]). The node enforces the limits (and one Raft entry of
 //! 4 MiB, DESIGN §4) and answers INVALID_ARGUMENT naming the limit. Servers and clients should configure
 //! tonic's message size limits above the largest legal request.
 //!
@@ -83,9 +86,29 @@ pub const VALUE_SIZE_BYTES_MAX: usize = 1024 * 1024;
 /// records transaction answers, which a version 3 member cannot decode.
 /// 5 since the change history: entries carry `Compact`, and merges keep
 /// the records the history names (a version 4 member's merges would not).
+/// 6 since leases: entries carry `Leases`, and a new leader's first entry
+/// renews every lease (a version 5 member would apply it differently).
 /// Members refuse a request of another version with FAILED_PRECONDITION
 /// naming both versions.
-pub const PEER_PROTOCOL_VERSION: u32 = 5;
+pub const PEER_PROTOCOL_VERSION: u32 = 6;
+
+/// The shortest lease time to live (ms): a grant asking for less gets this
+/// (etcd raises a TTL below its minimum, 2 s with its default timings, the
+/// same way). Shorter leases would not outlive a leader election.
+pub const LEASE_TTL_MS_MIN: u64 = 2_000;
+/// The longest lease time to live (ms): etcd's `MaxLeaseTTL` (9 × 10^9 s).
+pub const LEASE_TTL_MS_MAX: u64 = 9_000_000_000_000;
+/// The largest lease id: an etcd lease id is a positive int64.
+pub const LEASE_ID_MAX: u64 = i64::MAX as u64;
+/// A lease never expires before its TTL minus this (ms) after its last
+/// acknowledged keep-alive was sent, measured on the leaders' monotonic
+/// clocks (ARCHITECTURE.md, "Leases"): the cluster clock's rounding step.
+pub const LEASE_EARLY_BOUND_MS: u64 = 1;
+/// Once nothing renews a lease, it expires within its TTL plus this (ms)
+/// after its last renewal, outside leaderless periods (a new leader renews
+/// every lease): the leader's tick interval, commit and apply on a loaded
+/// member, and room for a backlog of expiries.
+pub const LEASE_LATE_BOUND_MS: u64 = 1_000;
 
 /// Cluster time (ms) a session may stay idle before the state machine
 /// evicts it and forgets its answers (DESIGN §3). A client must not retry a

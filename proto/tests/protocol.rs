@@ -310,6 +310,37 @@ impl kv::kv_server::Kv for StubKv {
     ) -> Result<Response<Self::WatchStream>, Status> {
         Err(Status::unimplemented("watch"))
     }
+    async fn lease_grant(
+        &self,
+        _: Request<kv::LeaseGrantRequest>,
+    ) -> Result<Response<kv::LeaseGrantResponse>, Status> {
+        Err(Status::unimplemented("lease"))
+    }
+    async fn lease_revoke(
+        &self,
+        _: Request<kv::LeaseRevokeRequest>,
+    ) -> Result<Response<kv::LeaseRevokeResponse>, Status> {
+        Err(Status::unimplemented("lease"))
+    }
+    type LeaseKeepAliveStream = BoxStream<kv::LeaseKeepAliveResponse>;
+    async fn lease_keep_alive(
+        &self,
+        _: Request<tonic::Streaming<kv::LeaseKeepAliveRequest>>,
+    ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        Err(Status::unimplemented("lease"))
+    }
+    async fn lease_time_to_live(
+        &self,
+        _: Request<kv::LeaseTimeToLiveRequest>,
+    ) -> Result<Response<kv::LeaseTimeToLiveResponse>, Status> {
+        Err(Status::unimplemented("lease"))
+    }
+    async fn lease_leases(
+        &self,
+        _: Request<kv::LeaseLeasesRequest>,
+    ) -> Result<Response<kv::LeaseLeasesResponse>, Status> {
+        Err(Status::unimplemented("lease"))
+    }
 }
 
 /// Cluster: SaveSnapshot streams a manifest and one chunk, everything else UNIMPLEMENTED.

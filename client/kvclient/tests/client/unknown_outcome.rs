@@ -159,6 +159,37 @@ impl Kv for Fake {
     ) -> Result<Response<Self::WatchStream>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    async fn lease_grant(
+        &self,
+        _: Request<pb::LeaseGrantRequest>,
+    ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn lease_revoke(
+        &self,
+        _: Request<pb::LeaseRevokeRequest>,
+    ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    type LeaseKeepAliveStream = tokio_stream::Empty<Result<pb::LeaseKeepAliveResponse, Status>>;
+    async fn lease_keep_alive(
+        &self,
+        _: Request<tonic::Streaming<pb::LeaseKeepAliveRequest>>,
+    ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn lease_time_to_live(
+        &self,
+        _: Request<pb::LeaseTimeToLiveRequest>,
+    ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn lease_leases(
+        &self,
+        _: Request<pb::LeaseLeasesRequest>,
+    ) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
 }
 
 /// Starts a fake on an ephemeral port; returns its address and the sessions

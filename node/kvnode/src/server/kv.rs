@@ -965,6 +965,37 @@ impl Kv for KvService {
             outcome: Some(outcome),
         }))
     }
+    async fn lease_grant(
+        &self,
+        _: Request<kvproto::kv::v1::LeaseGrantRequest>,
+    ) -> Result<Response<kvproto::kv::v1::LeaseGrantResponse>, Status> {
+        Err(Status::unimplemented("leases are not served yet"))
+    }
+    async fn lease_revoke(
+        &self,
+        _: Request<kvproto::kv::v1::LeaseRevokeRequest>,
+    ) -> Result<Response<kvproto::kv::v1::LeaseRevokeResponse>, Status> {
+        Err(Status::unimplemented("leases are not served yet"))
+    }
+    type LeaseKeepAliveStream = tonic::codegen::BoxStream<kvproto::kv::v1::LeaseKeepAliveResponse>;
+    async fn lease_keep_alive(
+        &self,
+        _: Request<tonic::Streaming<kvproto::kv::v1::LeaseKeepAliveRequest>>,
+    ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        Err(Status::unimplemented("leases are not served yet"))
+    }
+    async fn lease_time_to_live(
+        &self,
+        _: Request<kvproto::kv::v1::LeaseTimeToLiveRequest>,
+    ) -> Result<Response<kvproto::kv::v1::LeaseTimeToLiveResponse>, Status> {
+        Err(Status::unimplemented("leases are not served yet"))
+    }
+    async fn lease_leases(
+        &self,
+        _: Request<kvproto::kv::v1::LeaseLeasesRequest>,
+    ) -> Result<Response<kvproto::kv::v1::LeaseLeasesResponse>, Status> {
+        Err(Status::unimplemented("leases are not served yet"))
+    }
 }
 
 /// The refusal of a condition field that compared sequence numbers before
