@@ -52,10 +52,14 @@ use bitcask::{Batch, Engine, Op as EngineOp, RecordLocation, StoredKind};
 use serde::{Deserialize, Serialize};
 
 use crate::command::{
-    Answer, Command, ENTRY_OPS_MAX, EntryResponse, Op, Outcome, Proposal, RESERVED_KEY_PREFIX,
-    Request, SESSION_ANSWER_BYTES_MAX, SESSION_ANSWERS_MAX, SESSION_IDLE_MS_MAX, SessionRef,
+    Answer, Command, ENTRY_OPS_MAX, EntryResponse, LeaseRequest, Op, Outcome, Proposal,
+    RESERVED_KEY_PREFIX, Request, SESSION_ANSWER_BYTES_MAX, SESSION_ANSWERS_MAX,
+    SESSION_IDLE_MS_MAX, SessionRef,
 };
 use crate::history::{History, HistoryLoadError, Version};
+use crate::lease::{
+    LEASE_EXPIRY_OPS_PER_ENTRY_MAX, LeaseAnswer, LeaseError, LeaseLoadError, LeaseOp, Leases,
+};
 use crate::range::{self, Budget, KeyBounds, KeyValue, Overlay, Pending, RangeError};
 use crate::revision::{
     FIRST_REVISION, KeyMeta, RevisionError, StoreHeader, split_commit_meta_exact, tombstone_meta,
@@ -106,6 +110,9 @@ pub enum ApplyError {
     /// The change history could not be rebuilt from the engine's records.
     #[error("change history: {0}")]
     History(#[from] HistoryLoadError),
+    /// The leases could not be loaded from the engine's records.
+    #[error("leases: {0}")]
+    Leases(#[from] LeaseLoadError),
     /// The entry is malformed (more ops than versions allow).
     #[error("entry at index {index} holds {ops} ops; the limit ENTRY_OPS_MAX is {ENTRY_OPS_MAX}")]
     TooManyOps {
@@ -255,6 +262,8 @@ pub struct Applier {
     revisions_on: bool,
     /// Every user key with a TTL, by (expiry ms, key).
     expiries: BTreeSet<(u64, Vec<u8>)>,
+    /// The leases and their keys ([`crate::lease`]).
+    leases: Leases,
     /// Where readers learn the store revision: set to an entry's revision
     /// just before the entry's engine write, so a reader that loads it
     /// after reading the engine gets a revision at or above everything it
@@ -275,6 +284,7 @@ impl Default for Applier {
             header: StoreHeader::default(),
             revisions_on: false,
             expiries: BTreeSet::new(),
+            leases: Leases::default(),
             published: None,
             history: Arc::default(),
             locations: Vec::new(),
@@ -332,6 +342,7 @@ impl Applier {
             header,
             revisions_on,
             expiries: load_expiries(engine)?,
+            leases: Leases::load(engine)?,
             history: Arc::new(RwLock::new(history)),
             ..Applier::default()
         })
@@ -409,7 +420,37 @@ impl Applier {
     /// below the cluster time, keys wait for their expiry deletes (more
     /// ran out than [`EXPIRY_DELETES_PER_ENTRY_MAX`] per entry).
     pub fn next_expiry_ms(&self) -> Option<u64> {
-        self.expiries.first().map(|(expiry_ms, _)| *expiry_ms)
+        let keys = self.expiries.first().map(|(expiry_ms, _)| *expiry_ms);
+        match (keys, self.leases.next_expiry_ms()) {
+            (Some(keys), Some(leases)) => Some(keys.min(leases)),
+            (keys, leases) => keys.or(leases),
+        }
+    }
+
+    /// The leases ([`crate::lease`]): what time-to-live and listing
+    /// requests read.
+    pub fn leases(&self) -> &Leases {
+        &self.leases
+    }
+
+    /// Applies a new leader's first (blank) entry: every lease counts as
+    /// renewed at `now_ms` (the applied cluster time), written with the
+    /// entry's commit record (`node_meta`, after the store header) as one
+    /// batch at sequence `seq`.
+    pub fn apply_leader_start(
+        &mut self,
+        engine: &Engine,
+        seq: u64,
+        now_ms: u64,
+        node_meta: &[u8],
+    ) -> Result<(), ApplyError> {
+        let mut batch = Batch::new().seq(seq).meta(self.commit_meta(node_meta));
+        if self.revisions_on {
+            self.leases.refresh(now_ms);
+            self.leases.write_records(&mut batch);
+        }
+        engine.write_batch(&batch)?;
+        Ok(())
     }
 
     /// The commit record metadata of an entry that changes no key (blank,
@@ -458,6 +499,7 @@ impl Applier {
             touched_sessions: BTreeSet::new(),
             revision: self.header.revision,
             expiries: std::mem::take(&mut self.expiries),
+            leases: std::mem::take(&mut self.leases),
             batch_bytes: (0, 0),
             compact_to: None,
         };
@@ -467,11 +509,17 @@ impl Applier {
             mut touched_sessions,
             revision,
             expiries,
+            leases,
             compact_to,
             ..
         } = entry;
         self.expiries = expiries;
+        self.leases = leases;
         let answers = applied?;
+        // Leases: the keys this entry attached or detached, then the
+        // records of the leases it changed.
+        self.leases.note_batch(engine, &batch)?;
+        self.leases.write_records(&mut batch);
         // Sessions: evict idle ones, then store the touched ones, in client-id order.
         let evictions_max = if legacy {
             usize::MAX
@@ -541,6 +589,7 @@ impl Applier {
         proposal: &Proposal,
     ) -> Result<Vec<Answer>, ApplyError> {
         entry.delete_expired()?;
+        entry.revoke_expired()?;
         let (requests, compared) = match &proposal.command {
             Command::Requests(requests) => (requests, Compared::Seq),
             Command::Writes(requests) => (requests, Compared::ModRevision),
@@ -550,6 +599,17 @@ impl Applier {
                     let answer =
                         self.answer_once(entry, txn.session, AnswerKept::Bounded, |entry| {
                             entry.evaluate_txn(txn)
+                        })?;
+                    answers.push(answer);
+                }
+                return Ok(answers);
+            }
+            Command::Leases(leases) => {
+                let mut answers = Vec::with_capacity(leases.len());
+                for (position, lease) in leases.iter().enumerate() {
+                    let answer =
+                        self.answer_once(entry, lease.session, AnswerKept::Bounded, |entry| {
+                            entry.evaluate_lease(lease, position as u64)
                         })?;
                     answers.push(answer);
                 }
@@ -823,6 +883,8 @@ struct EntryWrite<'a> {
     revision: u64,
     /// The applier's expiry index, kept current as keys are written.
     expiries: BTreeSet<(u64, Vec<u8>)>,
+    /// The applier's leases, changed by the entry's lease operations.
+    leases: Leases,
     /// (records counted, their bytes): the batch's size so far, counted
     /// as far as a transaction last needed it (see [`EntryWrite::batch_bytes`]).
     batch_bytes: (usize, usize),
@@ -861,6 +923,99 @@ impl EntryWrite<'_> {
             self.overlay.insert(key, KeyState::Absent);
         }
         Ok(())
+    }
+
+    /// Revokes every lease whose expiry is at or below this entry's time,
+    /// in (expiry, id) order, each deleting its keys at a revision of its
+    /// own, as long as their records fit in
+    /// [`LEASE_EXPIRY_OPS_PER_ENTRY_MAX`] (the next entries take the rest).
+    fn revoke_expired(&mut self) -> Result<(), ApplyError> {
+        if self.legacy {
+            return Ok(());
+        }
+        let mut written = 0;
+        while let Some((id, keys)) = self.leases.first_expired(self.now_ms)
+            && written + keys < LEASE_EXPIRY_OPS_PER_ENTRY_MAX
+        {
+            written += self.revoke(id, true)?.unwrap_or(0) as usize + 1;
+        }
+        Ok(())
+    }
+
+    /// Revokes lease `id`: deletes its keys still present at the next
+    /// revision (taken only if there is one). `None` if it does not exist.
+    fn revoke(&mut self, id: u64, expired: bool) -> Result<Option<u64>, ApplyError> {
+        let Ok(keys) = self.leases.revoke(id, expired) else {
+            return Ok(None);
+        };
+        let revision = self.revision + 1;
+        let mut deleted = 0;
+        for key in keys {
+            let KeyState::Present { expiry_ms, .. } = self.state_of(&key)? else {
+                continue;
+            };
+            if expiry_ms != 0 {
+                self.expiries.remove(&(expiry_ms, key.clone()));
+            }
+            self.write_staged(key, KeyState::Absent, revision)?;
+            deleted += 1;
+        }
+        if deleted > 0 {
+            self.revision = revision;
+        }
+        Ok(Some(deleted))
+    }
+
+    /// Applies one lease operation (the `position`-th request of the entry).
+    fn evaluate_lease(
+        &mut self,
+        request: &LeaseRequest,
+        position: u64,
+    ) -> Result<Outcome, ApplyError> {
+        let refused = |error: LeaseError| match error {
+            LeaseError::NotFound { .. } => Outcome::LeaseNotFound {
+                reason: error.to_string(),
+            },
+            LeaseError::Exists { .. } => Outcome::LeaseExists {
+                reason: error.to_string(),
+            },
+            _ => Outcome::Rejected {
+                reason: error.to_string(),
+            },
+        };
+        // Room for what it writes beside the entry's records, its lease
+        // and session records and the idle-session evictions.
+        let batched = self.batch.ops.len()
+            + self.leases.pending_records()
+            + self.touched_sessions.len()
+            + 1
+            + SESSION_EVICTIONS_PER_ENTRY_MAX;
+        if batched + request.op.records() >= ENTRY_OPS_MAX {
+            return Ok(Outcome::Rejected {
+                reason: format!("the entry would exceed ENTRY_OPS_MAX ({ENTRY_OPS_MAX}) ops"),
+            });
+        }
+        let answer = match &request.op {
+            LeaseOp::Grant { id, ttl_ms } => {
+                let index = self.base / VERSIONS_PER_INDEX;
+                match self
+                    .leases
+                    .grant(*id, *ttl_ms, self.now_ms, index, position)
+                {
+                    Ok((id, ttl_ms)) => LeaseAnswer::Granted { id, ttl_ms },
+                    Err(error) => return Ok(refused(error)),
+                }
+            }
+            LeaseOp::Revoke { id } => match self.revoke(*id, false)? {
+                Some(deleted) => LeaseAnswer::Revoked { deleted },
+                None => return Ok(refused(LeaseError::NotFound { id: *id })),
+            },
+            LeaseOp::Renew { ids } => match self.leases.renew(ids, self.now_ms) {
+                Ok(ttls_ms) => LeaseAnswer::Renewed { ttls_ms },
+                Err(error) => return Ok(refused(error)),
+            },
+        };
+        Ok(Outcome::Lease(answer))
     }
 
     fn evaluate(&mut self, request: &Request, compared: Compared) -> Result<Outcome, ApplyError> {
@@ -1134,6 +1289,16 @@ impl Staged {
         self.index.get(key).copied().unwrap_or(self.writes.len())
     }
 
+    /// Puts staged so far that attach a key to `lease`.
+    fn leased(&self, lease: u64) -> usize {
+        self.writes
+            .iter()
+            .filter(
+                |(_, state)| matches!(state, KeyState::Present { meta, .. } if meta.lease == lease),
+            )
+            .count()
+    }
+
     fn stage(&mut self, key: Vec<u8>, state: KeyState) {
         match self.index.get(&key) {
             Some(&place) => self.writes[place].1 = state,
@@ -1222,6 +1387,19 @@ impl From<ApplyError> for TxnFault {
     }
 }
 
+/// A refused transaction's answer: a lease that does not exist is told
+/// apart (etcd answers NOT_FOUND), everything else is `Rejected`.
+fn refused_txn(error: TxnError) -> Outcome {
+    match error {
+        TxnError::LeaseNotFound { .. } => Outcome::LeaseNotFound {
+            reason: error.to_string(),
+        },
+        error => Outcome::Rejected {
+            reason: error.to_string(),
+        },
+    }
+}
+
 /// A read of the transaction at `at` failed: the request's fault (a
 /// revision, a budget), or the engine's.
 fn read_fault(at: TxnPlace, error: RangeError) -> TxnFault {
@@ -1247,14 +1425,10 @@ impl EntryWrite<'_> {
                     self.txn_read_bytes_left = self.txn_read_bytes_left.saturating_sub(read_bytes);
                     Ok(Outcome::Txn { succeeded, results })
                 }
-                Err(TxnFault::Refused(error)) => Ok(Outcome::Rejected {
-                    reason: error.to_string(),
-                }),
+                Err(TxnFault::Refused(error)) => Ok(refused_txn(error)),
                 Err(TxnFault::Failed(error)) => Err(error),
             },
-            Err(TxnFault::Refused(error)) => Ok(Outcome::Rejected {
-                reason: error.to_string(),
-            }),
+            Err(TxnFault::Refused(error)) => Ok(refused_txn(error)),
             Err(TxnFault::Failed(error)) => Err(error),
         }
     }
@@ -1386,6 +1560,23 @@ impl EntryWrite<'_> {
                         }
                         KeyState::Absent => (KeyMeta::created(revision, *lease), None),
                     };
+                    if !*ignore_lease && *lease != 0 {
+                        match self.leases.attach_check(*lease, staged.leased(*lease) + 1) {
+                            Ok(true) => {}
+                            Ok(false) => {
+                                return Err(TxnFault::Refused(TxnError::LeaseKeys {
+                                    at,
+                                    lease: *lease,
+                                }));
+                            }
+                            Err(_) => {
+                                return Err(TxnFault::Refused(TxnError::LeaseNotFound {
+                                    at,
+                                    lease: *lease,
+                                }));
+                            }
+                        }
+                    }
                     let (value, prev_kv) = match previous {
                         Some((old_meta, old_value)) => {
                             let prev_kv = if *prev_kv {
@@ -1468,10 +1659,17 @@ impl EntryWrite<'_> {
             return Err(TxnFault::Refused(TxnError::EntryBytes { bytes, batched }));
         }
         for (key, state) in staged.writes {
-            if let KeyState::Present { expiry_ms, .. } = self.state_of(&key)?
+            let before = self.state_of(&key)?;
+            if let KeyState::Present { expiry_ms, .. } = before
                 && expiry_ms != 0
             {
                 self.expiries.remove(&(expiry_ms, key.clone()));
+            }
+            if let KeyState::Present { meta, .. } = &state
+                && meta.lease != 0
+                && !matches!(before, KeyState::Present { meta: old, .. } if old.lease == meta.lease)
+            {
+                self.leases.attaching(meta.lease, 1);
             }
             self.write_staged(key, state, revision)?;
         }

@@ -8,6 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::lease::{LeaseAnswer, LeaseOp};
 use crate::txn::{TxnOpResult, TxnRequest};
 
 /// Operations in one entry at most: versions are `index × 65536 + position`,
@@ -160,6 +161,21 @@ pub enum Command {
         /// The new oldest revision served.
         revision: u64,
     },
+    /// Lease grants, revokes and renewals gathered into one entry, applied
+    /// in order ([`crate::lease`]); each answered [`Outcome::Lease`],
+    /// [`Outcome::LeaseNotFound`], [`Outcome::LeaseExists`] or
+    /// [`Outcome::Rejected`].
+    Leases(Vec<LeaseRequest>),
+}
+
+/// One lease operation and its exactly-once bookkeeping.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRequest {
+    /// Exactly-once bookkeeping (grants and revokes from clients; none for
+    /// the leader's coalesced renewals).
+    pub session: Option<SessionRef>,
+    /// What to do.
+    pub op: LeaseOp,
 }
 
 impl Command {
@@ -182,6 +198,8 @@ pub enum Write {
     Request(Request),
     /// An etcd transaction ([`Command::Txns`]).
     Txn(TxnRequest),
+    /// A lease operation ([`Command::Leases`]).
+    Lease(LeaseRequest),
 }
 
 impl Write {
@@ -204,6 +222,7 @@ impl Write {
                 };
                 records(&txn.success).max(records(&txn.failure))
             }
+            Write::Lease(lease) => lease.op.records(),
         }
     }
 
@@ -212,6 +231,7 @@ impl Write {
         match self {
             Write::Request(request) => request.session,
             Write::Txn(txn) => txn.session,
+            Write::Lease(lease) => lease.session,
         }
     }
 
@@ -219,7 +239,9 @@ impl Write {
     pub fn same_kind(&self, other: &Write) -> bool {
         matches!(
             (self, other),
-            (Write::Request(_), Write::Request(_)) | (Write::Txn(_), Write::Txn(_))
+            (Write::Request(_), Write::Request(_))
+                | (Write::Txn(_), Write::Txn(_))
+                | (Write::Lease(_), Write::Lease(_))
         )
     }
 
@@ -228,6 +250,7 @@ impl Write {
         match self {
             Write::Request(request) => kvcodec::encode(request).len(),
             Write::Txn(txn) => kvcodec::encode(txn).len(),
+            Write::Lease(lease) => kvcodec::encode(lease).len(),
         }
     }
 
@@ -236,16 +259,19 @@ impl Write {
     pub fn command(writes: Vec<Write>) -> Option<Command> {
         let mut requests = Vec::new();
         let mut txns = Vec::new();
+        let mut leases = Vec::new();
         for write in writes {
             match write {
                 Write::Request(request) => requests.push(request),
                 Write::Txn(txn) => txns.push(txn),
+                Write::Lease(lease) => leases.push(lease),
             }
         }
-        match (requests.is_empty(), txns.is_empty()) {
-            (_, true) => Some(Command::Writes(requests)),
-            (true, false) => Some(Command::Txns(txns)),
-            (false, false) => None,
+        match (requests.is_empty(), txns.is_empty(), leases.is_empty()) {
+            (_, true, true) => Some(Command::Writes(requests)),
+            (true, false, true) => Some(Command::Txns(txns)),
+            (true, true, false) => Some(Command::Leases(leases)),
+            _ => None,
         }
     }
 }
@@ -253,6 +279,12 @@ impl Write {
 impl From<Request> for Write {
     fn from(request: Request) -> Write {
         Write::Request(request)
+    }
+}
+
+impl From<LeaseRequest> for Write {
+    fn from(lease: LeaseRequest) -> Write {
+        Write::Lease(lease)
     }
 }
 
@@ -285,6 +317,7 @@ impl std::fmt::Display for Proposal {
             Command::Advance => write!(f, "advance")?,
             Command::Merge { inputs } => write!(f, "merge({} inputs)", inputs.len())?,
             Command::Compact { revision } => write!(f, "compact({revision})")?,
+            Command::Leases(leases) => write!(f, "leases({})", leases.len())?,
         }
         write!(f, " at {} ms", self.time_ms)
     }
@@ -333,6 +366,20 @@ pub enum Outcome {
         succeeded: bool,
         /// One per op of the branch that applied, in order.
         results: Vec<TxnOpResult>,
+    },
+    /// A lease operation applied.
+    Lease(LeaseAnswer),
+    /// A lease the request names does not exist (a revoke, or a
+    /// transaction's put attaching a key); nothing applied. The reason
+    /// starts with etcd's message.
+    LeaseNotFound {
+        /// Why, naming the lease.
+        reason: String,
+    },
+    /// A grant names a lease id in use; nothing applied.
+    LeaseExists {
+        /// Why, naming the lease.
+        reason: String,
     },
 }
 
@@ -416,6 +463,7 @@ mod tests {
             6
         );
         assert_eq!(first_byte(codec::encode(&Command::Txns(Vec::new()))), 5);
+        assert_eq!(first_byte(codec::encode(&Command::Leases(Vec::new()))), 7);
         assert_eq!(first_byte(codec::encode(&Outcome::SessionExpired)), 3);
         let rejected = Outcome::Rejected {
             reason: String::new(),
@@ -426,6 +474,10 @@ mod tests {
             results: Vec::new(),
         };
         assert_eq!(first_byte(codec::encode(&txn)), 5);
+        let lease = Outcome::LeaseExists {
+            reason: String::new(),
+        };
+        assert_eq!(first_byte(codec::encode(&lease)), 8);
         let decoded: Outcome = codec::decode(&codec::encode(&txn)).unwrap();
         assert_eq!(decoded, txn);
     }

@@ -25,6 +25,8 @@
 //! - [`watch`]: change events for watchers, read page by page from the
 //!   change history (any revision of the window, in revision order, the
 //!   same pages on every replica).
+//! - [`lease`]: etcd's leases: grant, renew, revoke, expiry by cluster
+//!   time, the keys attached to each, and their records.
 //! - [`txn`]: etcd's transactions: compares, the ops of two branches, the
 //!   checks etcd makes before it applies one, and their results.
 //! - [`apply`]: applying one entry deterministically: one engine batch per
@@ -101,6 +103,7 @@
 pub mod apply;
 pub mod command;
 pub mod history;
+pub mod lease;
 pub mod range;
 pub mod revision;
 pub mod txn;

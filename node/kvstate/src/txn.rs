@@ -122,8 +122,8 @@ pub enum TxnOp {
         /// Time to live in ms of cluster time; 0 = never expires. Applies
         /// as given with `ignore_value` too (it is not the value).
         ttl_ms: u64,
-        /// The lease id stored with the key (0 = none); must be 0 with
-        /// `ignore_lease`. No lease lifecycle yet: the id is only stored.
+        /// The lease the key is attached to (0 = none; it must exist,
+        /// [`crate::lease`]); must be 0 with `ignore_lease`.
         lease: u64,
         /// Return the key as it was before the put.
         prev_kv: bool,
@@ -255,6 +255,27 @@ pub enum TxnError {
     /// A put with `ignore_lease` carries a lease.
     #[error("etcdserver: lease is provided: {at} sets `ignore_lease` and carries `lease` {lease}")]
     LeaseProvided {
+        /// The put.
+        at: TxnPlace,
+        /// The lease.
+        lease: u64,
+    },
+    /// A put attaches its key to a lease that does not exist.
+    #[error("etcdserver: requested lease not found: {at} attaches its key to lease {lease:016x}")]
+    LeaseNotFound {
+        /// The put.
+        at: TxnPlace,
+        /// The lease.
+        lease: u64,
+    },
+    /// A put would attach more keys to a lease than
+    /// [`crate::lease::LEASE_KEYS_MAX`].
+    #[error(
+        "{at} attaches its key to lease {lease:016x}, which would hold more than \
+         LEASE_KEYS_MAX ({}) keys",
+        crate::lease::LEASE_KEYS_MAX
+    )]
+    LeaseKeys {
         /// The put.
         at: TxnPlace,
         /// The lease.

@@ -74,12 +74,14 @@ pub(crate) async fn tick_loop(
         if !idle {
             continue;
         }
-        // Tick while a key may still expire, or while expired keys wait for
+        // Tick while a key or a lease may still expire, or while expired keys wait for
         // their deletes (a burst larger than one entry deletes): an idle
         // cluster would otherwise leave them until the next write.
         let pending = state_machine.engine().expiry_high_water_ms();
         let backlog = state_machine.expiry_backlog() == Some(true);
-        if !backlog && (pending == 0 || pending <= state_machine.cluster_time_ms()) {
+        // Every lease expires unless renewed.
+        let leases = state_machine.lease_counts().0 > 0;
+        if !backlog && !leases && (pending == 0 || pending <= state_machine.cluster_time_ms()) {
             continue;
         }
         let Ok(term) = leader_caught_up(&raft).await else {

@@ -15,18 +15,21 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use kvstate::apply::{EXPIRY_DELETES_PER_ENTRY_MAX, SESSION_EVICTIONS_PER_ENTRY_MAX};
 use kvstate::command::{Answer, ENTRY_OPS_MAX, Write};
+use kvstate::lease::LEASE_EXPIRY_OPS_PER_ENTRY_MAX;
 
 /// Requests in one entry at most.
 pub const ENTRY_REQUESTS_MAX: usize = 1024;
 /// User ops in one entry at most: below [`ENTRY_OPS_MAX`], leaving room for
 /// the session records the same entry writes (one per request at most), the
-/// idle sessions it may evict and the expired keys it may delete (kvstate's
-/// per-entry caps), so apply never refuses a request the batcher let in.
+/// idle sessions it may evict, the expired keys it may delete and the
+/// expired leases it may revoke (kvstate's per-entry caps), so apply never
+/// refuses a request the batcher let in.
 pub const ENTRY_USER_OPS_MAX: usize = ENTRY_OPS_MAX
     - ENTRY_REQUESTS_MAX
     - 1
     - SESSION_EVICTIONS_PER_ENTRY_MAX
-    - EXPIRY_DELETES_PER_ENTRY_MAX;
+    - EXPIRY_DELETES_PER_ENTRY_MAX
+    - LEASE_EXPIRY_OPS_PER_ENTRY_MAX;
 /// Encoded bytes of one entry at most (DESIGN §4: one Raft entry ≤ 4 MiB).
 pub const ENTRY_SIZE_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Entries proposed and not yet answered at once. Two let one entry

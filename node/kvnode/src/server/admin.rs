@@ -141,6 +141,15 @@ impl AdminState {
             applied_index: self.applied_index(),
             commit_index,
             engine,
+            leases: {
+                let (leases, keys, expired, revoked) = self.state_machine.lease_counts();
+                crate::server::metrics::LeaseView {
+                    leases,
+                    keys,
+                    expired,
+                    revoked,
+                }
+            },
             history: self.state_machine.history().try_read().ok().map(|history| {
                 let (records, bytes) = history.records();
                 HistoryView {

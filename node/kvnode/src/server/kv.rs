@@ -40,7 +40,8 @@ use crate::server::metrics::{Metrics, RequestOp, RequestTimer};
 use crate::server::txn;
 use crate::state_machine::StateMachine;
 use kvstate::command::{
-    self, Answer, Command, Condition, Op, Outcome, RESERVED_KEY_PREFIX, SessionRef, Write,
+    self, Answer, Command, Condition, LeaseRequest, Op, Outcome, RESERVED_KEY_PREFIX, SessionRef,
+    Write,
 };
 use kvstate::revision::KeyMeta;
 
@@ -77,6 +78,9 @@ pub struct KvService {
     /// Turns true when the member stops: watch streams end then (they
     /// hold the state machine, which a stopping member waits to release).
     shutdown: Option<tokio::sync::watch::Receiver<bool>>,
+    /// The member's lease renewal coalescer, started by the first
+    /// keep-alive stream.
+    renewals: std::sync::Arc<std::sync::OnceLock<crate::server::lease::Renewals>>,
     /// The member's watch hub, started by the first watch.
     watch_hub:
         std::sync::Arc<std::sync::OnceLock<std::sync::Arc<crate::server::watch_hub::WatchHub>>>,
@@ -112,6 +116,7 @@ impl KvService {
             watermark: None,
             compactor: None,
             shutdown: None,
+            renewals: Default::default(),
             watch_hub: Default::default(),
         }
     }
@@ -168,8 +173,62 @@ impl KvService {
         cluster::header(&self.identity, &self.state_machine, &metrics)
     }
 
+    /// The lease renewal coalescer, started on first use.
+    pub(crate) fn renewals(&self) -> crate::server::lease::Renewals {
+        self.renewals
+            .get_or_init(|| crate::server::lease::Renewals::start(self.clone()))
+            .clone()
+    }
+
+    /// Resolves when the member stops (never without a shutdown signal).
+    pub(crate) fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let shutdown = self.shutdown.clone();
+        async move {
+            match shutdown {
+                Some(mut shutdown) => {
+                    let _ = shutdown.wait_for(|stop| *stop).await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    /// The metrics, if the member has them.
+    pub(crate) fn metrics(&self) -> Option<&Metrics> {
+        self.metrics.as_ref()
+    }
+
+    /// The member's state machine.
+    pub(crate) fn state_machine(&self) -> &StateMachine {
+        &self.state_machine
+    }
+
+    /// The header of a read's answer: the store revision read after the
+    /// state it describes.
+    pub(crate) fn read_header(&self) -> Header {
+        Header {
+            revision: self.state_machine.revision(),
+            ..self.header()
+        }
+    }
+
+    /// A lease write (grant), refused while the disk is low on space.
+    pub(crate) async fn write_lease(&self, request: LeaseRequest) -> Result<Answer, Status> {
+        self.write(request).await
+    }
+
+    /// A write that must go through even while the disk is low on space
+    /// (lease renewals and revokes: refusing them would keep or expire
+    /// leases against their owners' will).
+    pub(crate) async fn write_essential(
+        &self,
+        request: impl Into<Write>,
+    ) -> Result<Answer, Status> {
+        self.write_checked(request.into(), false).await
+    }
+
     /// The header of a write's answer: the revision is the answer's.
-    fn write_header(&self, revision: u64) -> Header {
+    pub(crate) fn write_header(&self, revision: u64) -> Header {
         Header {
             revision,
             ..self.header()
@@ -193,7 +252,7 @@ impl KvService {
     }
 
     #[allow(clippy::result_large_err)]
-    fn require_leader(&self) -> Result<(), Status> {
+    pub(crate) fn require_leader(&self) -> Result<(), Status> {
         let (leader, addr) = self.leader();
         if leader == Some(self.id) {
             Ok(())
@@ -203,9 +262,14 @@ impl KvService {
     }
 
     async fn write(&self, request: impl Into<Write>) -> Result<Answer, Status> {
-        let request: Write = request.into();
+        self.write_checked(request.into(), true).await
+    }
+
+    /// Proposes `request` on the leader (refused while the disk is low on
+    /// space when `check_space`) and maps its outcome to a status.
+    async fn write_checked(&self, request: Write, check_space: bool) -> Result<Answer, Status> {
         self.require_leader()?;
-        if let Some(watermark) = &self.watermark {
+        if check_space && let Some(watermark) = &self.watermark {
             watermark.check_write()?;
         }
         let session = request.session();
@@ -245,6 +309,14 @@ impl KvService {
                 outcome: Outcome::Rejected { reason },
                 ..
             })) => Err(Status::invalid_argument(reason)),
+            Ok(Ok(Answer {
+                outcome: Outcome::LeaseNotFound { reason },
+                ..
+            })) => Err(Status::not_found(reason)),
+            Ok(Ok(Answer {
+                outcome: Outcome::LeaseExists { reason },
+                ..
+            })) => Err(Status::already_exists(reason)),
             Ok(Ok(_)) if self.faults.drop_write_replies() => Err(Status::unavailable(
                 "the write was applied but its reply was dropped (test fault)",
             )),
@@ -305,7 +377,11 @@ impl KvService {
 
     /// Makes the local state fit for a read of `consistency`; returns the
     /// cluster time to judge expiry against.
-    async fn prepare_read(&self, consistency: Consistency, min_index: u64) -> Result<(), Status> {
+    pub(crate) async fn prepare_read(
+        &self,
+        consistency: Consistency,
+        min_index: u64,
+    ) -> Result<(), Status> {
         match consistency {
             // NEGATIVE CONTROL (feature nc-local-reads): no read index, the
             // local state as it is; an isolated member serves stale reads.
@@ -361,7 +437,7 @@ fn key_meta(meta: &bitcask::RecordMeta) -> Result<KeyMeta, Status> {
     KeyMeta::decode(meta).map_err(|err| Status::internal(format!("engine: {err}")))
 }
 
-fn consistency_of(value: i32) -> Result<Consistency, Status> {
+pub(crate) fn consistency_of(value: i32) -> Result<Consistency, Status> {
     Consistency::try_from(value)
         .map_err(|_| Status::invalid_argument(format!("unknown consistency {value}")))
 }
@@ -429,7 +505,7 @@ fn single_key_op_result(outcome: Outcome) -> Result<(bool, u64), Status> {
     }
 }
 
-fn unexpected(outcome: Outcome) -> Status {
+pub(crate) fn unexpected(outcome: Outcome) -> Status {
     Status::new(
         Code::Internal,
         format!("unexpected outcome for the write: {outcome:?}"),
@@ -967,34 +1043,40 @@ impl Kv for KvService {
     }
     async fn lease_grant(
         &self,
-        _: Request<kvproto::kv::v1::LeaseGrantRequest>,
+        request: Request<kvproto::kv::v1::LeaseGrantRequest>,
     ) -> Result<Response<kvproto::kv::v1::LeaseGrantResponse>, Status> {
-        Err(Status::unimplemented("leases are not served yet"))
+        let _timer = self.request_timer(RequestOp::LeaseGrant);
+        Ok(Response::new(self.grant_lease(request.into_inner()).await?))
     }
     async fn lease_revoke(
         &self,
-        _: Request<kvproto::kv::v1::LeaseRevokeRequest>,
+        request: Request<kvproto::kv::v1::LeaseRevokeRequest>,
     ) -> Result<Response<kvproto::kv::v1::LeaseRevokeResponse>, Status> {
-        Err(Status::unimplemented("leases are not served yet"))
+        let _timer = self.request_timer(RequestOp::LeaseRevoke);
+        Ok(Response::new(
+            self.revoke_lease(request.into_inner()).await?,
+        ))
     }
-    type LeaseKeepAliveStream = tonic::codegen::BoxStream<kvproto::kv::v1::LeaseKeepAliveResponse>;
+    type LeaseKeepAliveStream = crate::server::lease::KeepAliveStream;
     async fn lease_keep_alive(
         &self,
-        _: Request<tonic::Streaming<kvproto::kv::v1::LeaseKeepAliveRequest>>,
+        request: Request<tonic::Streaming<kvproto::kv::v1::LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
-        Err(Status::unimplemented("leases are not served yet"))
+        Ok(Response::new(self.keep_alive(request.into_inner())?))
     }
     async fn lease_time_to_live(
         &self,
-        _: Request<kvproto::kv::v1::LeaseTimeToLiveRequest>,
+        request: Request<kvproto::kv::v1::LeaseTimeToLiveRequest>,
     ) -> Result<Response<kvproto::kv::v1::LeaseTimeToLiveResponse>, Status> {
-        Err(Status::unimplemented("leases are not served yet"))
+        Ok(Response::new(
+            self.lease_time_to_live(request.into_inner()).await?,
+        ))
     }
     async fn lease_leases(
         &self,
-        _: Request<kvproto::kv::v1::LeaseLeasesRequest>,
+        request: Request<kvproto::kv::v1::LeaseLeasesRequest>,
     ) -> Result<Response<kvproto::kv::v1::LeaseLeasesResponse>, Status> {
-        Err(Status::unimplemented("leases are not served yet"))
+        Ok(Response::new(self.lease_list(request.into_inner()).await?))
     }
 }
 

@@ -76,11 +76,15 @@ pub enum RequestOp {
     DeleteRange,
     /// `Kv.Txn`.
     Txn,
+    /// `Kv.LeaseGrant`.
+    LeaseGrant,
+    /// `Kv.LeaseRevoke`.
+    LeaseRevoke,
 }
 
 impl RequestOp {
     /// Every op, in label order.
-    pub const ALL: [RequestOp; 10] = [
+    pub const ALL: [RequestOp; 12] = [
         RequestOp::Get,
         RequestOp::Put,
         RequestOp::Delete,
@@ -91,6 +95,8 @@ impl RequestOp {
         RequestOp::Range,
         RequestOp::DeleteRange,
         RequestOp::Txn,
+        RequestOp::LeaseGrant,
+        RequestOp::LeaseRevoke,
     ];
 
     /// The value of the `op` label.
@@ -106,6 +112,8 @@ impl RequestOp {
             RequestOp::Range => "range",
             RequestOp::DeleteRange => "delete_range",
             RequestOp::Txn => "txn",
+            RequestOp::LeaseGrant => "lease_grant",
+            RequestOp::LeaseRevoke => "lease_revoke",
         }
     }
 }
@@ -131,6 +139,21 @@ pub struct ScrapeView {
     pub engine: Option<EngineView>,
     /// The change history's window (`None` if its lock was busy).
     pub history: Option<HistoryView>,
+    /// The leases of the applied state.
+    pub leases: LeaseView,
+}
+
+/// The lease part of a [`ScrapeView`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeaseView {
+    /// Leases that exist.
+    pub leases: u64,
+    /// Keys attached to them.
+    pub keys: u64,
+    /// Leases this process's state machine revoked by expiry so far.
+    pub expired: u64,
+    /// Leases it revoked at a client's request so far.
+    pub revoked: u64,
 }
 
 /// The change history part of a [`ScrapeView`].
@@ -207,6 +230,16 @@ struct Inner {
     watchers_catching_up: Gauge,
     watch_events_sent: Counter,
     watch_cancellations: Family<ReasonLabel, Counter>,
+    leases: Gauge,
+    lease_keys: Gauge,
+    lease_keep_alives: Counter,
+    lease_renewal_entries: Counter,
+    lease_renewals: Counter,
+    lease_expiries: Counter,
+    lease_revokes: Counter,
+    /// (expired, revoked) as the last scrape saw them: the counters above
+    /// advance by the difference.
+    lease_seen: Mutex<(u64, u64)>,
 }
 
 /// The label set of `raftcask_watch_cancellations`: `reason`.
@@ -406,8 +439,47 @@ impl Metrics {
             "Watches ended by this member, by reason: client (cancelled by the client), compacted (fell below the compact revision), refused (a create over a limit or malformed), unavailable (no current revision for a watch from now), error",
             watch_cancellations.clone(),
         );
+        let leases = gauge(&mut registry, "leases", "Leases in the applied state");
+        let lease_keys = gauge(
+            &mut registry,
+            "lease_keys",
+            "Keys attached to leases in the applied state",
+        );
+        let lease_keep_alives = counter(
+            &mut registry,
+            "lease_keep_alives",
+            "Keep-alive requests this member received (as leader)",
+        );
+        let lease_renewal_entries = counter(
+            &mut registry,
+            "lease_renewal_entries",
+            "Renewal writes this member proposed, each carrying every keep-alive gathered since the previous one",
+        );
+        let lease_renewals = counter(
+            &mut registry,
+            "lease_renewals",
+            "Leases renewed by this member's renewal writes",
+        );
+        let lease_expiries = counter(
+            &mut registry,
+            "lease_expiries",
+            "Leases this member's state machine revoked because they expired",
+        );
+        let lease_revokes = counter(
+            &mut registry,
+            "lease_revokes",
+            "Leases this member's state machine revoked at a client's request",
+        );
         Metrics {
             inner: Arc::new(Inner {
+                leases,
+                lease_keys,
+                lease_keep_alives,
+                lease_renewal_entries,
+                lease_renewals,
+                lease_expiries,
+                lease_revokes,
+                lease_seen: Mutex::new((0, 0)),
                 history_compact_revision,
                 history_revision,
                 history_records,
@@ -461,6 +533,17 @@ impl Metrics {
             .watch_cancellations
             .get_or_create(&[("reason", reason)])
             .inc();
+    }
+
+    /// Counts one keep-alive request.
+    pub fn lease_keep_alive(&self) {
+        self.inner.lease_keep_alives.inc();
+    }
+
+    /// Counts one renewal write of `leases` leases.
+    pub fn lease_renewal_entry(&self, leases: u64) {
+        self.inner.lease_renewal_entries.inc();
+        self.inner.lease_renewals.inc_by(leases);
     }
 
     /// The member these metrics belong to.
@@ -565,6 +648,21 @@ impl Metrics {
             inner.history_revision.set(gauge_value(history.revision));
             inner.history_records.set(gauge_value(history.records));
             inner.history_bytes.set(gauge_value(history.bytes));
+        }
+        inner.leases.set(gauge_value(view.leases.leases));
+        inner.lease_keys.set(gauge_value(view.leases.keys));
+        {
+            let mut seen = inner.lease_seen.lock().unwrap_or_else(|p| p.into_inner());
+            inner
+                .lease_expiries
+                .inc_by(view.leases.expired.saturating_sub(seen.0));
+            inner
+                .lease_revokes
+                .inc_by(view.leases.revoked.saturating_sub(seen.1));
+            *seen = (
+                seen.0.max(view.leases.expired),
+                seen.1.max(view.leases.revoked),
+            );
         }
         if let Some(engine) = view.engine {
             inner.engine_keys.set(gauge_value(engine.keys));

@@ -9,6 +9,8 @@
 //!   consistency).
 //! - [`txn`]: the wire form of `Kv.Range`, `Kv.DeleteRange` and `Kv.Txn`
 //!   (checked into kvstate's range and transaction types, and back).
+//! - [`lease`]: the `Kv.Lease*` calls and the leader's renewal coalescer
+//!   (keep-alives arriving together share one Raft entry).
 //! - [`watch`]: `Kv.Watch`: one task per watch reading its events page by
 //!   page from the change history.
 //! - [`watch_hub`]: one task per member that wakes the caught-up watches
@@ -31,6 +33,7 @@ pub mod admin;
 pub mod cluster;
 pub mod convert;
 pub mod kv;
+pub mod lease;
 pub mod limits;
 pub mod metrics;
 pub mod raft;

@@ -107,6 +107,10 @@ pub(crate) struct Shared {
     pub(crate) inner: Mutex<Inner>,
     pub(crate) engine: RwLock<Arc<Engine>>,
     pub(crate) cluster_time_ms: AtomicU64,
+    /// Leases and their attached keys after the last applied entry, and
+    /// leases revoked by expiry and by request since this process started
+    /// (for metrics and the tick loop, without the apply lock).
+    pub(crate) lease_counts: [AtomicU64; 4],
     /// The store revision (what a read's header reports): the applier
     /// publishes each entry's before the entry's engine write
     /// (`Applier::with_published_revision`).
@@ -200,6 +204,7 @@ impl StateMachine {
                 options,
                 engine: RwLock::new(engine.clone()),
                 cluster_time_ms: AtomicU64::new(time_ms),
+                lease_counts: Default::default(),
                 revision,
                 history,
                 applied: tokio::sync::watch::Sender::new(0),
@@ -217,6 +222,7 @@ impl StateMachine {
                 }),
             }),
         };
+        sm.publish_lease_counts(&sm.lock(), (0, 0));
         sm.switch_in_newer_snapshot()?;
         sm.prune_snapshots();
         sm.notify_applied();
@@ -243,6 +249,37 @@ impl StateMachine {
     /// engine read it describes: the state read is then at or below it.
     pub fn revision(&self) -> u64 {
         self.shared.revision.load(Ordering::SeqCst)
+    }
+
+    /// Runs `read` on the leases of the applied state, with the cluster
+    /// time they are judged at. Takes the apply lock: call it from a
+    /// blocking thread.
+    pub fn with_leases<T>(&self, read: impl FnOnce(&kvstate::lease::Leases, u64) -> T) -> T {
+        let inner = self.lock();
+        read(inner.applier.leases(), inner.time_ms)
+    }
+
+    /// Leases and keys attached to them after the last applied entry, and
+    /// leases revoked by expiry and at a client's request since this
+    /// process started.
+    pub fn lease_counts(&self) -> (u64, u64, u64, u64) {
+        let [leases, keys, expired, revoked] = self
+            .shared
+            .lease_counts
+            .each_ref()
+            .map(|count| count.load(Ordering::SeqCst));
+        (leases, keys, expired, revoked)
+    }
+
+    /// Publishes the lease counts of the applied state; `revokes` adds
+    /// (expired, revoked) leases of the entries just applied.
+    pub(crate) fn publish_lease_counts(&self, inner: &Inner, revokes: (u64, u64)) {
+        let leases = inner.applier.leases();
+        let [count, keys, expired, revoked] = &self.shared.lease_counts;
+        count.store(leases.len() as u64, Ordering::SeqCst);
+        keys.store(leases.attached_keys() as u64, Ordering::SeqCst);
+        expired.fetch_add(revokes.0, Ordering::SeqCst);
+        revoked.fetch_add(revokes.1, Ordering::SeqCst);
     }
 
     /// Whether keys whose TTL ran out wait for their expiry deletes (more
@@ -378,6 +415,7 @@ impl StateMachine {
                 continue;
             }
             let engine = inner.engine.clone();
+            let before = inner.applier.leases().revoke_counts();
             let (response, time_ms, membership) = match entry.payload {
                 EntryPayload::Normal(mut proposal) => {
                     proposal.time_ms =
@@ -411,6 +449,7 @@ impl StateMachine {
                     (response, proposal.time_ms, meta.membership)
                 }
                 payload => {
+                    let blank = matches!(payload, EntryPayload::Blank);
                     let membership = match payload {
                         EntryPayload::Membership(membership) => {
                             StoredMembership::new(Some(log_id), membership)
@@ -425,8 +464,17 @@ impl StateMachine {
                     // Index 0 (openraft's initial membership) cannot use
                     // sequence 0; it comes first, so sequence 1 is free.
                     let seq = (index * VERSIONS_PER_INDEX).max(1);
-                    let commit = inner.applier.commit_meta(&meta.encode());
-                    engine.write_batch(&Batch::new().seq(seq).meta(commit))?;
+                    if blank {
+                        // A new leader's first entry: every lease counts as
+                        // renewed now (kvstate::lease, "Lease time").
+                        let time_ms = inner.time_ms;
+                        inner
+                            .applier
+                            .apply_leader_start(&engine, seq, time_ms, &meta.encode())?;
+                    } else {
+                        let commit = inner.applier.commit_meta(&meta.encode());
+                        engine.write_batch(&Batch::new().seq(seq).meta(commit))?;
+                    }
                     (EntryResponse::default(), inner.time_ms, meta.membership)
                 }
             };
@@ -434,6 +482,8 @@ impl StateMachine {
             inner.membership = membership;
             inner.time_ms = time_ms;
             self.shared.cluster_time_ms.store(time_ms, Ordering::SeqCst);
+            let revokes = inner.applier.leases().revoke_counts();
+            self.publish_lease_counts(&inner, (revokes.0 - before.0, revokes.1 - before.1));
             responses.push(if wanted(position) {
                 response
             } else {

@@ -1,0 +1,639 @@
+//! Leases, as etcd has them: a time to live that keys attached to it share.
+//!
+//! A lease is granted with a TTL and an id, renewed by keep-alives, and
+//! revoked by a client or by expiry; revoking deletes every key attached to
+//! it, all at one revision, so a watcher sees them go together. Everything
+//! here is part of the replicated state: grants, renewals and revokes are
+//! entries ([`crate::command::Command::Leases`]), and expiry is judged by
+//! each entry's cluster time, like a key's TTL — never by a clock of this
+//! member — so every replica revokes the same leases at the same entries.
+//!
+//! **Lease time.** A lease expires at `max(renewed, refreshed) + ttl`, in ms
+//! of cluster time: `renewed` is the time of the entry that granted or last
+//! renewed it; `refreshed` is the time of the last new leader's first entry
+//! (its blank entry), which renews every lease at once (as etcd's new
+//! leader does), so a leader change — during which no keep-alive can be
+//! applied — never expires a lease. One number per store, not a write per
+//! lease. Cluster time never advances faster than the leaders' monotonic
+//! clocks (ARCHITECTURE.md, "Cluster time"), and a renewal is acknowledged
+//! only once applied, at an entry stamped after its keep-alive was sent: so
+//! a lease is never revoked by expiry before `ttl` (less the cluster
+//! clock's 1 ms rounding) after its last acknowledged keep-alive was sent.
+//!
+//! **Expiry** happens before each entry's requests (after the TTL deletes):
+//! every lease whose expiry is at or below the entry's time is revoked,
+//! in (expiry, id) order, at most [`LEASE_EXPIRY_OPS_PER_ENTRY_MAX`]
+//! records per entry (the next entries take the rest); a lease's keys and
+//! its record always go in one entry.
+//!
+//! **Attached keys** are the keys whose [`crate::revision::KeyMeta`] names
+//! the lease: a transaction's put attaches its key (the lease must exist);
+//! any later put without the lease, or a delete, detaches it. This module
+//! keeps the set in memory, updated from each entry's batch before it is
+//! written ([`Leases::note_batch`]), and rebuilt at open from the key
+//! directory's record metas.
+//!
+//! ## On disk (reserved keys, under [`crate::command::RESERVED_KEY_PREFIX`])
+//! - `lease/` + id (8 bytes, big-endian) → 17 bytes: a format byte
+//!   [`LEASE_RECORD_FORMAT`] (1), `ttl_ms` (u64 big-endian), `renewed_ms`
+//!   (u64 big-endian). Written by a grant and each renewal; deleted (a
+//!   tombstone) by a revoke.
+//! - `lease-refresh` → 9 bytes: a format byte (1) and `refreshed_ms` (u64
+//!   big-endian). Written by a new leader's blank entry while any lease
+//!   exists.
+//!
+//! These records are written after the entry's user records and before
+//! its session records; they take no revision and never reach the change
+//! history (reserved keys are not user keys).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bitcask::{Batch, Engine, Op as EngineOp};
+use serde::{Deserialize, Serialize};
+
+use crate::command::RESERVED_KEY_PREFIX;
+use crate::revision::{KeyMeta, RevisionError};
+
+/// The shortest lease TTL (ms): a grant asking for less gets this (as etcd
+/// raises a TTL below its minimum). Equal to the wire's
+/// `kvproto::LEASE_TTL_MS_MIN` (kvnode checks at compile time).
+pub const LEASE_TTL_MS_MIN: u64 = 2_000;
+/// The longest lease TTL (ms): etcd's `MaxLeaseTTL`, 9 × 10^9 s.
+pub const LEASE_TTL_MS_MAX: u64 = 9_000_000_000_000;
+/// The largest lease id (an etcd lease id is a positive int64).
+pub const LEASE_ID_MAX: u64 = i64::MAX as u64;
+/// Leases that may exist at once: about 100 bytes of memory each, plus
+/// their keys.
+pub const LEASES_MAX: usize = 1 << 20;
+/// Keys attached to one lease at most: its revoke deletes them all in one
+/// entry, beside its own record, within [`LEASE_EXPIRY_OPS_PER_ENTRY_MAX`].
+pub const LEASE_KEYS_MAX: usize = 8_191;
+/// Records the expiry revokes of one entry write at most (keys and lease
+/// records); a lease whose revoke does not fit goes to the next entry.
+pub const LEASE_EXPIRY_OPS_PER_ENTRY_MAX: usize = LEASE_KEYS_MAX + 1;
+/// Leases one renewal request names at most (one record each).
+pub const LEASE_RENEW_IDS_MAX: usize = 10_000;
+/// The format byte leading a lease record and the refresh record.
+pub const LEASE_RECORD_FORMAT: u8 = 1;
+
+/// A lease operation, carried by a [`crate::command::Command::Leases`] entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeaseOp {
+    /// Grants a lease. `id` 0: the state machine picks one.
+    Grant {
+        /// The id asked for, or 0.
+        id: u64,
+        /// Time to live in ms (raised to [`LEASE_TTL_MS_MIN`]).
+        ttl_ms: u64,
+    },
+    /// Revokes a lease and deletes its keys at one revision.
+    Revoke {
+        /// The lease.
+        id: u64,
+    },
+    /// Renews leases (keep-alives, coalesced by the leader).
+    Renew {
+        /// The leases, each renewed at the entry's time.
+        ids: Vec<u64>,
+    },
+}
+
+impl LeaseOp {
+    /// Records it may write at most (what the batcher counts).
+    pub fn records(&self) -> usize {
+        match self {
+            LeaseOp::Grant { .. } => 1,
+            LeaseOp::Revoke { .. } => LEASE_KEYS_MAX + 1,
+            LeaseOp::Renew { ids } => ids.len(),
+        }
+    }
+}
+
+/// What a lease operation did, inside [`crate::command::Outcome::Lease`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeaseAnswer {
+    /// The lease exists now.
+    Granted {
+        /// Its id.
+        id: u64,
+        /// Its TTL in ms.
+        ttl_ms: u64,
+    },
+    /// The lease and its keys are gone.
+    Revoked {
+        /// Keys deleted with it.
+        deleted: u64,
+    },
+    /// Per id of the request, in order: its TTL in ms, or 0 when there is no
+    /// such lease.
+    Renewed {
+        /// One per id.
+        ttls_ms: Vec<u64>,
+    },
+}
+
+/// One lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// Its time to live in ms.
+    pub ttl_ms: u64,
+    /// Cluster time of its grant or last renewal.
+    pub renewed_ms: u64,
+    /// Keys attached to it.
+    pub keys: usize,
+}
+
+/// Why the leases could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseLoadError {
+    /// The engine failed.
+    #[error("engine: {0}")]
+    Engine(#[from] bitcask::Error),
+    /// A key's revision metadata does not decode.
+    #[error(transparent)]
+    Revision(#[from] RevisionError),
+    /// A lease record does not decode.
+    #[error("lease record {key:?}: {reason}")]
+    Record {
+        /// The record's key.
+        key: Vec<u8>,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Keys read per page while loading.
+const LOAD_PAGE_KEYS: usize = 1024;
+
+/// The leases of a store, their expiry order and their keys.
+#[derive(Clone, Debug, Default)]
+pub struct Leases {
+    leases: BTreeMap<u64, Lease>,
+    /// Cluster time of the last new leader's blank entry (renews all).
+    refreshed_ms: u64,
+    /// (expiry ms, id) of every lease.
+    expiries: BTreeSet<(u64, u64)>,
+    /// (lease, key) of every attached key.
+    attached: BTreeSet<(u64, Vec<u8>)>,
+    /// Leases whose record this entry rewrites (or deletes).
+    dirty: BTreeSet<u64>,
+    /// Whether this entry writes the refresh record.
+    refresh_dirty: bool,
+    /// Puts of this entry that attach keys, per lease (an upper bound of
+    /// the keys they add, for [`LEASE_KEYS_MAX`]).
+    attaching: BTreeMap<u64, usize>,
+    /// Leases revoked by expiry, and at a request, since this was loaded
+    /// (for metrics; not part of the replicated state).
+    revoked: (u64, u64),
+}
+
+/// The key of a lease's record.
+pub fn lease_key(id: u64) -> Vec<u8> {
+    let mut key = RESERVED_KEY_PREFIX.to_vec();
+    key.extend_from_slice(b"lease/");
+    key.extend_from_slice(&id.to_be_bytes());
+    key
+}
+
+/// The key of the refresh record.
+pub fn refresh_key() -> Vec<u8> {
+    [RESERVED_KEY_PREFIX, b"lease-refresh"].concat()
+}
+
+fn encode_lease(lease: &Lease) -> Vec<u8> {
+    let mut value = Vec::with_capacity(17);
+    value.push(LEASE_RECORD_FORMAT);
+    value.extend_from_slice(&lease.ttl_ms.to_be_bytes());
+    value.extend_from_slice(&lease.renewed_ms.to_be_bytes());
+    value
+}
+
+fn decode_u64(bytes: &[u8]) -> u64 {
+    u64::from_be_bytes(bytes.try_into().expect("8 bytes"))
+}
+
+/// A lease id picked for a grant that names none: a mix of the entry's
+/// log index and the request's position (the same on every replica; ids
+/// look random, as etcd's do), moved on past ids in use.
+fn pick_id(leases: &BTreeMap<u64, Lease>, index: u64, position: u64) -> u64 {
+    // splitmix64's finaliser.
+    let mut z = index
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(position);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    let mut id = (z & LEASE_ID_MAX).max(1);
+    while leases.contains_key(&id) {
+        id = if id == LEASE_ID_MAX { 1 } else { id + 1 };
+    }
+    id
+}
+
+/// Why a lease operation was refused (nothing changed).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LeaseError {
+    /// No such lease (never granted, expired or revoked).
+    #[error("etcdserver: requested lease not found: lease {id:016x}")]
+    NotFound {
+        /// The lease.
+        id: u64,
+    },
+    /// A grant names an id in use.
+    #[error("etcdserver: lease already exists: lease {id:016x}")]
+    Exists {
+        /// The lease.
+        id: u64,
+    },
+    /// A grant names an id above [`LEASE_ID_MAX`].
+    #[error("field `id` is {id}; the limit LEASE_ID_MAX is {LEASE_ID_MAX}")]
+    IdTooLarge {
+        /// The id.
+        id: u64,
+    },
+    /// A grant asks for more than [`LEASE_TTL_MS_MAX`].
+    #[error(
+        "etcdserver: too large lease TTL: field `ttl_ms` is {ttl_ms}; the limit LEASE_TTL_MS_MAX is {LEASE_TTL_MS_MAX}"
+    )]
+    TtlTooLarge {
+        /// The TTL asked for.
+        ttl_ms: u64,
+    },
+    /// [`LEASES_MAX`] leases exist.
+    #[error("{LEASES_MAX} leases exist; the limit LEASES_MAX is {LEASES_MAX}")]
+    TooMany,
+    /// A renewal names more than [`LEASE_RENEW_IDS_MAX`] leases.
+    #[error(
+        "field `ids` holds {ids} leases; the limit LEASE_RENEW_IDS_MAX is {LEASE_RENEW_IDS_MAX}"
+    )]
+    TooManyIds {
+        /// How many.
+        ids: usize,
+    },
+}
+
+impl Leases {
+    /// Loads the leases, the refresh time and the attached keys from
+    /// `engine`: the lease records (one prefix scan), then, if any lease
+    /// exists, one keys-only pass over the key directory reading metas.
+    pub fn load(engine: &Engine) -> Result<Leases, LeaseLoadError> {
+        let mut leases = Leases::default();
+        if let Some(item) = engine.get(&refresh_key(), 0)? {
+            match item.value.as_slice() {
+                [LEASE_RECORD_FORMAT, rest @ ..] if rest.len() == 8 => {
+                    leases.refreshed_ms = decode_u64(rest);
+                }
+                _ => {
+                    return Err(LeaseLoadError::Record {
+                        key: refresh_key(),
+                        reason: format!("{} bytes, not format 1 and 8 bytes", item.value.len()),
+                    });
+                }
+            }
+        }
+        let prefix = [RESERVED_KEY_PREFIX, b"lease/"].concat();
+        scan_pages(
+            engine,
+            bitcask::Scan::prefix(prefix.clone(), LOAD_PAGE_KEYS),
+            |entry| {
+                let bad = |reason: &str| LeaseLoadError::Record {
+                    key: entry.key.clone(),
+                    reason: reason.to_string(),
+                };
+                let id_bytes = &entry.key[prefix.len()..];
+                if id_bytes.len() != 8 {
+                    return Err(bad("the id is not 8 bytes"));
+                }
+                let value = entry.value.as_deref().unwrap_or_default();
+                let [LEASE_RECORD_FORMAT, rest @ ..] = value else {
+                    return Err(bad("unknown format"));
+                };
+                if rest.len() != 16 {
+                    return Err(bad("not 17 bytes"));
+                }
+                let lease = Lease {
+                    ttl_ms: decode_u64(&rest[..8]),
+                    renewed_ms: decode_u64(&rest[8..]),
+                    keys: 0,
+                };
+                leases.leases.insert(decode_u64(id_bytes), lease);
+                Ok(())
+            },
+        )?;
+        if !leases.leases.is_empty() {
+            let scan = bitcask::Scan {
+                keys_only: true,
+                ..bitcask::Scan::all(LOAD_PAGE_KEYS)
+            };
+            let mut attached = BTreeSet::new();
+            scan_pages(engine, scan, |entry| {
+                if entry.key.starts_with(RESERVED_KEY_PREFIX) {
+                    return Ok(());
+                }
+                let meta = KeyMeta::decode(&entry.meta)?;
+                // A key may name a lease that does not exist (stored before
+                // leases had a lifecycle): it is attached to nothing.
+                if meta.lease != 0 && leases.leases.contains_key(&meta.lease) {
+                    attached.insert((meta.lease, entry.key.clone()));
+                }
+                Ok(())
+            })?;
+            for (lease, _) in &attached {
+                if let Some(found) = leases.leases.get_mut(lease) {
+                    found.keys += 1;
+                }
+            }
+            leases.attached = attached;
+        }
+        leases.rebuild_expiries();
+        Ok(leases)
+    }
+
+    fn rebuild_expiries(&mut self) {
+        self.expiries = self
+            .leases
+            .iter()
+            .map(|(id, lease)| (self.expiry_of(lease), *id))
+            .collect();
+    }
+
+    fn expiry_of(&self, lease: &Lease) -> u64 {
+        lease
+            .renewed_ms
+            .max(self.refreshed_ms)
+            .saturating_add(lease.ttl_ms)
+    }
+
+    /// Whether no lease exists and no key is attached (nothing to track).
+    pub fn is_empty(&self) -> bool {
+        self.leases.is_empty() && self.attached.is_empty()
+    }
+
+    /// Leases that exist.
+    pub fn len(&self) -> usize {
+        self.leases.len()
+    }
+
+    /// Keys attached to leases.
+    pub fn attached_keys(&self) -> usize {
+        self.attached.len()
+    }
+
+    /// The lease `id`, if it exists.
+    pub fn get(&self, id: u64) -> Option<Lease> {
+        self.leases.get(&id).copied()
+    }
+
+    /// When lease `id` expires (ms of cluster time), if it exists.
+    pub fn expiry_ms(&self, id: u64) -> Option<u64> {
+        self.leases.get(&id).map(|lease| self.expiry_of(lease))
+    }
+
+    /// Every lease id, in order.
+    pub fn ids(&self) -> Vec<u64> {
+        self.leases.keys().copied().collect()
+    }
+
+    /// The keys attached to lease `id`, in key order.
+    pub fn keys_of(&self, id: u64) -> Vec<Vec<u8>> {
+        self.attached
+            .range((id, Vec::new())..)
+            .take_while(|(lease, _)| *lease == id)
+            .map(|(_, key)| key.clone())
+            .collect()
+    }
+
+    /// The earliest lease expiry (ms of cluster time).
+    pub fn next_expiry_ms(&self) -> Option<u64> {
+        self.expiries.first().map(|(expiry, _)| *expiry)
+    }
+
+    /// The first lease expired at `now_ms`, if any.
+    pub fn first_expired(&self, now_ms: u64) -> Option<(u64, usize)> {
+        let (expiry, id) = self.expiries.first()?;
+        (*expiry <= now_ms).then(|| (*id, self.leases[id].keys))
+    }
+
+    /// Grants a lease at `now_ms` (entry `index`, request `position`).
+    pub fn grant(
+        &mut self,
+        id: u64,
+        ttl_ms: u64,
+        now_ms: u64,
+        index: u64,
+        position: u64,
+    ) -> Result<(u64, u64), LeaseError> {
+        if id > LEASE_ID_MAX {
+            return Err(LeaseError::IdTooLarge { id });
+        }
+        if ttl_ms > LEASE_TTL_MS_MAX {
+            return Err(LeaseError::TtlTooLarge { ttl_ms });
+        }
+        if self.leases.contains_key(&id) {
+            return Err(LeaseError::Exists { id });
+        }
+        if self.leases.len() >= LEASES_MAX {
+            return Err(LeaseError::TooMany);
+        }
+        let id = if id == 0 {
+            pick_id(&self.leases, index, position)
+        } else {
+            id
+        };
+        let lease = Lease {
+            ttl_ms: ttl_ms.max(LEASE_TTL_MS_MIN),
+            renewed_ms: now_ms,
+            keys: 0,
+        };
+        self.expiries.insert((self.expiry_of(&lease), id));
+        self.leases.insert(id, lease);
+        self.dirty.insert(id);
+        Ok((id, lease.ttl_ms))
+    }
+
+    /// Renews leases at `now_ms`: each one's TTL, or 0 if it does not exist.
+    pub fn renew(&mut self, ids: &[u64], now_ms: u64) -> Result<Vec<u64>, LeaseError> {
+        if ids.len() > LEASE_RENEW_IDS_MAX {
+            return Err(LeaseError::TooManyIds { ids: ids.len() });
+        }
+        let mut ttls = Vec::with_capacity(ids.len());
+        for id in ids {
+            let Some(lease) = self.leases.get(id).copied() else {
+                ttls.push(0);
+                continue;
+            };
+            self.expiries.remove(&(self.expiry_of(&lease), *id));
+            let renewed = Lease {
+                renewed_ms: lease.renewed_ms.max(now_ms),
+                ..lease
+            };
+            self.expiries.insert((self.expiry_of(&renewed), *id));
+            self.leases.insert(*id, renewed);
+            self.dirty.insert(*id);
+            ttls.push(lease.ttl_ms);
+        }
+        Ok(ttls)
+    }
+
+    /// Leases revoked (by expiry, at a request) since these were loaded.
+    pub fn revoke_counts(&self) -> (u64, u64) {
+        self.revoked
+    }
+
+    /// Removes lease `id` (its record is deleted with the entry), counted
+    /// as expired or revoked; returns the keys attached to it, which the
+    /// caller deletes.
+    pub fn revoke(&mut self, id: u64, expired: bool) -> Result<Vec<Vec<u8>>, LeaseError> {
+        let Some(lease) = self.leases.remove(&id) else {
+            return Err(LeaseError::NotFound { id });
+        };
+        self.expiries.remove(&(self.expiry_of(&lease), id));
+        let keys = self.keys_of(id);
+        for key in &keys {
+            self.attached.remove(&(id, key.clone()));
+        }
+        self.attaching.remove(&id);
+        self.dirty.insert(id);
+        if expired {
+            self.revoked.0 += 1;
+        } else {
+            self.revoked.1 += 1;
+        }
+        Ok(keys)
+    }
+
+    /// A new leader's first entry, at `now_ms`: every lease counts as
+    /// renewed now.
+    ///
+    /// NEGATIVE CONTROL (feature nc-lease-leader-memory): a new leader
+    /// renews nothing (and kvnode's leader keeps renewals in memory).
+    pub fn refresh(&mut self, now_ms: u64) {
+        if cfg!(feature = "nc-lease-leader-memory") || self.leases.is_empty() {
+            return;
+        }
+        self.refreshed_ms = self.refreshed_ms.max(now_ms);
+        self.refresh_dirty = true;
+        self.rebuild_expiries();
+    }
+
+    /// Whether lease `id` exists and can take `more` keys beyond those it
+    /// has and those this entry attaches so far (an upper bound: a put
+    /// that re-attaches a key counts too).
+    pub fn attach_check(&self, id: u64, more: usize) -> Result<bool, LeaseError> {
+        let Some(lease) = self.leases.get(&id) else {
+            return Err(LeaseError::NotFound { id });
+        };
+        let attaching = self.attaching.get(&id).copied().unwrap_or(0);
+        if lease.keys + attaching + more > LEASE_KEYS_MAX {
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Counts `more` keys as attached to `id` by this entry.
+    pub fn attaching(&mut self, id: u64, more: usize) {
+        *self.attaching.entry(id).or_default() += more;
+    }
+
+    /// Keeps the attached keys current with the user records of `batch`,
+    /// before it is written: a put's meta names its lease (or none), a
+    /// delete detaches. A key's lease before the batch is the engine's.
+    pub fn note_batch(&mut self, engine: &Engine, batch: &Batch) -> Result<(), RevisionError> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        let mut current: BTreeMap<&[u8], u64> = BTreeMap::new();
+        for op in &batch.ops {
+            let (key, lease) = match op {
+                EngineOp::Put { key, meta, .. } => (key, KeyMeta::decode(meta)?.lease),
+                EngineOp::Delete { key, .. } => (key, 0),
+            };
+            if key.starts_with(RESERVED_KEY_PREFIX) {
+                continue;
+            }
+            let before = match current.get(key.as_slice()) {
+                Some(lease) => *lease,
+                None => match engine.meta(key, 0) {
+                    Some(item) => KeyMeta::decode(&item.meta)?.lease,
+                    None => 0,
+                },
+            };
+            current.insert(key, lease);
+            if before == lease {
+                continue;
+            }
+            if before != 0 && self.attached.remove(&(before, key.clone())) {
+                if let Some(old) = self.leases.get_mut(&before) {
+                    old.keys -= 1;
+                }
+            }
+            if lease != 0
+                && let Some(new) = self.leases.get_mut(&lease)
+                && self.attached.insert((lease, key.clone()))
+            {
+                new.keys += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends this entry's lease records to `batch` (in id order, then the
+    /// refresh record) and starts the next entry afresh.
+    pub fn write_records(&mut self, batch: &mut Batch) {
+        for id in std::mem::take(&mut self.dirty) {
+            match self.leases.get(&id) {
+                Some(lease) => batch.ops.push(EngineOp::Put {
+                    key: lease_key(id),
+                    value: encode_lease(lease),
+                    expiry_ms: 0,
+                    meta: bitcask::RecordMeta::EMPTY,
+                }),
+                None => batch.ops.push(EngineOp::Delete {
+                    key: lease_key(id),
+                    meta: bitcask::RecordMeta::EMPTY,
+                }),
+            }
+        }
+        if std::mem::take(&mut self.refresh_dirty) {
+            let mut value = vec![LEASE_RECORD_FORMAT];
+            value.extend_from_slice(&self.refreshed_ms.to_be_bytes());
+            batch.ops.push(EngineOp::Put {
+                key: refresh_key(),
+                value,
+                expiry_ms: 0,
+                meta: bitcask::RecordMeta::EMPTY,
+            });
+        }
+        self.attaching.clear();
+    }
+
+    /// Records [`Leases::write_records`] will add.
+    pub fn pending_records(&self) -> usize {
+        self.dirty.len() + usize::from(self.refresh_dirty)
+    }
+}
+
+/// Runs `visit` on every entry `scan` finds, page by page.
+fn scan_pages(
+    engine: &Engine,
+    scan: bitcask::Scan,
+    mut visit: impl FnMut(&bitcask::Entry) -> Result<(), LeaseLoadError>,
+) -> Result<(), LeaseLoadError> {
+    let mut after = None;
+    loop {
+        let page = engine.scan(
+            &bitcask::Scan {
+                after: after.clone(),
+                ..scan.clone()
+            },
+            0,
+        )?;
+        for entry in &page {
+            visit(entry)?;
+        }
+        match page.last() {
+            Some(last) if page.len() == LOAD_PAGE_KEYS => after = Some(last.key.clone()),
+            _ => return Ok(()),
+        }
+    }
+}
