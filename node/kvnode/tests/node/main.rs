@@ -17,6 +17,7 @@ mod harness;
 mod history;
 mod identity;
 mod kv_ops;
+mod lease;
 mod lazy_power_cut;
 mod limits;
 mod log_store;
