@@ -22,6 +22,7 @@ use tonic::Status;
 
 use crate::builder::{ClientBuilder, Settings};
 use crate::error::{Error, Result};
+use crate::keeper::Lessor;
 use crate::router::{Router, Target};
 use crate::session::Sessions;
 use crate::txn::{DeleteRange, DeletedRange, Range, RangeResult, Txn, TxnResponse};
@@ -54,6 +55,8 @@ struct Inner {
     router: Arc<Router>,
     sessions: Arc<Sessions>,
     last_write_index: AtomicU64,
+    /// Renews the leases this client keeps alive.
+    lessor: Arc<Lessor>,
 }
 
 pub(crate) fn kv(channel: Channel) -> KvClient<Channel> {
@@ -95,13 +98,23 @@ impl Client {
     }
 
     pub(crate) fn from_settings(settings: Settings) -> Client {
+        let router = Arc::new(Router::new(settings));
         Client {
             inner: Arc::new(Inner {
-                router: Arc::new(Router::new(settings)),
+                lessor: Arc::new(Lessor::new(router.clone())),
+                router,
                 sessions: Arc::new(Sessions::new()),
                 last_write_index: AtomicU64::new(0),
             }),
         }
+    }
+
+    pub(crate) fn router(&self) -> &Router {
+        &self.inner.router
+    }
+
+    pub(crate) fn lessor(&self) -> &Arc<Lessor> {
+        &self.inner.lessor
     }
 
     /// Asks any member for the cluster status and caches the leader it
@@ -146,7 +159,7 @@ impl Client {
         }
     }
 
-    fn note_write(&self, header: Option<&pb::Header>) -> u64 {
+    pub(crate) fn note_write(&self, header: Option<&pb::Header>) -> u64 {
         let index = applied(header);
         self.inner
             .last_write_index
@@ -161,7 +174,7 @@ impl Client {
     /// fresh client id: it certainly did not apply, so there is nothing
     /// unknown to report — the case of a client idle for longer than the
     /// session window, whose session the cluster evicted.
-    async fn write<T, F, Fut>(&self, mut call: F) -> Result<T>
+    pub(crate) async fn write<T, F, Fut>(&self, mut call: F) -> Result<T>
     where
         F: FnMut(Channel, pb::Session) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
@@ -210,7 +223,7 @@ impl Client {
         }
     }
 
-    fn consistency(&self, consistency: Option<Consistency>) -> (i32, u64) {
+    pub(crate) fn consistency(&self, consistency: Option<Consistency>) -> (i32, u64) {
         consistency
             .unwrap_or(self.inner.router.settings().consistency)
             .to_proto()
@@ -296,8 +309,11 @@ impl Client {
         self.put_with(key, value, PutOptions::default()).await
     }
 
-    /// Writes `key` with a TTL and/or a condition; a failed condition is
-    /// [`Error::VersionMismatch`].
+    /// Writes `key` with a TTL, a condition and/or a lease; a failed
+    /// condition is [`Error::VersionMismatch`], a lease that does not exist
+    /// [`Error::LeaseNotFound`]. A put with a lease goes as a one-op
+    /// transaction, whose answer has no record sequence number:
+    /// [`Written::seq`] is 0 then.
     pub async fn put_with(
         &self,
         key: impl Into<Bytes>,
@@ -306,6 +322,11 @@ impl Client {
     ) -> Result<Written> {
         let (key, value) = (key.into(), value.into());
         let ttl_ms = options.ttl.map_or(0, ttl_ms);
+        if let Some(lease) = options.lease.filter(|lease| *lease != 0) {
+            return self
+                .put_leased(key, value, ttl_ms, options.condition, lease)
+                .await;
+        }
         let condition = options.condition.map(|c| match c {
             Condition::IfModRevision(v) => pb::put_request::Condition::IfModRevision(v),
             Condition::IfAbsent => pb::put_request::Condition::IfAbsent(pb::IfAbsent {}),
@@ -560,14 +581,17 @@ impl Client {
     /// Runs a transaction (etcd's Txn): compares, then one branch,
     /// atomically at one revision. A transaction refused before it applied
     /// (too many ops, two writes of one key, a bad field) is
-    /// [`Error::InvalidArgument`] naming the field and limit.
+    /// [`Error::InvalidArgument`] naming the field and limit; one whose put
+    /// names a lease that does not exist is [`Error::LeaseNotFound`] (with
+    /// that lease's id when the transaction names one lease, else 0).
     pub async fn txn(&self, txn: &Txn) -> Result<TxnResponse> {
         let response = self
             .write(|channel, session| {
                 let request = txn.proto(session);
                 async move { kv(channel).txn(request).await }
             })
-            .await?;
+            .await
+            .map_err(|err| crate::lease::lease_error(err, txn.sole_lease()))?;
         let applied_index = self.note_write(response.header.as_ref());
         Ok(TxnResponse {
             succeeded: response.succeeded,

@@ -99,6 +99,21 @@ pub enum Error {
         /// The compact revision when the watch was cancelled.
         compact_revision: u64,
     },
+    /// The lease a request named does not exist: it expired, was revoked,
+    /// or never was (etcd's `ErrLeaseNotFound`). Nothing was applied. `id`
+    /// is the lease named; 0 when a transaction naming several leases was
+    /// refused (the cluster does not say which).
+    #[error("etcdserver: requested lease not found (lease {id:016x})")]
+    LeaseNotFound {
+        /// The lease.
+        id: u64,
+    },
+    /// A grant named a lease id that is in use. Nothing was applied.
+    #[error("etcdserver: lease already exists (lease {id:016x})")]
+    LeaseAlreadyExists {
+        /// The lease id asked for.
+        id: u64,
+    },
     /// The server's answer broke the protocol (e.g. a missing outcome).
     #[error("malformed response: {0}")]
     Protocol(String),

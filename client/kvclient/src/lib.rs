@@ -12,6 +12,12 @@
 //!   (a paging [`ScanStream`]), cluster status, membership and snapshots.
 //! - [`error`]: the one [`Error`] enum; how a gRPC status (and its
 //!   `raftcask-error-bin` detail) becomes a retry, a redirect or an error.
+//! - [`lease`]: leases — grant, revoke, renew once, time to live, list,
+//!   and puts attached to a lease ([`Client::lease_grant`],
+//!   [`Client::put_with_lease`], ...).
+//! - [`keeper`]: [`LeaseKeeper`] ([`Client::keep_alive`]): a lease kept
+//!   alive in the background over one stream per client until dropped,
+//!   reporting its loss ([`LeaseLoss`]).
 //! - [`router`]: members, the cached leader (refreshed from not-leader
 //!   hints), round-robin reads over healthy members, the retry loop.
 //! - `session`: the client id, write sequences and the lowest sequence not
@@ -84,6 +90,8 @@
 pub mod builder;
 pub mod client;
 pub mod error;
+pub mod keeper;
+pub mod lease;
 pub mod router;
 mod session;
 pub mod txn;
@@ -93,7 +101,9 @@ pub mod watch;
 pub use builder::{ClientBuilder, ClientTls};
 pub use client::{Client, ScanPage, ScanStream};
 pub use error::{Error, LimitExceeded, Result};
+pub use keeper::{LeaseKeeper, LeaseLoss};
 pub use kvproto;
+pub use lease::{LeaseGrant, LeaseRenewal, LeaseRevoked, LeaseTimeToLive};
 pub use types::{
     Batch, BatchApplied, Condition, Consistency, Entry, KeyValue, OpResult, PutOptions, Read,
     Removed, Revisions, Scan, Written,

@@ -50,6 +50,12 @@ impl tonic::service::Interceptor for Auth {
     }
 }
 
+/// A backoff pause jittered between half and all of `backoff`.
+pub(crate) fn jittered(backoff: Duration) -> Duration {
+    let half = backoff / 2;
+    half + rand::rng().random_range(Duration::ZERO..=half)
+}
+
 /// Which member an attempt needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Target {
@@ -142,6 +148,31 @@ impl Router {
         let mut members = self.lock();
         if members.leader.as_deref() == Some(addr) {
             members.leader = None;
+        }
+    }
+
+    /// Takes what a failed attempt on `addr` says about the members: a
+    /// leader hint is followed, a member that is not the leader (or failed)
+    /// is forgotten as the leader, one that failed at the transport level is
+    /// skipped for a while. Whether to back off before the next attempt
+    /// (not when a hint names another member to try at once).
+    pub(crate) fn learn(&self, addr: &str, verdict: &Verdict) -> bool {
+        match verdict {
+            Verdict::NotLeader(Some(leader)) if leader != addr => {
+                self.set_leader(leader);
+                false
+            }
+            Verdict::NotLeader(_) => {
+                self.forget_leader(addr);
+                true
+            }
+            Verdict::MaybeApplied | Verdict::Unreachable => {
+                self.forget_leader(addr);
+                self.mark(addr, false);
+                true
+            }
+            Verdict::Retry => true,
+            Verdict::Fatal(_) => false,
         }
     }
 
@@ -278,41 +309,19 @@ impl Router {
                 Err(_) => Status::deadline_exceeded(format!("no answer within {limit:?}")),
             };
             last = format!("{addr}: {:?}: {}", status.code(), status.message());
-            let pause = match classify(&status) {
-                Verdict::NotLeader(Some(leader)) if leader != addr => {
-                    self.set_leader(&leader);
-                    continue;
+            let verdict = classify(&status);
+            if let Verdict::Fatal(err) = verdict {
+                if maybe_applied && !matches!(err, Error::OutcomeUnknown { .. }) {
+                    return Err(Error::OutcomeUnknown {
+                        message: format!("an earlier attempt may have applied; then: {err}"),
+                    });
                 }
-                Verdict::NotLeader(_) => {
-                    self.forget_leader(&addr);
-                    true
-                }
-                Verdict::MaybeApplied => {
-                    maybe_applied |= write;
-                    self.forget_leader(&addr);
-                    self.mark(&addr, false);
-                    true
-                }
-                Verdict::Retry => true,
-                Verdict::Unreachable => {
-                    self.forget_leader(&addr);
-                    self.mark(&addr, false);
-                    true
-                }
-                Verdict::Fatal(err) => {
-                    if maybe_applied && !matches!(err, Error::OutcomeUnknown { .. }) {
-                        return Err(Error::OutcomeUnknown {
-                            message: format!("an earlier attempt may have applied; then: {err}"),
-                        });
-                    }
-                    return Err(err);
-                }
-            };
-            if pause {
-                let half = backoff / 2;
-                let jitter = rand::rng().random_range(Duration::ZERO..=half);
+                return Err(err);
+            }
+            maybe_applied |= write && matches!(verdict, Verdict::MaybeApplied);
+            if self.learn(&addr, &verdict) {
                 let sleep =
-                    (half + jitter).min(operation_timeout.saturating_sub(started.elapsed()));
+                    jittered(backoff).min(operation_timeout.saturating_sub(started.elapsed()));
                 tokio::time::sleep(sleep).await;
                 backoff = (backoff * 2).min(s.backoff_cap);
             }

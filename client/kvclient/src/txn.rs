@@ -543,6 +543,26 @@ impl Txn {
         self.compares.len()
     }
 
+    /// The one lease the transaction's puts name, or 0 (none, or several).
+    pub(crate) fn sole_lease(&self) -> u64 {
+        let mut leases = self
+            .success
+            .iter()
+            .chain(&self.failure)
+            .filter_map(|op| match op {
+                TxnOp::Put(put) if put.lease != 0 => Some(put.lease),
+                _ => None,
+            });
+        let Some(first) = leases.next() else {
+            return 0;
+        };
+        if leases.all(|lease| lease == first) {
+            first
+        } else {
+            0
+        }
+    }
+
     pub(crate) fn proto(&self, session: pb::Session) -> pb::TxnRequest {
         pb::TxnRequest {
             session: Some(session),
@@ -650,6 +670,21 @@ mod tests {
         assert_eq!(prefix_end(b"a\xff"), Bytes::from_static(b"b"));
         assert_eq!(prefix_end(b"\xff\xff"), Bytes::from_static(b"\0"));
         assert_eq!(Keys::prefix(""), Keys::from_key(Bytes::from_static(b"\0")));
+    }
+
+    #[test]
+    fn the_sole_lease_of_a_transaction_names_a_missing_lease() {
+        let put = |lease| TxnOp::put_with("k", "v", 0, lease, false);
+        assert_eq!(Txn::new().and_then([TxnOp::put("k", "v")]).sole_lease(), 0);
+        assert_eq!(Txn::new().and_then([put(7), put(0)]).sole_lease(), 7);
+        assert_eq!(
+            Txn::new().and_then([put(7)]).or_else([put(7)]).sole_lease(),
+            7
+        );
+        assert_eq!(
+            Txn::new().and_then([put(7)]).or_else([put(8)]).sole_lease(),
+            0
+        );
     }
 
     #[test]

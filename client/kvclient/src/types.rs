@@ -128,6 +128,10 @@ pub struct PutOptions {
     pub ttl: Option<Duration>,
     /// A condition the write needs; `None` = unconditional.
     pub condition: Option<Condition>,
+    /// The lease to attach the key to; `None` (or 0) = none. A put with a
+    /// lease is sent as a one-op transaction (`TxnPut.lease`); a lease that
+    /// does not exist is [`crate::Error::LeaseNotFound`].
+    pub lease: Option<u64>,
 }
 
 impl PutOptions {
@@ -146,6 +150,13 @@ impl PutOptions {
     /// Only if the key is absent.
     pub fn if_absent(mut self) -> Self {
         self.condition = Some(Condition::IfAbsent);
+        self
+    }
+
+    /// Attached to lease `id` (0 = none): the key is deleted when the
+    /// lease is revoked or expires.
+    pub fn lease(mut self, id: u64) -> Self {
+        self.lease = Some(id);
         self
     }
 }

@@ -3,6 +3,7 @@
 
 mod harness;
 mod leader_kill;
+mod lease;
 mod operations;
 mod read_your_writes;
 mod scan_paging;
