@@ -38,13 +38,17 @@
 //!   a power cut took back, members that did not come back after the heal
 //!   (exited, or never applied the run's highest answered index); any one
 //!   makes the verdict `not-durable`.
-//! - [`workload`]: the `register`, `set`, `ttl`, `exactly-once` and
-//!   `watch` workloads and their operation records (JSON lines),
+//! - [`workload`]: the `register`, `set`, `ttl`, `exactly-once`, `watch`
+//!   and `lease` workloads and their operation records (JSON lines),
 //!   well-formedness.
 //! - [`report`]: the summary table (ops, faults, anomalies by kind, lost
 //!   writes) and `latency.svg` (every operation, fault windows shaded).
 //! - [`ttl_check`]: the `ttl` workload's checker — early expiry (by more
 //!   than the cluster-time tick) and resurrection after an observed expiry.
+//! - [`lease_check`]: the `lease` workload's checker — no lease expires
+//!   before its TTL after its last acknowledged keep-alive was sent, none
+//!   outlives TTL + bound once nothing renews it, a revoke or expiry
+//!   removes all of a lease's keys at once (one read, one revision).
 //! - [`watch_check`]: the `watch` workload's checker — watchers' events in
 //!   order, without duplicate or gap, agreeing with each other, with the
 //!   writes' acknowledged revisions and with the linearizable reads.
@@ -89,6 +93,7 @@ pub mod exactly_once;
 pub mod formats;
 pub mod history;
 pub mod index_checks;
+pub mod lease_check;
 pub mod linearizability;
 pub mod lost_writes;
 pub mod model;

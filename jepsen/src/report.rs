@@ -304,13 +304,22 @@ pub fn write_latency_svg(
         );
         let style = colour.filled();
         match f {
-            Function::Read | Function::ReadAll | Function::WatchOpen | Function::Watch => {
+            Function::Read
+            | Function::ReadAll
+            | Function::WatchOpen
+            | Function::Watch
+            | Function::LeaseRead => {
                 chart
                     .draw_series(points.into_iter().map(|p| Circle::new(p, 2, style)))?
                     .label(label)
                     .legend(move |(x, y)| Circle::new((x + 10, y), 3, style));
             }
-            Function::Write | Function::Add | Function::Delete => {
+            Function::Write
+            | Function::Add
+            | Function::Delete
+            | Function::LeaseGrant
+            | Function::LeaseKeepAlive
+            | Function::LeaseRevoke => {
                 chart
                     .draw_series(points.into_iter().map(|p| TriangleMarker::new(p, 3, style)))?
                     .label(label)
@@ -366,6 +375,7 @@ mod tests {
             final_read: false,
             found: None,
             watch: None,
+            lease: None,
         })
     }
 

@@ -553,6 +553,7 @@ mod tests {
             final_read: false,
             found: None,
             watch: None,
+            lease: None,
         }
     }
 

@@ -37,6 +37,8 @@ pub fn model_of(workload: WorkloadKind) -> ModelName {
         WorkloadKind::ExactlyOnce => ModelName::Set,
         // The watch workload has a checker of its own (`watch_check`).
         WorkloadKind::Watch => ModelName::Register,
+        // The lease workload has a checker of its own (`lease_check`).
+        WorkloadKind::Lease => ModelName::Register,
     }
 }
 
@@ -151,6 +153,7 @@ mod tests {
             final_read: false,
             found: None,
             watch: None,
+            lease: None,
         }
     }
 

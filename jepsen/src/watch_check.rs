@@ -1073,6 +1073,7 @@ mod tests {
             final_read: false,
             found: None,
             watch: None,
+            lease: None,
         }
     }
 

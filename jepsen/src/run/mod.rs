@@ -61,6 +61,13 @@ pub enum WorkloadKind {
     /// other members under faults: every watcher sees exactly the
     /// writes' events, in revision order, and they all agree.
     Watch,
+    /// Leases granted, keys attached, kept alive by keep-alives, then
+    /// revoked or left to expire, read by linearizable ranges and watched:
+    /// no lease expires early after an acknowledged keep-alive, none
+    /// outlives its TTL + bound once nothing renews it, a revoke or
+    /// expiry removes all its keys at once (`--ttl-min` / `--ttl-max`: the
+    /// leases' TTLs).
+    Lease,
 }
 
 /// Flags of `jepsen run`.
@@ -117,10 +124,11 @@ pub struct RunArgs {
     /// before the final reads).
     #[arg(long, default_value_t = 20)]
     pub min_ok_reads: usize,
-    /// Shortest TTL the `ttl` workload writes.
+    /// Shortest TTL the `ttl` workload writes (`watch`: its TTL puts;
+    /// `lease`: its leases, at least kvnode's 2 s minimum).
     #[arg(long, default_value = "1500ms", value_parser = parse_duration)]
     pub ttl_min: Duration,
-    /// Longest TTL the `ttl` workload writes.
+    /// Longest TTL the `ttl` workload writes (`watch`, `lease`: as above).
     #[arg(long, default_value = "4000ms", value_parser = parse_duration)]
     pub ttl_max: Duration,
     /// `restart-after-idle`'s idle period (no write, no TTL key).
@@ -447,7 +455,8 @@ struct Ran {
     /// Saved votes taken back, members that did not come back.
     durability: Vec<crate::durability::DurabilityAnomaly>,
     /// Whether the scan final read succeeded (set, exactly-once; watch:
-    /// the final read of the store revision).
+    /// the final read of the store revision; lease: the final read of
+    /// every lease).
     final_read_ok: Option<bool>,
     /// Keys whose final read never succeeded (register).
     unread: Vec<String>,
@@ -493,6 +502,9 @@ async fn run_workload_and_faults(
             WorkloadKind::Watch => {
                 workload::watch::run(config, history.clone(), watchers.clone()).await
             }
+            WorkloadKind::Lease => {
+                workload::lease::run(config, history.clone(), watchers.clone()).await
+            }
         }
     };
     let (worked, nemesis_ran) = tokio::join!(
@@ -507,13 +519,20 @@ async fn run_workload_and_faults(
         }
         // The watchers run until here: the final read, their catch-up.
         WorkloadKind::Watch => Some(workload::watch::finish(endpoints, &history, &watchers).await?),
+        // The last leases expire, a final read of every one; the
+        // watchers' catch-up.
+        WorkloadKind::Lease => {
+            Some(workload::lease::finish(endpoints, &history, &watchers, args.ttl_max).await?)
+        }
         WorkloadKind::Register | WorkloadKind::Ttl => None,
     };
     let unread = match args.workload {
         WorkloadKind::Register => workload::register::final_reads(endpoints, &history).await?,
-        WorkloadKind::Set | WorkloadKind::Ttl | WorkloadKind::ExactlyOnce | WorkloadKind::Watch => {
-            Vec::new()
-        }
+        WorkloadKind::Set
+        | WorkloadKind::Ttl
+        | WorkloadKind::ExactlyOnce
+        | WorkloadKind::Watch
+        | WorkloadKind::Lease => Vec::new(),
     };
     let exited = nemesis.cluster_mut().exited_on_their_own();
     let mut durability = nemesis.durability_anomalies().to_vec();
@@ -596,6 +615,11 @@ fn workload_verdict(
         problems.extend(crate::watch_check::shortfalls(&report));
         let json = serde_json::to_value(&report)?;
         (json, report.summary(), "watch".to_string(), report.valid)
+    } else if args.workload == WorkloadKind::Lease {
+        let report = crate::lease_check::check(records);
+        problems.extend(crate::lease_check::shortfalls(&report));
+        let json = serde_json::to_value(&report)?;
+        (json, report.summary(), "lease".to_string(), report.valid)
     } else {
         let report = crate::verdict::check_run(records, args.workload)?;
         let json = serde_json::to_value(&report)?;

@@ -143,7 +143,7 @@ pub(super) fn summary(
     );
     let _ = writeln!(
         out,
-        "\n{:<10} {:>8} {:>8} {:>8} {:>8}",
+        "\n{:<16} {:>8} {:>8} {:>8} {:>8}",
         "f", "invoked", "ok", "fail", "unknown"
     );
     for f in [
@@ -155,6 +155,10 @@ pub(super) fn summary(
         Function::Delete,
         Function::WatchOpen,
         Function::Watch,
+        Function::LeaseGrant,
+        Function::LeaseKeepAlive,
+        Function::LeaseRevoke,
+        Function::LeaseRead,
     ] {
         let ops: Vec<_> = records
             .iter()
@@ -173,7 +177,7 @@ pub(super) fn summary(
             .unwrap_or_default();
         let _ = writeln!(
             out,
-            "{name:<10} {:>8} {:>8} {:>8} {:>8}",
+            "{name:<16} {:>8} {:>8} {:>8} {:>8}",
             ops.len(),
             count(Outcome::Ok),
             count(Outcome::Fail),
@@ -190,7 +194,7 @@ pub(super) fn summary(
     if !finals.is_empty() {
         let _ = writeln!(
             out,
-            "{:<10} {:>8} {:>8} {:>8} {:>8}   (after the schedule; not counted as work)",
+            "{:<16} {:>8} {:>8} {:>8} {:>8}   (after the schedule; not counted as work)",
             "final-read",
             finals.len(),
             finals.iter().filter(|op| op.outcome == Outcome::Ok).count(),

@@ -7,7 +7,8 @@
 //! applied) is `info`; its process never issues another operation (the
 //! worker continues as a new process), as in Jepsen.
 //!
-//! Workloads ([`register`], [`set`], [`ttl`], [`exactly_once`], [`watch`]) run a bounded number of concurrent
+//! Workloads ([`register`], [`set`], [`ttl`], [`exactly_once`], [`watch`],
+//! [`lease`]) run a bounded number of concurrent
 //! workers, each one kvclient session, paced to a total rate sized for two
 //! cores, until a deadline.
 //!
@@ -15,6 +16,7 @@
 //! checker's history type.
 
 pub mod exactly_once;
+pub mod lease;
 pub mod register;
 pub mod set;
 pub mod ttl;
@@ -53,12 +55,31 @@ pub enum Function {
     /// What one watch stream delivered: ok = one batch of events (or a
     /// progress notification), fail = the stream ended with this error.
     Watch,
+    /// A lease granted (the lease workload; [`LeaseRecord`]).
+    LeaseGrant,
+    /// One keep-alive of a lease (ok: answered, `LeaseRecord::ttl_ms` 0 =
+    /// the lease is gone).
+    LeaseKeepAlive,
+    /// A lease revoked.
+    LeaseRevoke,
+    /// A linearizable range read of every key under `key` (a prefix) at
+    /// one revision: `LeaseRecord::present` lists the keys found.
+    LeaseRead,
 }
 
 impl Function {
     /// Whether the operation writes.
     pub fn is_write(self) -> bool {
-        matches!(self, Self::Write | Self::Cas | Self::Add | Self::Delete)
+        matches!(
+            self,
+            Self::Write
+                | Self::Cas
+                | Self::Add
+                | Self::Delete
+                | Self::LeaseGrant
+                | Self::LeaseKeepAlive
+                | Self::LeaseRevoke
+        )
     }
 
     /// Whether it is a watcher's record (neither a read nor a write: the
@@ -149,6 +170,45 @@ pub struct Op {
     /// A watcher's record (`watch-open`, `watch`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watch: Option<WatchRecord>,
+    /// The lease workload's record (its grants, keep-alives, revokes,
+    /// attaching writes and range reads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<LeaseRecord>,
+}
+
+/// What a lease workload operation recorded.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    /// The workload's number of the lease: its keys are
+    /// `l/<number>/<k>` ([`lease::key_name`]). 0 for a read of several
+    /// leases (the final read).
+    pub lease: u64,
+    /// The server's id of the lease (0 = not known: a grant that failed
+    /// or whose outcome is unknown, a read).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub id: u64,
+    /// `lease-grant`: the TTL granted in ms (the op's `ttl_ms` is the one
+    /// asked for). `lease-keep-alive`: the TTL answered in ms, 0 = there
+    /// is no such lease any more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    /// An acknowledged `lease-keep-alive`: when the request the answer
+    /// belongs to was sent (ns since the run started; kvclient's
+    /// `LeaseRenewal::sent`, taken before the request left the process:
+    /// a retried keep-alive's last attempt, at or after the invoke).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_ns: Option<u64>,
+    /// `lease-revoke`: the keys deleted with the lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleted: Option<u64>,
+    /// `lease-read`: every key found under the prefix, with its value
+    /// (one revision: the op's `revision`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub present: Option<BTreeMap<String, String>>,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 /// Put or delete, as a watch event says.
@@ -309,6 +369,11 @@ impl History {
         }))
     }
 
+    /// Nanoseconds since the run started at `at` (0 before it).
+    pub fn ns_at(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.started).as_nanos()).unwrap_or(u64::MAX)
+    }
+
     /// A fresh logical process id.
     pub fn new_process(&self) -> u64 {
         self.next_process.fetch_add(1, Ordering::Relaxed)
@@ -348,6 +413,7 @@ impl History {
                 final_read: false,
                 found: None,
                 watch: None,
+                lease: None,
             },
         }
     }

@@ -107,20 +107,7 @@ pub async fn run(
     let before = store_revision(&config.endpoints, &history, false)
         .await?
         .ok_or_else(|| anyhow::anyhow!("no linearizable read succeeded before the writes"))?;
-    for watcher in 0..config.endpoints.len() as u64 {
-        let cursor = Arc::new(AtomicU64::new(0));
-        lock(&watchers.cursors).push(cursor.clone());
-        let start = if watcher % 2 == 0 { before + 1 } else { 0 };
-        let task = tokio::spawn(watcher_loop(
-            watcher,
-            start,
-            config.clone(),
-            history.clone(),
-            watchers.clone(),
-            cursor,
-        ));
-        lock(&watchers.tasks).push(task);
-    }
+    start_watchers(PREFIX, before + 1, &config, &history, &watchers);
     let fresh = Arc::new(AtomicU64::new(0));
     let mut workers = tokio::task::JoinSet::new();
     for worker in 0..config.concurrency {
@@ -131,6 +118,34 @@ pub async fn run(
         joined??;
     }
     Ok(())
+}
+
+/// Starts one watcher per member over `prefix` (they run until
+/// [`stop_watchers`]): watcher `i` starts on member `i`; the even ones
+/// from revision `first` (an explicit start revision), the odd ones from
+/// "now".
+pub fn start_watchers(
+    prefix: &'static str,
+    first: u64,
+    config: &WorkloadConfig,
+    history: &Arc<History>,
+    watchers: &Arc<Watchers>,
+) {
+    for watcher in 0..config.endpoints.len() as u64 {
+        let cursor = Arc::new(AtomicU64::new(0));
+        lock(&watchers.cursors).push(cursor.clone());
+        let start = if watcher % 2 == 0 { first } else { 0 };
+        let task = tokio::spawn(watcher_loop(
+            prefix,
+            watcher,
+            start,
+            config.clone(),
+            history.clone(),
+            watchers.clone(),
+            cursor,
+        ));
+        lock(&watchers.tasks).push(task);
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -305,6 +320,7 @@ fn cursor_after(cursor: u64, batch: &WatchBatch) -> u64 {
 }
 
 async fn watcher_loop(
+    prefix: &'static str,
     watcher: u64,
     start: u64,
     config: WorkloadConfig,
@@ -326,9 +342,9 @@ async fn watcher_loop(
         }
         let slot = (watcher + stream) % members;
         let addr = &config.endpoints[slot as usize];
-        let mut pending = history.invoke(process, Function::WatchOpen, PREFIX);
+        let mut pending = history.invoke(process, Function::WatchOpen, prefix);
         pending.op_mut().member = Some(slot + 1);
-        let watch = Watch::prefix(PREFIX)
+        let watch = Watch::prefix(prefix)
             .start_revision(next)
             .prev_kv()
             .progress_notify();
@@ -372,7 +388,7 @@ async fn watcher_loop(
                 break 'streams;
             }
             if waiting.is_none() {
-                waiting = Some(history.invoke(process, Function::Watch, PREFIX));
+                waiting = Some(history.invoke(process, Function::Watch, prefix));
             }
             let item = tokio::select! {
                 item = events.next() => item,
@@ -442,6 +458,13 @@ pub async fn finish(
     watchers: &Watchers,
 ) -> anyhow::Result<bool> {
     let last = store_revision(endpoints, history, true).await?;
+    stop_watchers(watchers, last).await?;
+    Ok(last.is_some())
+}
+
+/// Waits, at most [`CATCH_UP_TIMEOUT`], until every watcher has received
+/// every event up to revision `last` (if known), then stops them.
+pub async fn stop_watchers(watchers: &Watchers, last: Option<u64>) -> anyhow::Result<()> {
     if let Some(last) = last {
         let started = Instant::now();
         while started.elapsed() < CATCH_UP_TIMEOUT {
@@ -459,5 +482,5 @@ pub async fn finish(
     for task in tasks {
         task.await??;
     }
-    Ok(last.is_some())
+    Ok(())
 }

@@ -40,6 +40,7 @@ fn op(
         final_read: false,
         found: None,
         watch: None,
+        lease: None,
     })
 }
 

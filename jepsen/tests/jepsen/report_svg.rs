@@ -80,6 +80,7 @@ fn op(id: u64, f: Function, outcome: Outcome, at_ms: u64, latency_ms: u64) -> Re
         final_read: false,
         found: None,
         watch: None,
+        lease: None,
     })
 }
 
