@@ -25,7 +25,9 @@ pub const DURATION_ARG_MAX: Duration = Duration::from_secs(10 * 365 * 24 * 3600)
 const AFTER_LONG_HELP: &str = "\
 Exit codes (DESIGN §6):
   0  ok
-  1  key not found (get, del, expire, persist of a missing key)
+  1  key not found (get, del, expire, persist of a missing key), or a lease
+     that does not exist (lease revoke, keepalive, timetolive; put --lease),
+     or a kept lease the cluster says expired or was revoked
   2  usage: bad flags or arguments, a key or value over its limit (the
      message names the field and the limit), a local file that cannot be
      read or written, a call the server does not implement (UNIMPLEMENTED),
@@ -33,9 +35,10 @@ Exit codes (DESIGN §6):
      certificate), UNAUTHENTICATED (missing or wrong --token) or
      PERMISSION_DENIED
   3  cluster unavailable: no member answered in time (the message lists the
-     endpoints tried), or the server failed the call
-  4  condition failed: --if-mod-revision (--if-version) / --if-absent did not hold, or the
-     cluster refused a membership change's precondition
+     endpoints tried), the server failed the call, or `lease keepalive` had
+     no renewal acknowledged for a whole TTL (the lease may have expired)
+  4  condition failed: --if-mod-revision (--if-version) / --if-absent did not hold, the
+     cluster refused a membership change's precondition, or a lease id is in use
   5  outcome unknown: the write was sent and may or may not have applied
      (it applied at most once); read the key to find out
 
@@ -164,6 +167,11 @@ pub enum Command {
     /// Snapshots.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// Leases, as etcdctl has them: grant, keepalive, timetolive (ttl),
+    /// list, revoke; attach keys with `put --lease ID`. Lease ids are hex,
+    /// with or without 0x.
+    #[command(subcommand)]
+    Lease(LeaseCommand),
     /// Load a cluster and report throughput and latency percentiles.
     Bench(BenchArgs),
     /// Generate a development CA, node certificates and a client
@@ -213,6 +221,75 @@ pub struct PutArgs {
     /// Only if the key is absent; else exit 4.
     #[arg(long)]
     pub if_absent: bool,
+    /// Attach the key to this lease (hex id, as `lease grant` prints it):
+    /// the key is deleted when the lease is revoked or expires. A lease
+    /// that does not exist exits 1.
+    #[arg(long, value_name = "ID", value_parser = parse_lease_id)]
+    pub lease: Option<u64>,
+}
+
+/// `lease` subcommands (etcdctl's, and its output).
+#[derive(Debug, Subcommand)]
+pub enum LeaseCommand {
+    /// Grant a lease of time to live TTL: prints `lease <ID> granted with
+    /// TTL(<n>s)`. TTL is seconds (`60`) or a duration (`1500ms`, `1m`);
+    /// the cluster raises a TTL under 2 s to 2 s, as etcd raises one under
+    /// its minimum. A TTL that is not a whole number of seconds prints with
+    /// its fraction: `TTL(2.5s)`.
+    Grant {
+        /// Time to live (`60`, `60s`, `1500ms`, `1m`, `1h`).
+        #[arg(value_parser = parse_duration)]
+        ttl: Duration,
+        /// Grant this id (hex) instead of one the cluster picks; an id in
+        /// use exits 4.
+        #[arg(long, value_name = "ID", value_parser = parse_lease_id)]
+        id: Option<u64>,
+    },
+    /// Revoke a lease: deletes it and every key attached to it at one
+    /// revision. Prints `lease <ID> revoked`; a lease that does not exist
+    /// exits 1 (`Error: etcdserver: requested lease not found`).
+    Revoke {
+        /// The lease (hex).
+        #[arg(value_parser = parse_lease_id)]
+        id: u64,
+    },
+    /// Keep a lease alive, renewing it every third of its TTL, printing
+    /// `lease <ID> keepalived with TTL(<n>)` per renewal, until it is lost:
+    /// `lease <ID> expired or revoked.` and exit 1 when the cluster says it
+    /// is gone, exit 3 when no renewal was acknowledged for a whole TTL (it
+    /// may have expired). Follows the leader. Interrupting it stops the
+    /// renewals without revoking the lease.
+    #[command(visible_alias = "keep-alive")]
+    Keepalive {
+        /// The lease (hex).
+        #[arg(value_parser = parse_lease_id)]
+        id: u64,
+        /// Renew once and exit.
+        #[arg(long)]
+        once: bool,
+    },
+    /// A lease's granted and remaining time to live (`lease <ID> granted
+    /// with TTL(<n>s), remaining(<m>s)`; remaining is rounded down to whole
+    /// seconds, as etcd computes it; `-o json` has milliseconds). A lease
+    /// that does not exist prints `lease <ID> already expired` and exits 1.
+    #[command(visible_alias = "ttl")]
+    Timetolive {
+        /// The lease (hex).
+        #[arg(value_parser = parse_lease_id)]
+        id: u64,
+        /// Also list the keys attached to it.
+        #[arg(long)]
+        keys: bool,
+        /// Read consistency.
+        #[arg(long, value_enum, default_value = "linearizable")]
+        consistency: ConsistencyArg,
+    },
+    /// List every lease: `found <N> leases`, then one id per line.
+    List {
+        /// Read consistency.
+        #[arg(long, value_enum, default_value = "linearizable")]
+        consistency: ConsistencyArg,
+    },
 }
 
 /// `watch` flags: etcdctl's.
@@ -441,6 +518,12 @@ pub enum BenchOp {
     /// from each put's acknowledgement to its event at --watchers watchers
     /// of the written keys (see `cmd/bench_watch.rs`).
     Watch,
+    /// Leases kept alive: grants --leases leases, then renews each one
+    /// every --renew-every over --clients keep-alive streams to the leader
+    /// (0: as fast as answers come), and reports keep-alives per second,
+    /// their latency and keep-alives per Raft entry; revokes them at the
+    /// end (see `cmd/bench_lease.rs`).
+    Lease,
 }
 
 /// `bench` flags.
@@ -492,6 +575,35 @@ pub struct BenchArgs {
     /// phase (throughput compared with the first, which has none).
     #[arg(long, default_value_t = 1000)]
     pub idle_watchers: usize,
+    /// `lease`: leases kept alive.
+    #[arg(long, default_value_t = 10_000)]
+    pub leases: usize,
+    /// `lease`: their time to live (long enough to outlast the grants).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub lease_ttl: Duration,
+    /// `lease`: how often each lease is renewed (0: as fast as answers come,
+    /// a window of renewals in flight per stream).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub renew_every: Duration,
+}
+
+/// Parses a lease id as etcdctl prints it: hex, with or without `0x`, in
+/// `1..=LEASE_ID_MAX` (an etcd lease id is a positive int64).
+pub fn parse_lease_id(text: &str) -> Result<u64, String> {
+    let digits = text
+        .trim()
+        .strip_prefix("0x")
+        .or_else(|| text.trim().strip_prefix("0X"))
+        .unwrap_or(text.trim());
+    let id = u64::from_str_radix(digits, 16)
+        .map_err(|_| format!("{text:?}: a lease id is hex digits (as `lease grant` prints it)"))?;
+    if id == 0 || id > kvproto::LEASE_ID_MAX {
+        return Err(format!(
+            "{text:?}: a lease id is in 1..={:x} (LEASE_ID_MAX)",
+            kvproto::LEASE_ID_MAX
+        ));
+    }
+    Ok(id)
 }
 
 /// Parses `10s`, `500ms`, `2m`, `1h`, `1d` (a bare number is seconds).
@@ -530,6 +642,25 @@ mod tests {
     #[test]
     fn the_grammar_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn lease_ids_are_hex_with_or_without_0x() {
+        assert_eq!(
+            parse_lease_id("694d7a1c6f0e2a05"),
+            Ok(0x694d_7a1c_6f0e_2a05)
+        );
+        assert_eq!(parse_lease_id("0x2A"), Ok(0x2a));
+        assert_eq!(parse_lease_id("10"), Ok(16), "always hex, as etcdctl");
+        assert_eq!(parse_lease_id("7fffffffffffffff"), Ok(i64::MAX as u64));
+        assert!(
+            parse_lease_id("8000000000000000")
+                .unwrap_err()
+                .contains("LEASE_ID_MAX")
+        );
+        assert!(parse_lease_id("0").is_err());
+        assert!(parse_lease_id("lease").is_err());
+        assert!(parse_lease_id("").is_err());
     }
 
     #[test]

@@ -5,6 +5,11 @@
 use kvclient::Error;
 use tonic::Code;
 
+/// etcdctl's message for a lease that does not exist.
+pub const LEASE_NOT_FOUND: &str = "etcdserver: requested lease not found";
+/// etcdctl's message for a grant of an id in use.
+pub const LEASE_ALREADY_EXISTS: &str = "etcdserver: lease already exists";
+
 /// What a command ended with; the process exit code is its value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
@@ -105,6 +110,11 @@ impl Failure {
                 ),
             ),
             Error::KeyNotFound { .. } => Failure::new(Exit::NotFound, "key not found"),
+            // etcdctl's words exactly (scripts match them).
+            Error::LeaseNotFound { .. } => Failure::new(Exit::NotFound, LEASE_NOT_FOUND),
+            Error::LeaseAlreadyExists { .. } => {
+                Failure::new(Exit::ConditionFailed, LEASE_ALREADY_EXISTS)
+            }
             Error::OutcomeUnknown { message } => Failure::new(
                 Exit::OutcomeUnknown,
                 format!(
@@ -186,6 +196,13 @@ mod tests {
             Exit::ConditionFailed
         );
         assert_eq!(exit(Error::KeyNotFound { op_index: 0 }), Exit::NotFound);
+        let lease = Failure::from_client(Error::LeaseNotFound { id: 0x2a }, &endpoints);
+        assert_eq!(lease.exit, Exit::NotFound);
+        assert_eq!(lease.message, "etcdserver: requested lease not found");
+        assert_eq!(
+            exit(Error::LeaseAlreadyExists { id: 0x2a }),
+            Exit::ConditionFailed
+        );
         assert_eq!(
             exit(Error::OutcomeUnknown {
                 message: "x".into()

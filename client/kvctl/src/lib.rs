@@ -1,7 +1,7 @@
 //! # kvctl
 //!
 //! The raftcask command line (etcdctl-style, DESIGN §5–§6): keys (get,
-//! put, del, expire, persist, scan), cluster status, membership, snapshots
+//! put, del, expire, persist, scan), leases, cluster status, membership, snapshots
 //! (trigger, save to an archive file) and a load generator (`bench`), over
 //! [`kvclient`] and the kvload load core.
 //!
@@ -23,10 +23,10 @@
 //! | code | meaning | from kvclient |
 //! |------|---------|---------------|
 //! | 0 | ok | |
-//! | 1 | key not found (get, del, expire, persist) | `Ok(None)`, `found = false`, `KeyNotFound` |
+//! | 1 | key not found (get, del, expire, persist); a lease that does not exist or was lost as expired or revoked | `Ok(None)`, `found = false`, `KeyNotFound`, `LeaseNotFound`, `LeaseLoss::Gone` |
 //! | 2 | usage: bad flags, a key or value over its limit, a local file, a call the server does not implement, refused credentials | `InvalidConfig`, `InvalidArgument`, `Unimplemented`, `Tls`, `Rpc` UNAUTHENTICATED / PERMISSION_DENIED |
-//! | 3 | cluster unavailable (the endpoints tried are named) | `Unavailable`, `Protocol`, other `Rpc` codes |
-//! | 4 | condition failed | `VersionMismatch`, `Rpc` FAILED_PRECONDITION |
+//! | 3 | cluster unavailable (the endpoints tried are named); a kept lease with no renewal acknowledged for a TTL | `Unavailable`, `Protocol`, other `Rpc` codes, `LeaseLoss::Unrenewed` |
+//! | 4 | condition failed; a lease id in use | `VersionMismatch`, `Rpc` FAILED_PRECONDITION, `LeaseAlreadyExists` |
 //! | 5 | outcome unknown (applied at most once) | `OutcomeUnknown` |
 //!
 //! ## Modules
@@ -36,6 +36,8 @@
 //!   [`cmd::Context`], key checks):
 //!   - [`cmd::get`], [`cmd::put`], [`cmd::del`], [`cmd::expire`] (also
 //!     `persist`), [`cmd::scan`]: the key commands;
+//!   - [`cmd::lease`]: `lease grant | revoke | keepalive | timetolive |
+//!     list` with etcdctl's output (ids in hex), and `put --lease`;
 //!   - [`cmd::status`]: every member's status in one table;
 //!   - [`cmd::member`]: membership list and changes;
 //!   - [`cmd::snapshot`]: `snapshot trigger` and `snapshot save FILE` (a

@@ -99,6 +99,10 @@ pub async fn run(context: &Context, args: BenchArgs) -> Result<(), Failure> {
             read_percent: args.read_percent,
         },
         BenchOp::Watch => return super::bench_watch::run(context, &args, total, duration).await,
+        BenchOp::Lease => {
+            let (total, duration) = super::bench_lease::bounds(args.total, args.duration);
+            return super::bench_lease::run(context, &args, total, duration).await;
+        }
     };
     let config = load_config(context, &args, op, total, duration);
     // Bad settings are usage errors naming the setting and its bound.

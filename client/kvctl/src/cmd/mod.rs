@@ -13,6 +13,8 @@
 //! - [`txn`]: `txn`, reading etcdctl's transaction format from standard
 //!   input.
 //! - [`expire`]: `expire KEY TTL` and `persist KEY`.
+//! - [`lease`]: `lease grant | revoke | keepalive | timetolive | list`,
+//!   etcdctl's output, ids in hex.
 //! - [`scan`]: `scan` by prefix or range, paged.
 //! - [`status`]: every member's status, asked concurrently, as one table.
 //! - [`member`]: `member list | add-learner | promote | remove`.
@@ -23,6 +25,8 @@
 //! - [`bench`](mod@bench): `kvctl bench` on `kvload`, with a progress bar.
 //! - [`bench_watch`]: `kvctl bench watch`: put throughput with idle
 //!   watchers, and event latency from a put's acknowledgement.
+//! - [`bench_lease`]: `kvctl bench lease`: keep-alives per second with
+//!   many leases kept alive, their latency, keep-alives per Raft entry.
 
 use std::time::Duration;
 
@@ -34,12 +38,14 @@ use crate::exit::Failure;
 use crate::output::Printer;
 
 pub mod bench;
+pub mod bench_lease;
 pub mod bench_watch;
 pub mod certs;
 pub mod compact;
 pub mod del;
 pub mod expire;
 pub mod get;
+pub mod lease;
 pub mod member;
 pub mod put;
 pub mod scan;
@@ -127,6 +133,7 @@ pub async fn run(cli: Cli, printer: Printer) -> Result<(), Failure> {
         Command::Status => status::run(&context).await,
         Command::Member(command) => member::run(&context, command).await,
         Command::Snapshot(command) => snapshot::run(&context, command).await,
+        Command::Lease(command) => lease::run(&context, command).await,
         Command::Bench(_) if context.tls.is_some() || context.token.is_some() => {
             Err(Failure::usage(
                 "bench does not support TLS or a token yet (its load core dials plain TCP); \

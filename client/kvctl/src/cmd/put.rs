@@ -1,6 +1,7 @@
 //! `kvctl put KEY VALUE`: the value from the argument, `@FILE` or `-`
 //! (standard input), read up to [`INPUT_VALUE_BYTES_MAX`]; optional TTL,
-//! `--if-mod-revision` (old name `--if-version`) and `--if-absent`.
+//! `--if-mod-revision` (old name `--if-version`), `--if-absent` and
+//! `--lease ID` (sent as a one-op transaction; a missing lease exits 1).
 
 use std::io::Read;
 
@@ -69,6 +70,9 @@ pub async fn run(context: &Context, args: PutArgs) -> Result<(), Failure> {
     if args.if_absent {
         options = options.if_absent();
     }
+    if let Some(lease) = args.lease {
+        options = options.lease(lease);
+    }
     let client = context.client()?;
     let written = client
         .put_with(key.clone(), value.clone(), options)
@@ -83,6 +87,11 @@ pub async fn run(context: &Context, args: PutArgs) -> Result<(), Failure> {
         object.insert("applied_index".into(), written.applied_index.into());
         object.insert("value_bytes".into(), value.len().into());
         object.insert("ttl_ms".into(), millis(args.ttl));
+        object.insert(
+            "lease".into(),
+            args.lease
+                .map_or(Value::Null, |id| super::lease::id_text(id).into()),
+        );
         printer.print_json(&Value::Object(object));
     } else {
         println!(

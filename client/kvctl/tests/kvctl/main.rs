@@ -5,6 +5,7 @@ mod bad_input;
 mod cluster;
 mod harness;
 mod keys;
+mod lease;
 mod ranges;
 mod tls;
 mod watch;
