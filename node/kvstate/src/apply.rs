@@ -1533,6 +1533,11 @@ impl EntryWrite<'_> {
                         Some(state) => state.clone(),
                         None => self.state_of(key)?,
                     };
+                    // A key already attached to the lease adds no key to it.
+                    let reattached = matches!(
+                        &current,
+                        KeyState::Present { meta, .. } if meta.lease == *lease
+                    );
                     let (meta, previous) = match current {
                         KeyState::Present {
                             meta, value: known, ..
@@ -1561,7 +1566,8 @@ impl EntryWrite<'_> {
                         KeyState::Absent => (KeyMeta::created(revision, *lease), None),
                     };
                     if !*ignore_lease && *lease != 0 {
-                        match self.leases.attach_check(*lease, staged.leased(*lease) + 1) {
+                        let more = staged.leased(*lease) + usize::from(!reattached);
+                        match self.leases.attach_check(*lease, more) {
                             Ok(true) => {}
                             Ok(false) => {
                                 return Err(TxnFault::Refused(TxnError::LeaseKeys {
@@ -2554,8 +2560,41 @@ mod tests {
         let entries: Vec<Proposal> = (0..300u64)
             .map(|i| {
                 let key = |n: u64| format!("k{}", n % 23).into_bytes();
+                // Leases: granted, attached to, renewed, expiring.
+                let lease = |op| crate::command::LeaseRequest { session: None, op };
+                let command = match i % 10 {
+                    3 => Some(Command::Leases(vec![lease(LeaseOp::Grant {
+                        id: i + 1,
+                        ttl_ms: 2_000 + i % 3 * 100,
+                    })])),
+                    5 => Some(Command::Txns(vec![TxnRequest {
+                        session: None,
+                        compares: Vec::new(),
+                        success: vec![TxnOp::Put {
+                            key: key(i),
+                            value: vec![i as u8; 10],
+                            ttl_ms: 0,
+                            lease: i - 1,
+                            prev_kv: false,
+                            ignore_value: false,
+                            ignore_lease: false,
+                        }],
+                        failure: Vec::new(),
+                    }])),
+                    // Every other lease is renewed; the others expire.
+                    7 if i % 20 == 7 => Some(Command::Leases(vec![lease(LeaseOp::Renew {
+                        ids: (0..i).filter(|j| j % 20 == 3).map(|j| j + 1).collect(),
+                    })])),
+                    _ => None,
+                };
+                if let Some(command) = command {
+                    return Proposal {
+                        time_ms: i * 17,
+                        command,
+                    };
+                }
                 writes(
-                    i * 7,
+                    i * 17,
                     vec![
                         request(vec![Op::Put {
                             key: key(i),
@@ -2577,14 +2616,15 @@ mod tests {
                     .unwrap();
             }
             (
-                applier.header(),
+                (applier.header(), applier.leases().revoke_counts()),
                 engine.sealed_files(),
                 engine.active_file(),
             )
         };
         let (header_a, sealed_a, active_a) = run();
         let (header_b, sealed_b, active_b) = run();
-        assert!(header_a.revision > 300, "{header_a:?}");
+        assert!(header_a.0.revision > 250, "{header_a:?}");
+        assert!(header_a.1.0 > 5, "leases expired: {header_a:?}");
         assert!(sealed_a.len() >= 4);
         assert_eq!(
             (header_a, sealed_a, active_a),

@@ -63,8 +63,9 @@ pub const LEASE_TTL_MS_MAX: u64 = 9_000_000_000_000;
 /// The largest lease id (an etcd lease id is a positive int64).
 pub const LEASE_ID_MAX: u64 = i64::MAX as u64;
 /// Leases that may exist at once: about 100 bytes of memory each, plus
-/// their keys.
-pub const LEASES_MAX: usize = 1 << 20;
+/// their keys; a listing of them all (about 11 bytes each on the wire)
+/// stays under the client port's 8 MiB message limit.
+pub const LEASES_MAX: usize = 1 << 19;
 /// Keys attached to one lease at most: its revoke deletes them all in one
 /// entry, beside its own record, within [`LEASE_EXPIRY_OPS_PER_ENTRY_MAX`].
 pub const LEASE_KEYS_MAX: usize = 8_191;
@@ -517,8 +518,9 @@ impl Leases {
     }
 
     /// Whether lease `id` exists and can take `more` keys beyond those it
-    /// has and those this entry attaches so far (an upper bound: a put
-    /// that re-attaches a key counts too).
+    /// has and those this entry attaches so far (counted from the puts
+    /// that attach a key not attached to it before the entry: an upper
+    /// bound when one entry attaches a key twice).
     pub fn attach_check(&self, id: u64, more: usize) -> Result<bool, LeaseError> {
         let Some(lease) = self.leases.get(&id) else {
             return Err(LeaseError::NotFound { id });
@@ -562,10 +564,11 @@ impl Leases {
             if before == lease {
                 continue;
             }
-            if before != 0 && self.attached.remove(&(before, key.clone())) {
-                if let Some(old) = self.leases.get_mut(&before) {
-                    old.keys -= 1;
-                }
+            if before != 0
+                && self.attached.remove(&(before, key.clone()))
+                && let Some(old) = self.leases.get_mut(&before)
+            {
+                old.keys -= 1;
             }
             if lease != 0
                 && let Some(new) = self.leases.get_mut(&lease)
@@ -635,5 +638,263 @@ fn scan_pages(
             Some(last) if page.len() == LOAD_PAGE_KEYS => after = Some(last.key.clone()),
             _ => return Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bitcask::{Options, SyncPolicy};
+    use vfs::sim::SimFs;
+
+    use super::*;
+    use crate::apply::Applier;
+    use crate::command::{Command, LeaseRequest, Outcome, Proposal};
+    use crate::txn::{TxnOp, TxnRequest};
+
+    fn engine(fs: &SimFs) -> Engine {
+        let options = Options {
+            sync: SyncPolicy::Never,
+            auto_merge: None,
+            segment_size_bytes: 4096,
+            vfs: Arc::new(fs.clone()),
+            ..Options::default()
+        };
+        Engine::open("/sm", options).unwrap()
+    }
+
+    /// Applies entries one after another from log index 1.
+    struct Log<'e> {
+        engine: &'e Engine,
+        applier: Applier,
+        index: u64,
+    }
+
+    impl Log<'_> {
+        fn apply(&mut self, time_ms: u64, command: Command) -> Vec<Outcome> {
+            self.index += 1;
+            let proposal = Proposal { time_ms, command };
+            let response = self
+                .applier
+                .apply(self.engine, self.index, &proposal, Vec::new())
+                .unwrap();
+            response.answers.into_iter().map(|a| a.outcome).collect()
+        }
+
+        fn lease(&mut self, time_ms: u64, op: LeaseOp) -> Outcome {
+            let request = LeaseRequest { session: None, op };
+            self.apply(time_ms, Command::Leases(vec![request]))
+                .remove(0)
+        }
+
+        fn grant(&mut self, time_ms: u64, id: u64, ttl_ms: u64) -> u64 {
+            match self.lease(time_ms, LeaseOp::Grant { id, ttl_ms }) {
+                Outcome::Lease(LeaseAnswer::Granted { id, .. }) => id,
+                other => panic!("grant: {other:?}"),
+            }
+        }
+
+        fn put(&mut self, time_ms: u64, key: &str, lease: u64) -> Outcome {
+            let txn = TxnRequest {
+                session: None,
+                compares: Vec::new(),
+                success: vec![TxnOp::Put {
+                    key: key.as_bytes().to_vec(),
+                    value: b"v".to_vec(),
+                    ttl_ms: 0,
+                    lease,
+                    prev_kv: false,
+                    ignore_value: false,
+                    ignore_lease: false,
+                }],
+                failure: Vec::new(),
+            };
+            self.apply(time_ms, Command::Txns(vec![txn])).remove(0)
+        }
+
+        fn leader_start(&mut self, time_ms: u64) {
+            self.index += 1;
+            let seq = self.index * crate::apply::VERSIONS_PER_INDEX;
+            self.applier
+                .apply_leader_start(self.engine, seq, time_ms, &[])
+                .unwrap();
+        }
+
+        /// Whether each of `keys` is present.
+        fn present(&self, keys: &[&str]) -> Vec<bool> {
+            keys.iter()
+                .map(|key| self.engine.meta(key.as_bytes(), 0).is_some())
+                .collect()
+        }
+    }
+
+    /// (id, ttl, renewed, keys) of one lease.
+    type Seen = (u64, u64, u64, Vec<Vec<u8>>);
+
+    /// Every lease as [`Seen`], and the refresh time.
+    fn state(leases: &Leases) -> (Vec<Seen>, u64) {
+        let all = leases
+            .ids()
+            .into_iter()
+            .map(|id| {
+                let lease = leases.get(id).unwrap();
+                (id, lease.ttl_ms, lease.renewed_ms, leases.keys_of(id))
+            })
+            .collect();
+        (all, leases.refreshed_ms)
+    }
+
+    #[test]
+    fn a_lease_expires_by_entry_time_deleting_its_keys_at_one_revision() {
+        let fs = SimFs::new();
+        let engine = engine(&fs);
+        let mut log = Log {
+            engine: &engine,
+            applier: Applier::default(),
+            index: 0,
+        };
+        let lease = log.grant(0, 0, 5_000);
+        assert!(matches!(log.put(10, "a", lease), Outcome::Txn { .. }));
+        assert!(matches!(log.put(20, "b", lease), Outcome::Txn { .. }));
+        assert!(matches!(log.put(30, "free", 0), Outcome::Txn { .. }));
+        assert_eq!(log.applier.leases().keys_of(lease).len(), 2);
+        let revision = log.applier.header().revision;
+        log.apply(4_999, Command::Advance);
+        assert_eq!(log.present(&["a", "b", "free"]), [true, true, true]);
+        log.apply(5_000, Command::Advance);
+        assert_eq!(log.present(&["a", "b", "free"]), [false, false, true]);
+        assert_eq!(log.applier.header().revision, revision + 1, "one revision");
+        for key in ["a", "b"] {
+            let history = log.applier.history();
+            let history = history.read().unwrap();
+            let versions = history.versions(key.as_bytes()).unwrap();
+            let last = versions.last().unwrap();
+            assert_eq!(
+                (last.kind, last.revision),
+                (bitcask::StoredKind::Tombstone, revision + 1),
+                "{key}"
+            );
+        }
+        assert_eq!(log.applier.leases().len(), 0);
+        assert_eq!(log.applier.leases().attached_keys(), 0);
+        // A put naming it now is refused, NOT_FOUND.
+        assert!(matches!(
+            log.put(6_000, "c", lease),
+            Outcome::LeaseNotFound { .. }
+        ));
+        assert!(matches!(
+            log.lease(6_000, LeaseOp::Revoke { id: lease }),
+            Outcome::LeaseNotFound { .. }
+        ));
+    }
+
+    #[test]
+    fn renewals_and_a_new_leader_push_the_expiry_and_load_rebuilds_it_all() {
+        let fs = SimFs::new();
+        let engine = engine(&fs);
+        let mut log = Log {
+            engine: &engine,
+            applier: Applier::default(),
+            index: 0,
+        };
+        let short = log.grant(0, 0, 1);
+        assert_eq!(
+            log.applier.leases().get(short).unwrap().ttl_ms,
+            LEASE_TTL_MS_MIN
+        );
+        let lease = log.grant(0, 42, 5_000);
+        assert_eq!(lease, 42);
+        assert!(matches!(
+            log.lease(0, LeaseOp::Grant { id: 42, ttl_ms: 9 }),
+            Outcome::LeaseExists { .. }
+        ));
+        log.put(0, "k", lease);
+        log.put(0, "moved", lease);
+        log.put(0, "moved", 0); // a put without the lease detaches
+        let renewed = log.lease(
+            3_000,
+            LeaseOp::Renew {
+                ids: vec![lease, 999],
+            },
+        );
+        assert_eq!(
+            renewed,
+            Outcome::Lease(LeaseAnswer::Renewed {
+                ttls_ms: vec![5_000, 0]
+            })
+        );
+        assert_eq!(log.applier.leases().expiry_ms(lease), Some(8_000));
+        // The short one expired at 2000 (the renewal entry revoked it first).
+        assert_eq!(log.applier.leases().get(short), None);
+        log.leader_start(7_000);
+        assert_eq!(log.applier.leases().expiry_ms(lease), Some(12_000));
+        // Load from the files gives exactly what applying built.
+        let loaded = Applier::load(&engine).unwrap();
+        assert_eq!(state(loaded.leases()), state(log.applier.leases()));
+        assert_eq!(
+            state(loaded.leases()).0,
+            [(42, 5_000, 3_000, vec![b"k".to_vec()])]
+        );
+        log.apply(11_999, Command::Advance);
+        assert_eq!(log.present(&["k", "moved"]), [true, true]);
+        log.apply(12_000, Command::Advance);
+        assert_eq!(log.present(&["k", "moved"]), [false, true]);
+        let loaded = Applier::load(&engine).unwrap();
+        assert_eq!(state(loaded.leases()), state(log.applier.leases()));
+        assert!(loaded.leases().ids().is_empty());
+    }
+
+    #[test]
+    fn a_lease_holds_at_most_lease_keys_max_keys() {
+        let fs = SimFs::new();
+        let engine = engine(&fs);
+        let mut log = Log {
+            engine: &engine,
+            applier: Applier::default(),
+            index: 0,
+        };
+        let lease = log.grant(0, 0, 60_000);
+        // Fill it in entries of many transactions each.
+        let mut next = 0;
+        while next < LEASE_KEYS_MAX {
+            let txns: Vec<TxnRequest> = (next..(next + 1000).min(LEASE_KEYS_MAX))
+                .map(|i| TxnRequest {
+                    session: None,
+                    compares: Vec::new(),
+                    success: vec![TxnOp::Put {
+                        key: format!("k{i:05}").into_bytes(),
+                        value: Vec::new(),
+                        ttl_ms: 0,
+                        lease,
+                        prev_kv: false,
+                        ignore_value: false,
+                        ignore_lease: false,
+                    }],
+                    failure: Vec::new(),
+                })
+                .collect();
+            next += txns.len();
+            let outcomes = log.apply(1, Command::Txns(txns));
+            assert!(outcomes.iter().all(|o| matches!(o, Outcome::Txn { .. })));
+        }
+        assert_eq!(
+            log.applier.leases().get(lease).unwrap().keys,
+            LEASE_KEYS_MAX
+        );
+        match log.put(2, "one-more", lease) {
+            Outcome::Rejected { reason } => assert!(reason.contains("LEASE_KEYS_MAX"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+        // Re-putting an attached key is fine, and the revoke deletes all.
+        assert!(matches!(log.put(3, "k00000", lease), Outcome::Txn { .. }));
+        let revoked = log.lease(4, LeaseOp::Revoke { id: lease });
+        assert_eq!(
+            revoked,
+            Outcome::Lease(LeaseAnswer::Revoked {
+                deleted: LEASE_KEYS_MAX as u64
+            })
+        );
+        assert_eq!(log.present(&["k00000", "k08190"]), [false, false]);
     }
 }

@@ -49,6 +49,12 @@
 //!   [`watch::WATCH_PAGE_BYTES_MAX`] bytes (4 MiB), and
 //!   [`watch::WATCH_PAGE_SCAN_RECORDS_MAX`] history records examined
 //!   (100 000).
+//! - Leases: at most [`lease::LEASES_MAX`] (524 288) at once, each with at
+//!   most [`lease::LEASE_KEYS_MAX`] (8191) keys; a TTL between
+//!   [`lease::LEASE_TTL_MS_MIN`] (2 s; a shorter one is raised to it) and
+//!   [`lease::LEASE_TTL_MS_MAX`]; a renewal names at most
+//!   [`lease::LEASE_RENEW_IDS_MAX`] (10 000) leases; expiry revokes write
+//!   at most [`lease::LEASE_EXPIRY_OPS_PER_ENTRY_MAX`] records per entry.
 //! - Per range read outside the log: [`range::RANGE_KEYS_MAX`] keys
 //!   (100 000) and [`range::RANGE_READ_BYTES_MAX`] bytes (6 MiB).
 //!

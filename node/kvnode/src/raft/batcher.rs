@@ -315,6 +315,7 @@ mod tests {
                             })
                             .collect(),
                     },
+                    Write::Lease(lease) => panic!("these tests propose no lease: {lease:?}"),
                 })
                 .collect();
             Box::pin(async move {
@@ -410,7 +411,9 @@ mod tests {
                         .iter()
                         .map(|write| match write {
                             Write::Request(request) => id_of(request),
-                            Write::Txn(_) => panic!("this test proposes requests"),
+                            Write::Txn(_) | Write::Lease(_) => {
+                                panic!("this test proposes requests")
+                            }
                         })
                         .collect();
                     proposed.lock().unwrap().extend(&ids);

@@ -50,6 +50,10 @@ pub const LEASE_RENEWALS_QUEUED_MAX: usize = 100_000;
 /// Keep-alives of one stream waiting for their answers at most: the stream
 /// reads no further request until the oldest is answered.
 pub const LEASE_STREAM_IN_FLIGHT_MAX: usize = 16_384;
+/// Bytes of attached keys a `LeaseTimeToLive` with `keys` lists at most
+/// (a lease may hold `LEASE_KEYS_MAX` keys of up to 4 KiB): beyond it the
+/// request is refused naming this limit; list the keys with a range read.
+pub const LEASE_KEYS_LISTED_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Answers buffered for a keep-alive stream's client.
 const LEASE_STREAM_RESPONSES_BUFFERED: usize = 1024;
 
@@ -249,6 +253,16 @@ impl KvService {
         .await
         .map_err(|err| Status::internal(format!("lease read: {err}")))?;
         let header = Some(self.read_header());
+        if let Some((_, _, keys)) = &found {
+            let bytes: usize = keys.iter().map(Vec::len).sum();
+            if bytes > LEASE_KEYS_LISTED_BYTES_MAX {
+                return Err(convert::limit_exceeded(
+                    "LEASE_KEYS_LISTED_BYTES_MAX (keys)",
+                    LEASE_KEYS_LISTED_BYTES_MAX as u64,
+                    bytes as u64,
+                ));
+            }
+        }
         Ok(match found {
             Some((granted, remaining, keys)) => LeaseTimeToLiveResponse {
                 header,
@@ -339,18 +353,37 @@ impl KvService {
                 }
                 answer = front => {
                     let (id, _) = waiting.pop_front().expect("awaited the front");
-                    let ttl_ms = match answer {
-                        Ok(Ok(ttl_ms)) => ttl_ms,
-                        Ok(Err(status)) => return Err(status),
-                        Err(_) => return Err(Status::unavailable("the member is stopping")),
-                    };
-                    let response = LeaseKeepAliveResponse {
-                        header: Some(self.write_header(self.state_machine().revision())),
-                        id,
-                        ttl_ms,
-                    };
-                    if out.send(Ok(response)).await.is_err() {
-                        return Ok(());
+                    // One header for every answer ready now (building one
+                    // takes the apply lock): a renewal entry answers many.
+                    let header = self.write_header(self.state_machine().revision());
+                    let mut ready = vec![(id, answer.map_err(|_| ()))];
+                    while let Some((_, next)) = waiting.front_mut() {
+                        match next.try_recv() {
+                            Ok(answer) => {
+                                let (id, _) = waiting.pop_front().expect("just seen");
+                                ready.push((id, Ok(answer)));
+                            }
+                            Err(oneshot::error::TryRecvError::Empty) => break,
+                            Err(oneshot::error::TryRecvError::Closed) => {
+                                let (id, _) = waiting.pop_front().expect("just seen");
+                                ready.push((id, Err(())));
+                            }
+                        }
+                    }
+                    for (id, answer) in ready {
+                        let ttl_ms = match answer {
+                            Ok(Ok(ttl_ms)) => ttl_ms,
+                            Ok(Err(status)) => return Err(status),
+                            Err(_) => return Err(Status::unavailable("the member is stopping")),
+                        };
+                        let response = LeaseKeepAliveResponse {
+                            header: Some(header),
+                            id,
+                            ttl_ms,
+                        };
+                        if out.send(Ok(response)).await.is_err() {
+                            return Ok(());
+                        }
                     }
                 }
                 () = out.closed() => return Ok(()),

@@ -716,6 +716,8 @@ mod tests {
         watcher.set_behind(true);
         metrics.watch_events_sent(3);
         metrics.watch_cancelled("compacted");
+        metrics.lease_keep_alive();
+        metrics.lease_renewal_entry(7);
         let text = metrics.encode(&ScrapeView {
             term: 4,
             is_leader: true,
@@ -734,6 +736,12 @@ mod tests {
                 records: 6,
                 bytes: 300,
             }),
+            leases: LeaseView {
+                leases: 4,
+                keys: 9,
+                expired: 2,
+                revoked: 1,
+            },
         });
         let expect = [
             ("raftcask_member_id", 3.0),
@@ -758,6 +766,13 @@ mod tests {
             ("raftcask_history_revision", 11.0),
             ("raftcask_history_records", 6.0),
             ("raftcask_history_bytes", 300.0),
+            ("raftcask_leases", 4.0),
+            ("raftcask_lease_keys", 9.0),
+            ("raftcask_lease_expiries_total", 2.0),
+            ("raftcask_lease_revokes_total", 1.0),
+            ("raftcask_lease_renewal_entries_total", 1.0),
+            ("raftcask_lease_renewals_total", 7.0),
+            ("raftcask_lease_keep_alives_total", 1.0),
             ("raftcask_watchers", 1.0),
             ("raftcask_watchers_catching_up", 1.0),
             ("raftcask_watch_events_sent_total", 3.0),

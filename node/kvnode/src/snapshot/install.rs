@@ -242,7 +242,7 @@ impl StateMachine {
         inner.last_applied = manifest.last_log_id;
         inner.membership = manifest.membership.clone();
         inner.time_ms = time_ms;
-        self.publish_lease_counts(&inner, (0, 0));
+        self.publish_lease_counts(inner, (0, 0));
         inner.current = Some(CurrentSnapshot {
             counter,
             manifest: manifest.clone(),
