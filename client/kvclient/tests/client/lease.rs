@@ -393,3 +393,44 @@ async fn with_no_member_answering_the_lease_is_unrenewed_when_the_promise_ends()
         reported - last_acknowledged_sent
     );
 }
+
+/// Leases one client keeps at once (all on its one keep-alive stream).
+const MANY_LEASES: usize = 2_000;
+/// `keep_alive` calls in flight while they are set up.
+const SETUP_CONCURRENCY: usize = 200;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thousands_of_leases_kept_by_one_client_all_live_past_their_ttl() {
+    let cluster = Cluster::start().await;
+    let client = client(&cluster);
+    let ttl = Duration::from_millis(LEASE_TTL_MS_MIN);
+    let mut keepers = Vec::with_capacity(MANY_LEASES);
+    for _ in 0..MANY_LEASES.div_ceil(SETUP_CONCURRENCY) {
+        let round: Vec<_> = (0..SETUP_CONCURRENCY)
+            .map(|_| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let lease = client.lease_grant(ttl).await.expect("grant");
+                    client.keep_alive(lease.id).await.expect("keep alive")
+                })
+            })
+            .collect();
+        for keeper in round {
+            keepers.push(keeper.await.expect("setup task"));
+        }
+    }
+    // Two and a half TTLs after the last was set up.
+    tokio::time::sleep(ttl * 5 / 2).await;
+    for keeper in &keepers {
+        assert_eq!(keeper.loss(), None, "{keeper:?}");
+        assert!(
+            keeper.last_acknowledged_sent().elapsed() < ttl,
+            "renewed within the last TTL: {keeper:?}"
+        );
+    }
+    let mut live = client.lease_leases().await.expect("leases");
+    live.sort();
+    for keeper in &keepers {
+        assert!(live.binary_search(&keeper.id()).is_ok(), "{keeper:?}");
+    }
+}
