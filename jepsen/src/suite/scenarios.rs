@@ -174,6 +174,47 @@ fn watch(name: &'static str, seconds: u64) -> Scenario {
     }
 }
 
+/// The faults of the `lease` scenario: the leader cut off (owners talking
+/// to it cannot renew; a build whose leader acknowledges keep-alives from
+/// memory keeps acknowledging them there while the majority's new leader
+/// lets the leases expire) and leader kills (a new leader must renew every
+/// lease).
+pub const LEASE_NEMESIS: &str = "partition-leader,kill-leader";
+/// Shortest lease TTL of the `lease` scenario: above kvnode's 2 s minimum,
+/// so keep-alives every third of it leave room for a slow one.
+pub const LEASE_TTL_MIN: &str = "3s";
+/// Longest lease TTL of the `lease` scenario: below what is left of a
+/// cut-off leader's hold once the majority elected another (about 5 s of
+/// [`LEASE_FAULT_HOLD`]), so a lease the new leader does not renew runs
+/// out while the old one still acknowledges its keep-alives; and short
+/// enough that leases kept 1–3 TTLs come and go several times in a run.
+pub const LEASE_TTL_MAX: &str = "5s";
+/// Fault hold of the `lease` scenario: a cut-off leader stays cut off
+/// about 5 s after the majority's election (which takes about 5 s).
+pub const LEASE_FAULT_HOLD: &str = "10s";
+
+/// `lease`: owners keep leases alive and let them go while the leader is
+/// cut off or killed; linearizable range reads and watchers look on.
+fn lease(name: &'static str, seconds: u64) -> Scenario {
+    Scenario {
+        name,
+        workload: "lease",
+        nemesis: LEASE_NEMESIS,
+        seconds,
+        build: Build::Real,
+        env: Vec::new(),
+        args: vec![
+            "--ttl-min",
+            LEASE_TTL_MIN,
+            "--ttl-max",
+            LEASE_TTL_MAX,
+            "--fault-hold",
+            LEASE_FAULT_HOLD,
+        ],
+        expect_caught: false,
+    }
+}
+
 /// [`EXACTLY_ONCE_SESSION_IDLE_MS`] as the flag's text.
 const EXACTLY_ONCE_SESSION_IDLE_MS_ARG: &str = "3000";
 
@@ -221,6 +262,7 @@ pub fn suite_scenarios(short: bool) -> Vec<Scenario> {
         ),
         exactly_once("exactly-once", time(40)),
         watch("watch", time(40)),
+        lease("lease", time(40)),
     ];
     if !short {
         scenarios.push(scenario("membership", "membership", 0, Build::Real));
@@ -373,6 +415,18 @@ pub fn control_scenarios(baseline: bool) -> Vec<Scenario> {
             expect_caught: true,
             ..watch("nc-watch-skip", 40)
         },
+        // The leader acknowledges keep-alives from its memory and writes a
+        // renewal to the log only shortly before a lease would expire; a
+        // new leader renews no lease. A leader cut off keeps acknowledging
+        // its owners' keep-alives while the majority's new leader lets
+        // their leases run out from the last renewal in the log: keys read
+        // absent (and keep-alives answered "gone") before TTL after an
+        // acknowledged keep-alive was sent (early-expiry).
+        Scenario {
+            build: Build::Features(&["nc-lease-leader-memory"]),
+            expect_caught: true,
+            ..lease("nc-lease-leader-memory", 40)
+        },
     ];
     if baseline {
         for control in &mut controls {
@@ -401,6 +455,7 @@ mod tests {
         assert!(short.contains(&"ttl-leader-change"), "{short:?}");
         assert!(short.contains(&"exactly-once"), "{short:?}");
         assert!(short.contains(&"watch"), "{short:?}");
+        assert!(short.contains(&"lease"), "{short:?}");
         let controls: Vec<_> = control_scenarios(false).iter().map(|s| s.name).collect();
         for name in [
             "nc-old-clock",
@@ -408,6 +463,7 @@ mod tests {
             "nc-snapshot-by-counter",
             "nc-rename-no-dir-fsync",
             "nc-watch-skip",
+            "nc-lease-leader-memory",
         ] {
             assert!(controls.contains(&name), "{controls:?}");
         }

@@ -34,10 +34,12 @@
 //! (`super::watch::start_watchers`), from the revision a first read shows;
 //! the checker needs their delete events (one revision per lease).
 //!
-//! After the schedule and the heal, [`finish`] waits until every lease is
-//! past its TTL and the late bound even if the last fault's leaderless
-//! allowance renewed it, reads the whole prefix once (a final read: no key
-//! may be left), lets the watchers catch up with it and stops them.
+//! After the schedule and the heal, [`finish`] reads the whole prefix
+//! every [`FINISH_READ_PERIOD`] until every lease is past its TTL and the
+//! late bound even if the last fault's leaderless allowance renewed it
+//! (the last leases' expiry, judged outside leaderless time), then once
+//! more (no key may be left), lets the watchers catch up with that read
+//! and stops them. These reads are final reads: not counted as work.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -75,6 +77,8 @@ const READ_PAUSE: Duration = Duration::from_secs(1);
 /// Extra wait before the final read, beyond the longest TTL, the late
 /// bound and the leaderless allowance of the last heal.
 const FINAL_READ_MARGIN: Duration = Duration::from_secs(2);
+/// Pause between two reads of every lease while the last ones run out.
+const FINISH_READ_PERIOD: Duration = Duration::from_millis(200);
 
 /// The prefix of every key of the workload (and of the watchers' watch).
 pub const PREFIX: &str = "l/";
@@ -448,11 +452,14 @@ async fn keeper_loop(
     }
 }
 
-/// After the schedule and the heal: waits until every lease is past its
-/// TTL and the late bound (counted from the end of the last fault's
-/// leaderless allowance, which may have renewed it), reads every key under
-/// [`PREFIX`] once (a final read, retried), lets the watchers catch up
-/// with it and stops them. Returns whether the final read succeeded.
+/// After the schedule and the heal: while every lease runs out — until
+/// each is past its TTL and the late bound, counted from the end of the
+/// last fault's leaderless allowance (which may have renewed it) — reads
+/// every key under [`PREFIX`] every [`FINISH_READ_PERIOD`] (final reads:
+/// the checker judges the last leases' expiry outside leaderless time,
+/// which a schedule whose fault windows merge leaves no room for), then
+/// once more (retried), lets the watchers catch up with that read and
+/// stops them. Returns whether the last read succeeded.
 pub async fn finish(
     endpoints: &[String],
     history: &History,
@@ -465,8 +472,12 @@ pub async fn finish(
             crate::lease_check::LATE_BOUND_MS + crate::lease_check::MEASUREMENT_SLACK_MS,
         )
         + FINAL_READ_MARGIN;
-    tokio::time::sleep(wait).await;
     let client = client(endpoints)?;
+    let until = Instant::now() + wait;
+    while Instant::now() < until {
+        read(&client, history, PREFIX, 0, true, 1).await?;
+        tokio::time::sleep(FINISH_READ_PERIOD).await;
+    }
     let mut last = None;
     for attempt in 1..=READ_ATTEMPTS_MAX {
         last = read(&client, history, PREFIX, 0, true, attempt).await?;
