@@ -231,8 +231,9 @@ pub struct PutArgs {
 /// `lease` subcommands (etcdctl's, and its output).
 #[derive(Debug, Subcommand)]
 pub enum LeaseCommand {
-    /// Grant a lease of time to live TTL: prints `lease <ID> granted with
-    /// TTL(<n>s)`. TTL is seconds (`60`) or a duration (`1500ms`, `1m`);
+    /// Grant a lease of time to live TTL.
+    ///
+    /// Prints `lease <ID> granted with TTL(<n>s)`. TTL is seconds (`60`) or a duration (`1500ms`, `1m`);
     /// the cluster raises a TTL under 2 s to 2 s, as etcd raises one under
     /// its minimum. A TTL that is not a whole number of seconds prints with
     /// its fraction: `TTL(2.5s)`.
@@ -245,15 +246,18 @@ pub enum LeaseCommand {
         #[arg(long, value_name = "ID", value_parser = parse_lease_id)]
         id: Option<u64>,
     },
-    /// Revoke a lease: deletes it and every key attached to it at one
-    /// revision. Prints `lease <ID> revoked`; a lease that does not exist
+    /// Revoke a lease and delete its keys.
+    ///
+    /// Deletes it and every key attached to it at one revision. Prints `lease <ID> revoked`; a lease that does not exist
     /// exits 1 (`Error: etcdserver: requested lease not found`).
     Revoke {
         /// The lease (hex).
         #[arg(value_parser = parse_lease_id)]
         id: u64,
     },
-    /// Keep a lease alive, renewing it every third of its TTL, printing
+    /// Keep a lease alive until it is lost.
+    ///
+    /// Renews it every third of its TTL, printing
     /// `lease <ID> keepalived with TTL(<n>)` per renewal, until it is lost:
     /// `lease <ID> expired or revoked.` and exit 1 when the cluster says it
     /// is gone, exit 3 when no renewal was acknowledged for a whole TTL (it
@@ -268,9 +272,11 @@ pub enum LeaseCommand {
         #[arg(long)]
         once: bool,
     },
-    /// A lease's granted and remaining time to live (`lease <ID> granted
-    /// with TTL(<n>s), remaining(<m>s)`; remaining is rounded down to whole
-    /// seconds, as etcd computes it; `-o json` has milliseconds). A lease
+    /// A lease's granted and remaining time to live.
+    ///
+    /// Prints `lease <ID> granted with TTL(<n>s), remaining(<m>s)`
+    /// (remaining rounded down to whole seconds, as etcd computes it; `-o
+    /// json` has milliseconds), with --keys `, attached keys([k1 k2])`. A lease
     /// that does not exist prints `lease <ID> already expired` and exits 1.
     #[command(visible_alias = "ttl")]
     Timetolive {
