@@ -71,6 +71,8 @@ use crate::txn::{
 };
 use kvcodec as codec;
 
+mod redis_entry;
+
 /// Sequence numbers per log index: `seq` is `index × VERSIONS_PER_INDEX + position`.
 pub const VERSIONS_PER_INDEX: u64 = 65_536;
 /// Keys read per page while loading the expiry index at open.
@@ -610,6 +612,17 @@ impl Applier {
                     let answer =
                         self.answer_once(entry, lease.session, AnswerKept::Bounded, |entry| {
                             entry.evaluate_lease(lease, position as u64)
+                        })?;
+                    answers.push(answer);
+                }
+                return Ok(answers);
+            }
+            Command::Redis(requests) => {
+                let mut answers = Vec::with_capacity(requests.len());
+                for request in requests {
+                    let answer =
+                        self.answer_once(entry, request.session, AnswerKept::Bounded, |entry| {
+                            entry.evaluate_redis(request)
                         })?;
                     answers.push(answer);
                 }

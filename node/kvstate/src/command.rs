@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::lease::{LeaseAnswer, LeaseOp};
+use crate::redis::{RedisAnswer, RedisRequest};
 use crate::txn::{TxnOpResult, TxnRequest};
 
 /// Operations in one entry at most: versions are `index × 65536 + position`,
@@ -166,6 +167,11 @@ pub enum Command {
     /// [`Outcome::LeaseNotFound`], [`Outcome::LeaseExists`] or
     /// [`Outcome::Rejected`].
     Leases(Vec<LeaseRequest>),
+    /// Redis requests gathered into one entry, applied in order
+    /// ([`crate::redis`]): each a command or a MULTI/EXEC block, answered
+    /// [`Outcome::Redis`], [`Outcome::Rejected`] (a limit, nothing
+    /// applied) or [`Outcome::SessionExpired`].
+    Redis(Vec<RedisRequest>),
 }
 
 /// One lease operation and its exactly-once bookkeeping.
@@ -200,13 +206,17 @@ pub enum Write {
     Txn(TxnRequest),
     /// A lease operation ([`Command::Leases`]).
     Lease(LeaseRequest),
+    /// A Redis command or MULTI/EXEC block ([`Command::Redis`]).
+    Redis(RedisRequest),
 }
 
 impl Write {
     /// The records it may write at most, as the batcher counts them to keep
     /// entries appliable: a request's ops; for a transaction, its longer
     /// branch, a range delete counting as many keys as a transaction may
-    /// visit ([`crate::txn::TXN_READ_KEYS_MAX`]).
+    /// visit ([`crate::txn::TXN_READ_KEYS_MAX`]); for a Redis request, its
+    /// commands' bound ([`RedisRequest::records`]: a FLUSHALL counts
+    /// [`crate::redis::FLUSH_KEYS_MAX`] keys).
     pub fn ops(&self) -> usize {
         match self {
             Write::Request(request) => request.ops.len(),
@@ -223,6 +233,7 @@ impl Write {
                 records(&txn.success).max(records(&txn.failure))
             }
             Write::Lease(lease) => lease.op.records(),
+            Write::Redis(redis) => redis.records(),
         }
     }
 
@@ -232,6 +243,7 @@ impl Write {
             Write::Request(request) => request.session,
             Write::Txn(txn) => txn.session,
             Write::Lease(lease) => lease.session,
+            Write::Redis(redis) => redis.session,
         }
     }
 
@@ -242,6 +254,7 @@ impl Write {
             (Write::Request(_), Write::Request(_))
                 | (Write::Txn(_), Write::Txn(_))
                 | (Write::Lease(_), Write::Lease(_))
+                | (Write::Redis(_), Write::Redis(_))
         )
     }
 
@@ -251,6 +264,7 @@ impl Write {
             Write::Request(request) => kvcodec::encode(request).len(),
             Write::Txn(txn) => kvcodec::encode(txn).len(),
             Write::Lease(lease) => kvcodec::encode(lease).len(),
+            Write::Redis(redis) => kvcodec::encode(redis).len(),
         }
     }
 
@@ -260,17 +274,25 @@ impl Write {
         let mut requests = Vec::new();
         let mut txns = Vec::new();
         let mut leases = Vec::new();
+        let mut redis = Vec::new();
         for write in writes {
             match write {
                 Write::Request(request) => requests.push(request),
                 Write::Txn(txn) => txns.push(txn),
                 Write::Lease(lease) => leases.push(lease),
+                Write::Redis(request) => redis.push(request),
             }
         }
-        match (requests.is_empty(), txns.is_empty(), leases.is_empty()) {
-            (_, true, true) => Some(Command::Writes(requests)),
-            (true, false, true) => Some(Command::Txns(txns)),
-            (true, true, false) => Some(Command::Leases(leases)),
+        match (
+            requests.is_empty(),
+            txns.is_empty(),
+            leases.is_empty(),
+            redis.is_empty(),
+        ) {
+            (_, true, true, true) => Some(Command::Writes(requests)),
+            (true, false, true, true) => Some(Command::Txns(txns)),
+            (true, true, false, true) => Some(Command::Leases(leases)),
+            (true, true, true, false) => Some(Command::Redis(redis)),
             _ => None,
         }
     }
@@ -285,6 +307,12 @@ impl From<Request> for Write {
 impl From<LeaseRequest> for Write {
     fn from(lease: LeaseRequest) -> Write {
         Write::Lease(lease)
+    }
+}
+
+impl From<RedisRequest> for Write {
+    fn from(request: RedisRequest) -> Write {
+        Write::Redis(request)
     }
 }
 
@@ -318,6 +346,7 @@ impl std::fmt::Display for Proposal {
             Command::Merge { inputs } => write!(f, "merge({} inputs)", inputs.len())?,
             Command::Compact { revision } => write!(f, "compact({revision})")?,
             Command::Leases(leases) => write!(f, "leases({})", leases.len())?,
+            Command::Redis(requests) => write!(f, "redis({})", requests.len())?,
         }
         write!(f, " at {} ms", self.time_ms)
     }
@@ -381,6 +410,8 @@ pub enum Outcome {
         /// Why, naming the lease.
         reason: String,
     },
+    /// A Redis request applied (its replies), or its WATCH failed.
+    Redis(RedisAnswer),
 }
 
 /// One request's answer: its outcome and the store revision it reflects.
@@ -464,6 +495,7 @@ mod tests {
         );
         assert_eq!(first_byte(codec::encode(&Command::Txns(Vec::new()))), 5);
         assert_eq!(first_byte(codec::encode(&Command::Leases(Vec::new()))), 7);
+        assert_eq!(first_byte(codec::encode(&Command::Redis(Vec::new()))), 8);
         assert_eq!(first_byte(codec::encode(&Outcome::SessionExpired)), 3);
         let rejected = Outcome::Rejected {
             reason: String::new(),
@@ -478,6 +510,8 @@ mod tests {
             reason: String::new(),
         };
         assert_eq!(first_byte(codec::encode(&lease)), 8);
+        let redis = Outcome::Redis(RedisAnswer::WatchFailed);
+        assert_eq!(first_byte(codec::encode(&redis)), 9);
         let decoded: Outcome = codec::decode(&codec::encode(&txn)).unwrap();
         assert_eq!(decoded, txn);
     }

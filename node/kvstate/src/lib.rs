@@ -29,6 +29,9 @@
 //!   time, the keys attached to each, and their records.
 //! - [`txn`]: etcd's transactions: compares, the ops of two branches, the
 //!   checks etcd makes before it applies one, and their results.
+//! - [`redis`]: Redis commands (strings, keys, hashes, MULTI/EXEC with
+//!   WATCH) as one entry applies them, the replies, the on-disk layout
+//!   of hashes, and the reads the RESP front end runs outside the log.
 //! - [`apply`]: applying one entry deterministically: one engine batch per
 //!   entry, sequence numbers `index × 65536 + position`, a revision per
 //!   changing request or transaction, conditions, TTLs deleted by cluster
@@ -111,6 +114,7 @@ pub mod command;
 pub mod history;
 pub mod lease;
 pub mod range;
+pub mod redis;
 pub mod revision;
 pub mod txn;
 pub mod watch;

@@ -316,6 +316,9 @@ mod tests {
                             .collect(),
                     },
                     Write::Lease(lease) => panic!("these tests propose no lease: {lease:?}"),
+                    Write::Redis(redis) => {
+                        panic!("these tests propose no Redis request: {redis:?}")
+                    }
                 })
                 .collect();
             Box::pin(async move {
@@ -411,7 +414,7 @@ mod tests {
                         .iter()
                         .map(|write| match write {
                             Write::Request(request) => id_of(request),
-                            Write::Txn(_) | Write::Lease(_) => {
+                            Write::Txn(_) | Write::Lease(_) | Write::Redis(_) => {
                                 panic!("this test proposes requests")
                             }
                         })
