@@ -947,8 +947,10 @@ impl EntryWrite<'_> {
             return Ok(());
         }
         let mut written = 0;
+        // A lease over the budget alone still goes (first in its entry):
+        // none could block the ones behind it.
         while let Some((id, keys)) = self.leases.first_expired(self.now_ms)
-            && written + keys < LEASE_EXPIRY_OPS_PER_ENTRY_MAX
+            && (written == 0 || written + keys < LEASE_EXPIRY_OPS_PER_ENTRY_MAX)
         {
             written += self.revoke(id, true)?.unwrap_or(0) as usize + 1;
         }
@@ -964,8 +966,16 @@ impl EntryWrite<'_> {
         let revision = self.revision + 1;
         let mut deleted = 0;
         for key in keys {
-            let KeyState::Present { expiry_ms, .. } = self.state_of(&key)? else {
-                continue;
+            // Every attached key still in the key directory goes, one whose
+            // TTL ran out but whose expiry delete has not come yet too: all
+            // at the revoke's revision.
+            let expiry_ms = match self.overlay.get(&key) {
+                Some(KeyState::Present { expiry_ms, .. }) => *expiry_ms,
+                Some(KeyState::Absent) => continue,
+                None => match self.engine.meta(&key, 0) {
+                    Some(item) => item.expiry_ms,
+                    None => continue,
+                },
             };
             if expiry_ms != 0 {
                 self.expiries.remove(&(expiry_ms, key.clone()));
@@ -1011,10 +1021,8 @@ impl EntryWrite<'_> {
         let answer = match &request.op {
             LeaseOp::Grant { id, ttl_ms } => {
                 let index = self.base / VERSIONS_PER_INDEX;
-                match self
-                    .leases
-                    .grant(*id, *ttl_ms, self.now_ms, index, position)
-                {
+                let at = (self.now_ms, self.revision);
+                match self.leases.grant(*id, *ttl_ms, at, index, position) {
                     Ok((id, ttl_ms)) => LeaseAnswer::Granted { id, ttl_ms },
                     Err(error) => return Ok(refused(error)),
                 }
@@ -1049,7 +1057,10 @@ impl EntryWrite<'_> {
         let reserved_ops = if self.legacy {
             0
         } else {
-            self.touched_sessions.len() + 1 + SESSION_EVICTIONS_PER_ENTRY_MAX
+            self.touched_sessions.len()
+                + 1
+                + SESSION_EVICTIONS_PER_ENTRY_MAX
+                + self.leases.pending_records()
         };
         if self.batch.ops.len() + reserved_ops + request.ops.len() >= ENTRY_OPS_MAX {
             return Ok(Outcome::Rejected {
@@ -1123,14 +1134,14 @@ impl EntryWrite<'_> {
                     KeyState::Present {
                         seq,
                         expiry_ms: expiry((*ttl_ms).max(1)),
-                        meta: meta.modified(revision, meta.lease),
+                        meta: meta.modified(revision, self.kept_lease(key, meta.lease)),
                         value: Some(self.value_of(key, value)?),
                     }
                 }
                 (Op::Persist { key }, KeyState::Present { value, meta, .. }) => KeyState::Present {
                     seq,
                     expiry_ms: 0,
-                    meta: meta.modified(revision, meta.lease),
+                    meta: meta.modified(revision, self.kept_lease(key, meta.lease)),
                     value: Some(self.value_of(key, value)?),
                 },
                 (Op::Expire { .. } | Op::Persist { .. }, KeyState::Absent) => {
@@ -1205,6 +1216,19 @@ impl EntryWrite<'_> {
         };
         self.overlay.insert(key, remembered);
         Ok(())
+    }
+
+    /// The lease a rewrite that keeps a key's lease (expire, persist, a put
+    /// with `ignore_lease`) stores: `lease` if the key is attached to it
+    /// (or was written by this entry, whose puts checked their lease),
+    /// else 0 — an id that is no lease of this key is not carried on
+    /// (`crate::lease`, "Attached keys").
+    fn kept_lease(&self, key: &[u8], lease: u64) -> u64 {
+        if lease == 0 || self.overlay.contains_key(key) || self.leases.is_attached(lease, key) {
+            lease
+        } else {
+            0
+        }
     }
 
     /// The key's state as earlier ops of this entry left it, else the engine's.
@@ -1567,7 +1591,11 @@ impl EntryWrite<'_> {
                                     .take_bytes(old_value.len())
                                     .map_err(|error| read_fault(at, error))?;
                             }
-                            let lease = if *ignore_lease { meta.lease } else { *lease };
+                            let lease = if *ignore_lease {
+                                self.kept_lease(key, meta.lease)
+                            } else {
+                                *lease
+                            };
                             (meta.modified(revision, lease), Some((meta, old_value)))
                         }
                         KeyState::Absent if *ignore_value || *ignore_lease => {
@@ -1652,6 +1680,7 @@ impl EntryWrite<'_> {
         // Room beside the entry's records, its session records and the
         // idle-session evictions, as for a request.
         let batched = self.batch.ops.len()
+            + self.leases.pending_records()
             + self.touched_sessions.len()
             + 1
             + SESSION_EVICTIONS_PER_ENTRY_MAX;

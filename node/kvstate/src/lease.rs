@@ -27,17 +27,28 @@
 //! its record always go in one entry.
 //!
 //! **Attached keys** are the keys whose [`crate::revision::KeyMeta`] names
-//! the lease: a transaction's put attaches its key (the lease must exist);
-//! any later put without the lease, or a delete, detaches it. This module
-//! keeps the set in memory, updated from each entry's batch before it is
-//! written ([`Leases::note_batch`]), and rebuilt at open from the key
-//! directory's record metas.
+//! the lease and whose `mod_revision` is above the lease's
+//! `granted_revision`: a transaction's put attaches its key (the lease must
+//! exist); any later put without the lease, or a delete, detaches it; an
+//! expire, a persist or a put with `ignore_lease` keeps the lease only of a
+//! key attached to it, and stores 0 otherwise. (A key may name an id that
+//! is no lease: stored by a build before leases had a lifecycle, which
+//! kept the id only. Those rules keep such a key detached from a lease
+//! granted later under that id, on a member that kept running and on one
+//! that loads its files alike.) This module keeps the set in memory,
+//! updated from each entry's batch before it is written
+//! ([`Leases::note_batch`]), and rebuilt at open from the key directory's
+//! record metas: the same function of the files either way. A revoke
+//! deletes every attached key still in the key directory, a key whose TTL
+//! ran out but whose expiry delete has not come yet included, so all of
+//! them go at the revoke's revision.
 //!
 //! ## On disk (reserved keys, under [`crate::command::RESERVED_KEY_PREFIX`])
-//! - `lease/` + id (8 bytes, big-endian) → 17 bytes: a format byte
+//! - `lease/` + id (8 bytes, big-endian) → 25 bytes: a format byte
 //!   [`LEASE_RECORD_FORMAT`] (1), `ttl_ms` (u64 big-endian), `renewed_ms`
-//!   (u64 big-endian). Written by a grant and each renewal; deleted (a
-//!   tombstone) by a revoke.
+//!   (u64 big-endian), `granted_revision` (u64 big-endian: the store
+//!   revision when it was granted). Written by a grant and each renewal;
+//!   deleted (a tombstone) by a revoke.
 //! - `lease-refresh` → 9 bytes: a format byte (1) and `refreshed_ms` (u64
 //!   big-endian). Written by a new leader's blank entry while any lease
 //!   exists.
@@ -140,6 +151,9 @@ pub struct Lease {
     pub ttl_ms: u64,
     /// Cluster time of its grant or last renewal.
     pub renewed_ms: u64,
+    /// The store revision when it was granted: keys attached to it were
+    /// written above it.
+    pub granted_revision: u64,
     /// Keys attached to it.
     pub keys: usize,
 }
@@ -201,11 +215,15 @@ pub fn refresh_key() -> Vec<u8> {
     [RESERVED_KEY_PREFIX, b"lease-refresh"].concat()
 }
 
+/// Bytes of a lease record's value.
+const LEASE_RECORD_BYTES: usize = 25;
+
 fn encode_lease(lease: &Lease) -> Vec<u8> {
-    let mut value = Vec::with_capacity(17);
+    let mut value = Vec::with_capacity(LEASE_RECORD_BYTES);
     value.push(LEASE_RECORD_FORMAT);
     value.extend_from_slice(&lease.ttl_ms.to_be_bytes());
     value.extend_from_slice(&lease.renewed_ms.to_be_bytes());
+    value.extend_from_slice(&lease.granted_revision.to_be_bytes());
     value
 }
 
@@ -309,12 +327,13 @@ impl Leases {
                 let [LEASE_RECORD_FORMAT, rest @ ..] = value else {
                     return Err(bad("unknown format"));
                 };
-                if rest.len() != 16 {
-                    return Err(bad("not 17 bytes"));
+                if rest.len() != LEASE_RECORD_BYTES - 1 {
+                    return Err(bad("not 25 bytes"));
                 }
                 let lease = Lease {
                     ttl_ms: decode_u64(&rest[..8]),
-                    renewed_ms: decode_u64(&rest[8..]),
+                    renewed_ms: decode_u64(&rest[8..16]),
+                    granted_revision: decode_u64(&rest[16..]),
                     keys: 0,
                 };
                 leases.leases.insert(decode_u64(id_bytes), lease);
@@ -332,9 +351,14 @@ impl Leases {
                     return Ok(());
                 }
                 let meta = KeyMeta::decode(&entry.meta)?;
-                // A key may name a lease that does not exist (stored before
-                // leases had a lifecycle): it is attached to nothing.
-                if meta.lease != 0 && leases.leases.contains_key(&meta.lease) {
+                // A key may name an id granted as a lease after it was
+                // written (see the module doc): attached to nothing.
+                if meta.lease != 0
+                    && leases
+                        .leases
+                        .get(&meta.lease)
+                        .is_some_and(|lease| meta.mod_revision > lease.granted_revision)
+                {
                     attached.insert((meta.lease, entry.key.clone()));
                 }
                 Ok(())
@@ -404,9 +428,33 @@ impl Leases {
             .collect()
     }
 
+    /// [`Leases::keys_of`], if their bytes come to at most `bytes_max`;
+    /// else `Err` with the bytes counted when it stopped (above the limit).
+    pub fn keys_of_within(&self, id: u64, bytes_max: usize) -> Result<Vec<Vec<u8>>, usize> {
+        let mut bytes = 0;
+        let mut keys = Vec::new();
+        for (_, key) in self
+            .attached
+            .range((id, Vec::new())..)
+            .take_while(|(lease, _)| *lease == id)
+        {
+            bytes += key.len();
+            if bytes > bytes_max {
+                return Err(bytes);
+            }
+            keys.push(key.clone());
+        }
+        Ok(keys)
+    }
+
     /// The earliest lease expiry (ms of cluster time).
     pub fn next_expiry_ms(&self) -> Option<u64> {
         self.expiries.first().map(|(expiry, _)| *expiry)
+    }
+
+    /// Whether `key` is attached to lease `id`.
+    pub fn is_attached(&self, id: u64, key: &[u8]) -> bool {
+        self.attached.contains(&(id, key.to_vec()))
     }
 
     /// The first lease expired at `now_ms`, if any.
@@ -415,12 +463,13 @@ impl Leases {
         (*expiry <= now_ms).then(|| (*id, self.leases[id].keys))
     }
 
-    /// Grants a lease at `now_ms` (entry `index`, request `position`).
+    /// Grants a lease at `now_ms` and store revision `revision` (entry
+    /// `index`, request `position`).
     pub fn grant(
         &mut self,
         id: u64,
         ttl_ms: u64,
-        now_ms: u64,
+        (now_ms, revision): (u64, u64),
         index: u64,
         position: u64,
     ) -> Result<(u64, u64), LeaseError> {
@@ -444,6 +493,7 @@ impl Leases {
         let lease = Lease {
             ttl_ms: ttl_ms.max(LEASE_TTL_MS_MIN),
             renewed_ms: now_ms,
+            granted_revision: revision,
             keys: 0,
         };
         self.expiries.insert((self.expiry_of(&lease), id));
@@ -452,7 +502,9 @@ impl Leases {
         Ok((id, lease.ttl_ms))
     }
 
-    /// Renews leases at `now_ms`: each one's TTL, or 0 if it does not exist.
+    /// Renews leases at `now_ms`: each one's TTL, or 0 if it does not exist
+    /// or has expired (an expired lease waiting for its revoke behind a
+    /// backlog is not brought back, as etcd refuses to renew one).
     pub fn renew(&mut self, ids: &[u64], now_ms: u64) -> Result<Vec<u64>, LeaseError> {
         if ids.len() > LEASE_RENEW_IDS_MAX {
             return Err(LeaseError::TooManyIds { ids: ids.len() });
@@ -463,6 +515,10 @@ impl Leases {
                 ttls.push(0);
                 continue;
             };
+            if self.expiry_of(&lease) <= now_ms {
+                ttls.push(0);
+                continue;
+            }
             self.expiries.remove(&(self.expiry_of(&lease), *id));
             let renewed = Lease {
                 renewed_ms: lease.renewed_ms.max(now_ms),
@@ -561,10 +617,11 @@ impl Leases {
                 },
             };
             current.insert(key, lease);
-            if before == lease {
-                continue;
-            }
+            // By membership, not by change: a write naming an existing
+            // lease attaches its key (it is written above the grant), as
+            // a load would see it.
             if before != 0
+                && before != lease
                 && self.attached.remove(&(before, key.clone()))
                 && let Some(old) = self.leases.get_mut(&before)
             {
@@ -896,5 +953,168 @@ mod tests {
             })
         );
         assert_eq!(log.present(&["k00000", "k08190"]), [false, false]);
+    }
+
+    /// Attaches `count` keys `{prefix}{i:05}` to `lease` in entries of
+    /// many transactions each, at `time_ms`.
+    fn fill(log: &mut Log<'_>, time_ms: u64, prefix: &str, lease: u64, count: usize) {
+        let mut next = 0;
+        while next < count {
+            let txns: Vec<TxnRequest> = (next..(next + 1000).min(count))
+                .map(|i| TxnRequest {
+                    session: None,
+                    compares: Vec::new(),
+                    success: vec![TxnOp::Put {
+                        key: format!("{prefix}{i:05}").into_bytes(),
+                        value: Vec::new(),
+                        ttl_ms: 0,
+                        lease,
+                        prev_kv: false,
+                        ignore_value: false,
+                        ignore_lease: false,
+                    }],
+                    failure: Vec::new(),
+                })
+                .collect();
+            next += txns.len();
+            let outcomes = log.apply(time_ms, Command::Txns(txns));
+            assert!(outcomes.iter().all(|o| matches!(o, Outcome::Txn { .. })));
+        }
+    }
+
+    #[test]
+    fn a_key_naming_an_id_granted_later_stays_detached_running_or_loaded() {
+        let fs = SimFs::new();
+        let engine = engine(&fs);
+        let mut log = Log {
+            engine: &engine,
+            applier: Applier::default(),
+            index: 0,
+        };
+        log.put(0, "a", 0);
+        // A key stored by a build that kept lease ids only: it names 7,
+        // which is no lease (written straight to the engine, as that build's
+        // apply would have).
+        let revision = log.applier.header().revision;
+        let meta = crate::revision::KeyMeta::created(revision, 7).encode();
+        log.index += 1;
+        let seq = log.index * crate::apply::VERSIONS_PER_INDEX;
+        engine
+            .write_batch(
+                &Batch::new()
+                    .seq(seq)
+                    .put_with_meta(b"old".to_vec(), b"v".to_vec(), 0, meta)
+                    .meta(log.applier.commit_meta(&[])),
+            )
+            .unwrap();
+        assert_eq!(log.grant(10, 7, 60_000), 7);
+        log.put(20, "new", 7);
+        let loaded = Applier::load(&engine).unwrap();
+        assert_eq!(
+            state(loaded.leases()),
+            state(log.applier.leases()),
+            "written below the grant: not attached on load either"
+        );
+        // An expire keeps no lease the key is not attached to.
+        let expire = crate::command::Request {
+            session: None,
+            conditions: Vec::new(),
+            ops: vec![crate::command::Op::Expire {
+                key: b"old".to_vec(),
+                ttl_ms: 600_000,
+            }],
+        };
+        log.apply(30, Command::Writes(vec![expire]));
+        let running = state(log.applier.leases());
+        assert_eq!(running.0, [(7, 60_000, 10, vec![b"new".to_vec()])]);
+        let loaded = Applier::load(&engine).unwrap();
+        assert_eq!(state(loaded.leases()), running, "a load agrees");
+        assert_eq!(
+            log.lease(40, LeaseOp::Revoke { id: 7 }),
+            Outcome::Lease(LeaseAnswer::Revoked { deleted: 1 })
+        );
+        assert_eq!(log.present(&["old", "new"]), [true, false]);
+    }
+
+    #[test]
+    fn a_revoke_deletes_an_attached_key_whose_ttl_ran_out_but_waits_for_its_delete() {
+        let fs = SimFs::new();
+        let engine = engine(&fs);
+        let mut log = Log {
+            engine: &engine,
+            applier: Applier::default(),
+            index: 0,
+        };
+        let lease = log.grant(0, 0, 60_000);
+        // "t" attached, with a TTL to 100; a burst of keys expiring at 50
+        // ahead of it fills the next entry's expiry deletes.
+        let txn = TxnRequest {
+            session: None,
+            compares: Vec::new(),
+            success: vec![TxnOp::Put {
+                key: b"t".to_vec(),
+                value: b"v".to_vec(),
+                ttl_ms: 100,
+                lease,
+                prev_kv: false,
+                ignore_value: false,
+                ignore_lease: false,
+            }],
+            failure: Vec::new(),
+        };
+        log.apply(0, Command::Txns(vec![txn]));
+        let burst = crate::command::Request {
+            session: None,
+            conditions: Vec::new(),
+            ops: (0..crate::apply::EXPIRY_DELETES_PER_ENTRY_MAX)
+                .map(|i| crate::command::Op::Put {
+                    key: format!("b{i:05}").into_bytes(),
+                    value: Vec::new(),
+                    ttl_ms: 50,
+                })
+                .collect(),
+        };
+        log.apply(0, Command::Writes(vec![burst]));
+        let before = log.applier.header().revision;
+        let revoked = log.lease(200, LeaseOp::Revoke { id: lease });
+        assert_eq!(revoked, Outcome::Lease(LeaseAnswer::Revoked { deleted: 1 }));
+        assert_eq!(log.present(&["t"]), [false]);
+        let after = log.applier.header().revision;
+        assert_eq!(
+            after,
+            before + crate::apply::EXPIRY_DELETES_PER_ENTRY_MAX as u64 + 1,
+            "the burst's deletes, then the revoke's one revision"
+        );
+        let history = log.applier.history();
+        let history = history.read().unwrap();
+        let last = *history.versions(b"t").unwrap().last().unwrap();
+        assert_eq!(last.revision, after, "t went at the revoke's revision");
+    }
+
+    #[test]
+    fn an_expired_lease_waiting_for_its_revoke_is_not_renewed() {
+        let fs = SimFs::new();
+        let engine = engine(&fs);
+        let mut log = Log {
+            engine: &engine,
+            applier: Applier::default(),
+            index: 0,
+        };
+        let big = log.grant(0, 1, 2_000);
+        let small = log.grant(0, 2, 2_000);
+        fill(&mut log, 0, "k", big, LEASE_KEYS_MAX);
+        log.put(0, "s", small);
+        // Both expire at 2000; the first entry after revokes the big one
+        // (its keys fill the budget), the small one waits for the next.
+        let renewed = log.lease(2_500, LeaseOp::Renew { ids: vec![small] });
+        assert_eq!(
+            renewed,
+            Outcome::Lease(LeaseAnswer::Renewed { ttls_ms: vec![0] })
+        );
+        assert_eq!(log.applier.leases().get(big), None);
+        assert!(log.applier.leases().get(small).is_some(), "still waiting");
+        log.apply(2_600, Command::Advance);
+        assert_eq!(log.applier.leases().get(small), None);
+        assert_eq!(log.present(&["s", "k00000"]), [false, false]);
     }
 }

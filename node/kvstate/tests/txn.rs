@@ -12,9 +12,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bitcask::{Engine, Options, SyncPolicy};
 use kvstate::apply::Applier;
 use kvstate::command::{
-    Answer, Command, ENTRY_OPS_MAX, EntryResponse, Op, Outcome, Proposal, RESERVED_KEY_PREFIX,
-    Request, SESSION_ANSWER_BYTES_MAX, SessionRef,
+    Answer, Command, ENTRY_OPS_MAX, EntryResponse, LeaseRequest, Op, Outcome, Proposal,
+    RESERVED_KEY_PREFIX, Request, SESSION_ANSWER_BYTES_MAX, SessionRef,
 };
+use kvstate::lease::LeaseOp;
 use kvstate::range::{KeyValue, RangeResult, RangeSpec, range};
 use kvstate::revision::KeyMeta;
 use kvstate::txn::{
@@ -83,6 +84,15 @@ impl Store {
         self.applier.header().revision
     }
 
+    /// Grants lease `id` (a grant takes no revision).
+    fn grant(&mut self, id: u64) {
+        let answers = self.apply(grant(id)).answers;
+        assert!(
+            matches!(answers[0].outcome, Outcome::Lease(_)),
+            "{answers:?}"
+        );
+    }
+
     fn get(&self, key: &str) -> Option<KeyValue> {
         let spec = RangeSpec::key(key);
         range(&self.engine, &spec, self.time_ms, self.revision())
@@ -94,6 +104,17 @@ impl Store {
     fn value(&self, key: &str) -> Option<String> {
         self.get(key).map(|kv| String::from_utf8(kv.value).unwrap())
     }
+}
+
+/// An entry granting lease `id` for a long time.
+fn grant(id: u64) -> Command {
+    Command::Leases(vec![LeaseRequest {
+        session: None,
+        op: LeaseOp::Grant {
+            id,
+            ttl_ms: 1 << 40,
+        },
+    }])
 }
 
 fn op_put(key: &str, value: &str) -> Op {
@@ -210,6 +231,7 @@ fn every_compare_operator_on_every_target() {
     let mut store = Store::new(&fs);
     store.writes(vec![op_put("k", "old")]); // revision 2: created
     store.writes(vec![op_put("other", "x")]); // 3
+    store.grant(7);
     let leased = PutOp {
         lease: 7,
         ..put_op("k", "m")
@@ -639,6 +661,8 @@ fn etcd_refusals_apply_nothing() {
 fn ignore_value_and_ignore_lease_keep_what_the_key_has() {
     let fs = SimFs::new();
     let mut store = Store::new(&fs);
+    store.grant(42);
+    store.grant(9);
     let leased = PutOp {
         lease: 42,
         ..put_op("k", "kept")
@@ -925,6 +949,10 @@ fn a_delete_of_everything_keeps_the_reserved_keys() {
 /// the same entries write byte-identical files.
 #[test]
 fn replicas_applying_the_same_transactions_write_identical_files() {
+    let grants = [1, 2].map(|id| Proposal {
+        time_ms: 0,
+        command: grant(id),
+    });
     let entries: Vec<Proposal> = (0..300u64)
         .map(|i| {
             let key = |n: u64| format!("k{}", n % 19);
@@ -970,6 +998,7 @@ fn replicas_applying_the_same_transactions_write_identical_files() {
             }
         })
         .collect();
+    let entries: Vec<Proposal> = grants.into_iter().chain(entries).collect();
     let run = || {
         let fs = SimFs::new();
         let engine = Engine::open("/sm", options(&fs)).unwrap();

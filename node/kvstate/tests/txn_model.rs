@@ -349,7 +349,25 @@ fn random_transactions_answer_and_store_as_the_model_does() {
         let mut model = Model::default();
         let mut revision = 1;
         let (mut succeeded, mut refused) = (0, 0);
-        for index in 1..=150u64 {
+        // The leases the puts name (1 and 2) exist for the whole run; a
+        // grant takes no revision.
+        let grants = kvstate::command::Command::Leases(
+            [1, 2]
+                .map(|id| kvstate::command::LeaseRequest {
+                    session: None,
+                    op: kvstate::lease::LeaseOp::Grant {
+                        id,
+                        ttl_ms: 1 << 40,
+                    },
+                })
+                .to_vec(),
+        );
+        let proposal = Proposal {
+            time_ms: 0,
+            command: grants,
+        };
+        applier.apply(&engine, 1, &proposal, Vec::new()).unwrap();
+        for index in 2..=151u64 {
             let txns: Vec<TxnRequest> = (0..1 + rng.below(4)).map(|_| txn(&mut rng)).collect();
             let proposal = Proposal {
                 time_ms: index,

@@ -71,14 +71,16 @@ pub(crate) async fn tick_loop(
                 tracing::debug!(error = %err, "compaction not proposed");
             }
         }
-        if !idle {
+        // Tick while a key or a lease may still expire, or while expired
+        // keys or leases wait for their deletes (a burst larger than one
+        // entry deletes): an idle cluster would otherwise leave them until
+        // the next write. A backlog ticks every interval, busy or not, so a
+        // burst of expiries drains at one entry's worth per tick at least.
+        let backlog = state_machine.expiry_backlog() == Some(true);
+        if !idle && !backlog {
             continue;
         }
-        // Tick while a key or a lease may still expire, or while expired keys wait for
-        // their deletes (a burst larger than one entry deletes): an idle
-        // cluster would otherwise leave them until the next write.
         let pending = state_machine.engine().expiry_high_water_ms();
-        let backlog = state_machine.expiry_backlog() == Some(true);
         // Every lease expires unless renewed.
         let leases = state_machine.lease_counts().0 > 0;
         if !backlog && !leases && (pending == 0 || pending <= state_machine.cluster_time_ms()) {

@@ -93,8 +93,68 @@ impl Renewals {
     }
 }
 
+/// Keep-alives waiting for a renewal entry, by lease, in the order their
+/// leases first came (each renewal entry takes the oldest: no lease waits
+/// behind ids that keep coming).
+#[derive(Default)]
+struct Pending {
+    replies: BTreeMap<u64, Vec<RenewReply>>,
+    order: VecDeque<u64>,
+    waiting: usize,
+}
+
+impl Pending {
+    fn add(&mut self, id: u64, reply: RenewReply) {
+        let replies = self.replies.entry(id).or_default();
+        if replies.is_empty() {
+            self.order.push_back(id);
+        }
+        replies.push(reply);
+        self.waiting += 1;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.replies.is_empty()
+    }
+
+    /// Whether it may take more keep-alives ([`LEASE_RENEWALS_QUEUED_MAX`];
+    /// beyond it they stay in the channel, and new ones are refused).
+    fn has_room(&self) -> bool {
+        self.waiting < LEASE_RENEWALS_QUEUED_MAX
+    }
+
+    /// The oldest ids whose callers are still there, at most
+    /// `LEASE_RENEW_IDS_MAX`; callers that gave up are dropped.
+    fn take_ids(&mut self) -> Vec<u64> {
+        let mut ids = Vec::new();
+        while ids.len() < LEASE_RENEW_IDS_MAX
+            && let Some(id) = self.order.pop_front()
+        {
+            let Some(replies) = self.replies.get_mut(&id) else {
+                continue;
+            };
+            let before = replies.len();
+            replies.retain(|reply| !reply.is_closed());
+            self.waiting -= before - replies.len();
+            if replies.is_empty() {
+                self.replies.remove(&id);
+            } else {
+                ids.push(id);
+            }
+        }
+        ids
+    }
+
+    /// The replies waiting for `id`.
+    fn remove(&mut self, id: u64) -> Vec<RenewReply> {
+        let replies = self.replies.remove(&id).unwrap_or_default();
+        self.waiting -= replies.len();
+        replies
+    }
+}
+
 async fn run_renewals(service: KvService, mut incoming: mpsc::Receiver<(u64, RenewReply)>) {
-    let mut pending: BTreeMap<u64, Vec<RenewReply>> = BTreeMap::new();
+    let mut pending = Pending::default();
     let mut next_at = Instant::now();
     let stop = service.stopped();
     tokio::pin!(stop);
@@ -107,7 +167,7 @@ async fn run_renewals(service: KvService, mut incoming: mpsc::Receiver<(u64, Ren
         if pending.is_empty() {
             tokio::select! {
                 renewal = incoming.recv() => match renewal {
-                    Some((id, reply)) => pending.entry(id).or_default().push(reply),
+                    Some((id, reply)) => pending.add(id, reply),
                     None => return,
                 },
                 () = tokio::time::sleep(crate::node::TICK_INTERVAL), if leader_memory => {}
@@ -121,31 +181,24 @@ async fn run_renewals(service: KvService, mut incoming: mpsc::Receiver<(u64, Ren
         }
         let deadline = next_at.max(Instant::now());
         loop {
+            let room = pending.has_room();
             tokio::select! {
-                renewal = incoming.recv() => match renewal {
-                    Some((id, reply)) => pending.entry(id).or_default().push(reply),
+                renewal = incoming.recv(), if room => match renewal {
+                    Some((id, reply)) => pending.add(id, reply),
                     None => return,
                 },
                 () = tokio::time::sleep_until(deadline) => break,
                 () = &mut stop => return,
             }
         }
-        // Callers that gave up are not renewed for.
-        pending.retain(|_, replies| {
-            replies.retain(|reply| !reply.is_closed());
-            !replies.is_empty()
-        });
-        let ids: Vec<u64> = pending.keys().take(LEASE_RENEW_IDS_MAX).copied().collect();
+        let ids = pending.take_ids();
         if ids.is_empty() {
             continue;
         }
         next_at = Instant::now() + LEASE_RENEW_INTERVAL;
         let answered = renew_now(&service, ids.clone()).await;
         for (position, id) in ids.iter().enumerate() {
-            let Some(replies) = pending.remove(id) else {
-                continue;
-            };
-            for reply in replies {
+            for reply in pending.remove(*id) {
                 let _ = reply.send(match &answered {
                     Ok(ttls) => Ok(ttls.get(position).copied().unwrap_or(0)),
                     Err(status) => Err(status.clone()),
@@ -246,23 +299,28 @@ impl KvService {
             state_machine.with_leases(|leases, now_ms| {
                 let lease = leases.get(id)?;
                 let expiry = leases.expiry_ms(id).unwrap_or(0);
-                let keys = if keys { leases.keys_of(id) } else { Vec::new() };
+                let keys = if keys {
+                    leases.keys_of_within(id, LEASE_KEYS_LISTED_BYTES_MAX)
+                } else {
+                    Ok(Vec::new())
+                };
                 Some((lease.ttl_ms, expiry.saturating_sub(now_ms), keys))
             })
         })
         .await
         .map_err(|err| Status::internal(format!("lease read: {err}")))?;
         let header = Some(self.read_header());
-        if let Some((_, _, keys)) = &found {
-            let bytes: usize = keys.iter().map(Vec::len).sum();
-            if bytes > LEASE_KEYS_LISTED_BYTES_MAX {
+        let found = match found {
+            Some((granted, remaining, Ok(keys))) => Some((granted, remaining, keys)),
+            Some((_, _, Err(bytes))) => {
                 return Err(convert::limit_exceeded(
                     "LEASE_KEYS_LISTED_BYTES_MAX (keys)",
                     LEASE_KEYS_LISTED_BYTES_MAX as u64,
                     bytes as u64,
                 ));
             }
-        }
+            None => None,
+        };
         Ok(match found {
             Some((granted, remaining, keys)) => LeaseTimeToLiveResponse {
                 header,
@@ -404,7 +462,7 @@ impl KvService {
 /// renewals, flushed to the log only near a lease's expiry (used only in
 /// that build).
 mod nc {
-    use std::collections::{BTreeMap, BTreeSet};
+    use std::collections::BTreeSet;
 
     use super::*;
 
@@ -419,12 +477,8 @@ mod nc {
 
     impl Memory {
         /// Answers the waiting keep-alives at once from the applied leases.
-        pub(super) async fn answer(
-            &mut self,
-            service: &KvService,
-            pending: &mut BTreeMap<u64, Vec<RenewReply>>,
-        ) {
-            let ids: Vec<u64> = pending.keys().copied().collect();
+        pub(super) async fn answer(&mut self, service: &KvService, pending: &mut Pending) {
+            let ids: Vec<u64> = pending.replies.keys().copied().collect();
             let state_machine = service.state_machine().clone();
             let ttls = tokio::task::spawn_blocking(move || {
                 state_machine.with_leases(|leases, _| {
@@ -439,9 +493,10 @@ mod nc {
                 if ttl_ms != 0 {
                     self.renewed.insert(id);
                 }
-                for reply in pending.remove(&id).unwrap_or_default() {
+                for reply in pending.remove(id) {
                     let _ = reply.send(Ok(ttl_ms));
                 }
+                pending.order.retain(|queued| *queued != id);
             }
         }
 
