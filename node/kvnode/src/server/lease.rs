@@ -529,7 +529,12 @@ mod nc {
             for id in &due {
                 self.renewed.remove(id);
             }
-            let _ = renew_now(service, due).await;
+            // In the background: a leader cut off from its quorum keeps
+            // answering keep-alives from memory while its flush waits.
+            let service = service.clone();
+            tokio::spawn(async move {
+                let _ = renew_now(&service, due).await;
+            });
         }
     }
 }
