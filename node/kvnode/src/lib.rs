@@ -74,6 +74,8 @@ pub const BUILD_FEATURES: &[&str] = &[
     "nc-rename-no-dir-fsync",
     #[cfg(feature = "nc-watch-skip")]
     "nc-watch-skip",
+    #[cfg(feature = "nc-lease-leader-memory")]
+    "nc-lease-leader-memory",
     // Last, so a variant's feature list reads `<lazy-disk/nc-*>+testing`.
     #[cfg(feature = "testing")]
     "testing",
