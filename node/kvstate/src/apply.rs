@@ -1013,7 +1013,17 @@ impl EntryWrite<'_> {
             + self.touched_sessions.len()
             + 1
             + SESSION_EVICTIONS_PER_ENTRY_MAX;
-        if batched + request.op.records() >= ENTRY_OPS_MAX {
+        // A revoke writes its lease's keys (at most LEASE_KEYS_MAX, which
+        // `records` counts; the lease's own count, should it be more).
+        let records = match &request.op {
+            LeaseOp::Revoke { id } => self
+                .leases
+                .get(*id)
+                .map_or(0, |lease| lease.keys + 1)
+                .max(request.op.records()),
+            op => op.records(),
+        };
+        if batched + records >= ENTRY_OPS_MAX {
             return Ok(Outcome::Rejected {
                 reason: format!("the entry would exceed ENTRY_OPS_MAX ({ENTRY_OPS_MAX}) ops"),
             });
@@ -1229,6 +1239,15 @@ impl EntryWrite<'_> {
         } else {
             0
         }
+    }
+
+    /// Whether `key` counts as attached to `lease` already: attached before
+    /// this entry, or written by it (whose puts were counted as they came).
+    /// A key whose meta names the lease but that is not attached to it
+    /// (stored before leases had a lifecycle) is not: a put on it adds a
+    /// key to the lease.
+    fn holds(&self, lease: u64, key: &[u8]) -> bool {
+        self.overlay.contains_key(key) || self.leases.is_attached(lease, key)
     }
 
     /// The key's state as earlier ops of this entry left it, else the engine's.
@@ -1574,7 +1593,7 @@ impl EntryWrite<'_> {
                     let reattached = matches!(
                         &current,
                         KeyState::Present { meta, .. } if meta.lease == *lease
-                    );
+                    ) && self.holds(*lease, key);
                     let (meta, previous) = match current {
                         KeyState::Present {
                             meta, value: known, ..
@@ -1715,7 +1734,8 @@ impl EntryWrite<'_> {
             }
             if let KeyState::Present { meta, .. } = &state
                 && meta.lease != 0
-                && !matches!(before, KeyState::Present { meta: old, .. } if old.lease == meta.lease)
+                && !(matches!(before, KeyState::Present { meta: old, .. } if old.lease == meta.lease)
+                    && self.holds(meta.lease, &key))
             {
                 self.leases.attaching(meta.lease, 1);
             }

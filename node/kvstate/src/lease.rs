@@ -1117,4 +1117,40 @@ mod tests {
         assert_eq!(log.applier.leases().get(small), None);
         assert_eq!(log.present(&["s", "k00000"]), [false, false]);
     }
+
+    #[test]
+    fn a_key_naming_a_full_lease_from_before_its_grant_counts_when_attached() {
+        let fs = SimFs::new();
+        let engine = engine(&fs);
+        let mut log = Log {
+            engine: &engine,
+            applier: Applier::default(),
+            index: 0,
+        };
+        log.put(0, "a", 0);
+        // "o" names 7 before 7 is a lease (a build that kept ids only).
+        let revision = log.applier.header().revision;
+        let meta = crate::revision::KeyMeta::created(revision, 7).encode();
+        log.index += 1;
+        let seq = log.index * crate::apply::VERSIONS_PER_INDEX;
+        engine
+            .write_batch(
+                &Batch::new()
+                    .seq(seq)
+                    .put_with_meta(b"o".to_vec(), b"v".to_vec(), 0, meta)
+                    .meta(log.applier.commit_meta(&[])),
+            )
+            .unwrap();
+        assert_eq!(log.grant(10, 7, 60_000), 7);
+        fill(&mut log, 20, "k", 7, LEASE_KEYS_MAX);
+        // A put naming 7 on "o" would attach a key: refused, the lease full.
+        match log.put(30, "o", 7) {
+            Outcome::Rejected { reason } => assert!(reason.contains("LEASE_KEYS_MAX"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(log.applier.leases().get(7).unwrap().keys, LEASE_KEYS_MAX);
+        // A put on a key it holds is fine.
+        assert!(matches!(log.put(40, "k00007", 7), Outcome::Txn { .. }));
+        assert_eq!(log.applier.leases().get(7).unwrap().keys, LEASE_KEYS_MAX);
+    }
 }

@@ -74,8 +74,10 @@ pub(crate) async fn tick_loop(
         // Tick while a key or a lease may still expire, or while expired
         // keys or leases wait for their deletes (a burst larger than one
         // entry deletes): an idle cluster would otherwise leave them until
-        // the next write. A backlog ticks every interval, busy or not, so a
-        // burst of expiries drains at one entry's worth per tick at least.
+        // the next write. A backlog seen ticks every interval, busy or not,
+        // so a burst of expiries drains at one entry's worth per tick at
+        // least (while an entry applies the check is skipped: that entry
+        // deletes some itself).
         let backlog = state_machine.expiry_backlog() == Some(true);
         if !idle && !backlog {
             continue;
