@@ -778,6 +778,20 @@ mod tests {
                 .unwrap();
         }
 
+        /// Stores `key` naming `lease` straight in the engine, as a build
+        /// that kept lease ids only (no lifecycle) would have applied it.
+        fn store_naming(&mut self, key: &str, lease: u64) {
+            let revision = self.applier.header().revision;
+            let meta = crate::revision::KeyMeta::created(revision, lease).encode();
+            self.index += 1;
+            let seq = self.index * crate::apply::VERSIONS_PER_INDEX;
+            let batch = Batch::new()
+                .seq(seq)
+                .put_with_meta(key.as_bytes().to_vec(), b"v".to_vec(), 0, meta)
+                .meta(self.applier.commit_meta(&[]));
+            self.engine.write_batch(&batch).unwrap();
+        }
+
         /// Whether each of `keys` is present.
         fn present(&self, keys: &[&str]) -> Vec<bool> {
             keys.iter()
@@ -993,20 +1007,8 @@ mod tests {
         };
         log.put(0, "a", 0);
         // A key stored by a build that kept lease ids only: it names 7,
-        // which is no lease (written straight to the engine, as that build's
-        // apply would have).
-        let revision = log.applier.header().revision;
-        let meta = crate::revision::KeyMeta::created(revision, 7).encode();
-        log.index += 1;
-        let seq = log.index * crate::apply::VERSIONS_PER_INDEX;
-        engine
-            .write_batch(
-                &Batch::new()
-                    .seq(seq)
-                    .put_with_meta(b"old".to_vec(), b"v".to_vec(), 0, meta)
-                    .meta(log.applier.commit_meta(&[])),
-            )
-            .unwrap();
+        // which is no lease.
+        log.store_naming("old", 7);
         assert_eq!(log.grant(10, 7, 60_000), 7);
         log.put(20, "new", 7);
         let loaded = Applier::load(&engine).unwrap();
@@ -1129,18 +1131,7 @@ mod tests {
         };
         log.put(0, "a", 0);
         // "o" names 7 before 7 is a lease (a build that kept ids only).
-        let revision = log.applier.header().revision;
-        let meta = crate::revision::KeyMeta::created(revision, 7).encode();
-        log.index += 1;
-        let seq = log.index * crate::apply::VERSIONS_PER_INDEX;
-        engine
-            .write_batch(
-                &Batch::new()
-                    .seq(seq)
-                    .put_with_meta(b"o".to_vec(), b"v".to_vec(), 0, meta)
-                    .meta(log.applier.commit_meta(&[])),
-            )
-            .unwrap();
+        log.store_naming("o", 7);
         assert_eq!(log.grant(10, 7, 60_000), 7);
         fill(&mut log, 20, "k", 7, LEASE_KEYS_MAX);
         // A put naming 7 on "o" would attach a key: refused, the lease full.

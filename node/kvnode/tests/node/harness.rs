@@ -265,6 +265,32 @@ impl Cluster {
         self.member_mut(id).node = Some(node);
     }
 
+    /// Has member `id` build a snapshot covering at least `applied` and
+    /// purge its log through it (a member away meanwhile catches up by
+    /// snapshot install).
+    pub async fn snapshot_and_purge(&self, id: u64, applied: u64) {
+        let node = self.node(id);
+        node.raft().trigger().snapshot().await.unwrap();
+        let deadline = Instant::now() + DEADLINE;
+        while node
+            .raft()
+            .metrics()
+            .borrow()
+            .snapshot
+            .map_or(0, |s| s.index)
+            < applied
+        {
+            assert!(Instant::now() < deadline, "no snapshot built");
+            tokio::time::sleep(POLL).await;
+        }
+        let index = node.raft().metrics().borrow().snapshot.unwrap().index;
+        node.raft().trigger().purge_log(index).await.unwrap();
+        while node.raft().metrics().borrow().purged.map_or(0, |p| p.index) < index {
+            assert!(Instant::now() < deadline, "log not purged");
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
     /// Waits until every running member has applied the leader's last log
     /// index (and they agree on the leader); returns that index.
     pub async fn wait_applied_equal(&self) -> u64 {

@@ -7,11 +7,10 @@
 //! snapshot install serves the same past revisions as the leader.
 
 use kvnode::StateMachineOptions;
-use kvnode::raft::watch::MetricsWatch;
 use kvproto::kv::v1::{CompactRequest, Consistency, GetRequest, PutRequest, RangeRequest};
 use tonic::Code;
 
-use crate::harness::{Cluster, DEADLINE, POLL};
+use crate::harness::Cluster;
 
 async fn put(cluster: &Cluster, key: &str, value: &str) -> u64 {
     let reply = cluster
@@ -133,26 +132,7 @@ async fn past_revisions_read_the_same_on_every_member_across_compaction_restart_
         ));
     }
     let applied = cluster.wait_applied_equal().await;
-    let node = cluster.node(leader);
-    node.raft().trigger().snapshot().await.unwrap();
-    let deadline = std::time::Instant::now() + DEADLINE;
-    while node
-        .raft()
-        .metrics()
-        .borrow()
-        .snapshot
-        .map_or(0, |s| s.index)
-        < applied
-    {
-        assert!(std::time::Instant::now() < deadline, "no snapshot built");
-        tokio::time::sleep(POLL).await;
-    }
-    let index = node.raft().metrics().borrow().snapshot.unwrap().index;
-    node.raft().trigger().purge_log(index).await.unwrap();
-    while node.raft().metrics().borrow().purged.map_or(0, |p| p.index) < index {
-        assert!(std::time::Instant::now() < deadline, "log not purged");
-        tokio::time::sleep(POLL).await;
-    }
+    cluster.snapshot_and_purge(leader, applied).await;
     cluster.restart(follower).await;
     let applied = cluster.wait_applied_equal().await;
     assert!(

@@ -8,8 +8,6 @@
 
 use std::time::{Duration, Instant};
 
-use kvnode::raft::watch::MetricsWatch;
-
 use kvproto::kv::v1::{
     EventType, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
     LeaseLeasesRequest, LeaseRevokeRequest, LeaseTimeToLiveRequest, RangeRequest, TxnOp, TxnPut,
@@ -34,6 +32,15 @@ async fn grant(cluster: &Cluster, id: u64, ttl_ms: u64) -> u64 {
         })
         .await
         .id
+}
+
+async fn revoke(cluster: &Cluster, id: u64) -> kvproto::kv::v1::LeaseRevokeResponse {
+    cluster
+        .write("revoke", |mut kv| async move {
+            kv.lease_revoke(LeaseRevokeRequest { session: None, id })
+                .await
+        })
+        .await
 }
 
 fn put_with_lease(key: &str, lease: u64) -> TxnRequest {
@@ -196,15 +203,7 @@ async fn a_revoke_deletes_every_key_at_one_revision_and_a_watcher_sees_them_toge
     let created = watch.message().await.unwrap().unwrap();
     assert!(created.created);
 
-    let revoked = cluster
-        .write("revoke", |mut kv| async move {
-            kv.lease_revoke(LeaseRevokeRequest {
-                session: None,
-                id: lease,
-            })
-            .await
-        })
-        .await;
+    let revoked = revoke(&cluster, lease).await;
     assert_eq!(revoked.deleted, 3);
     let revision = revoked.header.unwrap().revision;
     let message = tokio::time::timeout(DEADLINE, watch.message())
@@ -467,36 +466,9 @@ async fn a_restart_and_a_snapshot_install_keep_leases_and_their_keys() {
     attach(&cluster, "k/3", second).await;
     let gone = grant(&cluster, 0, 600_000).await;
     attach(&cluster, "k/4", gone).await;
-    cluster
-        .write("revoke", |mut kv| async move {
-            kv.lease_revoke(LeaseRevokeRequest {
-                session: None,
-                id: gone,
-            })
-            .await
-        })
-        .await;
+    revoke(&cluster, gone).await;
     let applied = cluster.applied(leader).unwrap();
-    let node = cluster.node(leader);
-    node.raft().trigger().snapshot().await.unwrap();
-    let deadline = Instant::now() + DEADLINE;
-    while node
-        .raft()
-        .metrics()
-        .borrow()
-        .snapshot
-        .map_or(0, |s| s.index)
-        < applied
-    {
-        assert!(Instant::now() < deadline, "no snapshot built");
-        tokio::time::sleep(POLL).await;
-    }
-    let index = node.raft().metrics().borrow().snapshot.unwrap().index;
-    node.raft().trigger().purge_log(index).await.unwrap();
-    while node.raft().metrics().borrow().purged.map_or(0, |p| p.index) < index {
-        assert!(Instant::now() < deadline, "log not purged");
-        tokio::time::sleep(POLL).await;
-    }
+    cluster.snapshot_and_purge(leader, applied).await;
     cluster.restart(follower).await;
     cluster.wait_applied_equal().await;
     assert!(
@@ -537,15 +509,7 @@ async fn a_restart_and_a_snapshot_install_keep_leases_and_their_keys() {
     assert_eq!(view(follower), expected, "after a snapshot install");
     assert_eq!(view(other), expected, "after a restart");
     // The installed member revokes like the others: keys go with the lease.
-    cluster
-        .write("revoke", |mut kv| async move {
-            kv.lease_revoke(LeaseRevokeRequest {
-                session: None,
-                id: second,
-            })
-            .await
-        })
-        .await;
+    revoke(&cluster, second).await;
     cluster.wait_applied_equal().await;
     for id in cluster.running() {
         let mut kv = cluster.kv(id).await;
