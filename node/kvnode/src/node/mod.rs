@@ -1,6 +1,7 @@
 //! One member: the log store and state machine on disk, openraft, the
 //! proposal batcher, and the two gRPC ports (peer: Raft service; client: Kv
-//! service), with bootstrap and graceful shutdown.
+//! service), the Redis port when configured, with bootstrap and graceful
+//! shutdown.
 
 pub(crate) mod clock;
 pub mod disk;
@@ -70,6 +71,9 @@ pub struct NodeConfig {
     /// Admin HTTP address (`/metrics`, `/health`, `/ready`); `None` = no
     /// admin port.
     pub admin_addr: Option<SocketAddr>,
+    /// Redis (RESP) port address (`--redis-addr`); `None` = no Redis port.
+    /// Bound at start (port 0 picks a free one: [`Node::redis_addr`]).
+    pub redis_addr: Option<SocketAddr>,
     /// Log entries kept behind a snapshot when the log is purged
     /// (`--snapshot-log-keep`).
     pub snapshot_log_keep: u64,
@@ -116,6 +120,7 @@ impl NodeConfig {
             initial_cluster,
             bootstrap: false,
             admin_addr: None,
+            redis_addr: None,
             snapshot_log_keep: SNAPSHOT_LOG_KEEP_DEFAULT,
             state_machine: StateMachineOptions::default(),
             merge_policy: MergePolicy::default(),
@@ -195,6 +200,7 @@ pub struct Node {
     state_machine: StateMachine,
     client_addr: SocketAddr,
     peer_addr: SocketAddr,
+    redis_addr: Option<SocketAddr>,
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
 }
@@ -268,6 +274,14 @@ impl Node {
         } = listeners;
         let client_addr = start::local_addr(&client, config.client_addr)?;
         let peer_addr = start::local_addr(&peer, config.peer_addr)?;
+        let redis = match config.redis_addr {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
+        let redis_addr = match (&redis, config.redis_addr) {
+            (Some(listener), Some(asked)) => Some(start::local_addr(listener, asked)?),
+            _ => None,
+        };
         let metrics = crate::server::metrics::Metrics::new(config.id);
         let (identity, log_store, state_machine) = start::open_storage(&config, &metrics).await?;
         let network = Network::new(identity.clone(), peer_addr.ip(), config.faults.clone())
@@ -291,7 +305,7 @@ impl Node {
             clock: Arc::new(ClusterClock::new(state_machine.clone())),
             shutdown: &shutdown,
         };
-        let mut servers = member.serve_ports(client, peer)?;
+        let mut servers = member.serve_ports(client, peer, redis)?;
         servers.extend(member.spawn_tasks());
         if let Some(listener) = admin {
             servers.push(member.serve_admin(listener)?);
@@ -301,7 +315,7 @@ impl Node {
             raft.metrics(),
             shutdown.subscribe(),
         )));
-        tracing::info!(id = config.id, %client_addr, %peer_addr, "node started");
+        tracing::info!(id = config.id, %client_addr, %peer_addr, ?redis_addr, "node started");
         Ok(Node {
             id: config.id,
             metrics,
@@ -309,6 +323,7 @@ impl Node {
             state_machine,
             client_addr,
             peer_addr,
+            redis_addr,
             shutdown,
             servers,
         })
@@ -327,6 +342,11 @@ impl Node {
     /// The bound peer address.
     pub fn peer_addr(&self) -> SocketAddr {
         self.peer_addr
+    }
+
+    /// The bound Redis port address, if the member has one.
+    pub fn redis_addr(&self) -> Option<SocketAddr> {
+        self.redis_addr
     }
 
     /// The openraft handle.

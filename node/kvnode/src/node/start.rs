@@ -196,12 +196,14 @@ pub(super) struct Member<'a> {
 }
 
 impl Member<'_> {
-    /// The peer port (Raft service) and the client port (Kv, Cluster), each
-    /// with its TLS, limits and credential checks, until shutdown.
+    /// The peer port (Raft service), the client port (Kv, Cluster) and the
+    /// Redis port if given, each with its TLS, limits and credential
+    /// checks, until shutdown.
     pub(super) fn serve_ports(
         &self,
         client: TcpListener,
         peer: TcpListener,
+        redis: Option<TcpListener>,
     ) -> Result<Vec<JoinHandle<()>>, StartError> {
         let Member {
             config,
@@ -286,6 +288,35 @@ impl Member<'_> {
             security.client_check(),
         ));
         let mut servers = Vec::new();
+        if let Some(listener) = redis {
+            let listen_addr =
+                local_addr(&listener, config.redis_addr.unwrap_or(config.client_addr))?;
+            let front_end = crate::server::redis::RedisFrontEnd::new(
+                kv_service.clone(),
+                raft.clone(),
+                security.auth_token.clone(),
+                security.tls.is_some(),
+                listen_addr,
+            );
+            // The Redis port asks for a client certificate when the client
+            // port does (`--client-cert-auth`); it speaks no ALPN.
+            let tls = match &security.tls {
+                Some(tls) => {
+                    let mut config =
+                        (*tls.rustls_server_config(security.client_cert_auth)?).clone();
+                    config.alpn_protocols.clear();
+                    Some(Arc::new(config))
+                }
+                None => None,
+            };
+            servers.push(tokio::spawn(crate::server::redis::serve(
+                listener,
+                front_end,
+                tls,
+                config.limits.redis_connections_max,
+                shutdown.subscribe(),
+            )));
+        }
         let mut stop = shutdown.subscribe();
         servers.push(tokio::spawn(async move {
             let result = peer_server

@@ -238,7 +238,7 @@ impl KvService {
     /// The known leader and its client address (a leader that is no longer
     /// a voter of this member's membership is not named: a removed leader
     /// must not send clients back to itself).
-    fn leader(&self) -> (Option<u64>, Option<String>) {
+    pub(crate) fn leader(&self) -> (Option<u64>, Option<String>) {
         let metrics = self.raft.metrics().borrow().clone();
         let leader = crate::raft::membership::known_leader(&metrics);
         let addr = leader.and_then(|id| {
@@ -263,6 +263,13 @@ impl KvService {
 
     async fn write(&self, request: impl Into<Write>) -> Result<Answer, Status> {
         self.write_checked(request.into(), true).await
+    }
+
+    /// A write of another front end (the Redis port): the same path as the
+    /// service's own writes (leader check, free-space watermark, batcher,
+    /// outcome mapping).
+    pub(crate) async fn write_from_front_end(&self, request: Write) -> Result<Answer, Status> {
+        self.write_checked(request, true).await
     }
 
     /// Proposes `request` on the leader (refused while the disk is low on

@@ -112,6 +112,9 @@ pub struct Limits {
     /// Free bytes the data directory must keep: below, writes are refused
     /// with RESOURCE_EXHAUSTED (0 = no watermark). See [`crate::node::disk`].
     pub disk_free_min_bytes: u64,
+    /// Open connections to the Redis port at most
+    /// ([`crate::server::redis::REDIS_CONNECTIONS_MAX`] by default).
+    pub redis_connections_max: usize,
 }
 
 impl Default for Limits {
@@ -123,6 +126,7 @@ impl Default for Limits {
             client_streams_per_connection_max: CLIENT_STREAMS_PER_CONNECTION_MAX_DEFAULT,
             handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
             disk_free_min_bytes: crate::node::disk::DISK_FREE_MIN_BYTES_DEFAULT,
+            redis_connections_max: crate::server::redis::REDIS_CONNECTIONS_MAX,
         }
     }
 }
@@ -142,6 +146,7 @@ impl Limits {
                 "--handshake-timeout-ms",
                 self.handshake_timeout.as_millis() as u64,
             ),
+            ("redis connections max", self.redis_connections_max as u64),
         ];
         for (name, value) in positive {
             if value == 0 {

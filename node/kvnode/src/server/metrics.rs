@@ -52,6 +52,19 @@ pub const PROPOSAL_BATCH_BUCKETS: u16 = 17;
 pub const WATCH_CANCEL_REASONS: [&str; 5] =
     ["client", "compacted", "refused", "unavailable", "error"];
 
+/// The command families `raftcask_redis_commands` is labelled with
+/// (label `family`; Redis's own groups, `unknown` for a command the front
+/// end does not know).
+pub const REDIS_COMMAND_FAMILIES: [&str; 7] = [
+    "string",
+    "generic",
+    "hash",
+    "transactions",
+    "connection",
+    "server",
+    "unknown",
+];
+
 /// The client operations `raftcask_request_seconds` is labelled with
 /// (label `op`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -240,6 +253,25 @@ struct Inner {
     /// (expired, revoked) as the last scrape saw them: the counters above
     /// advance by the difference.
     lease_seen: Mutex<(u64, u64)>,
+    redis_connections: Gauge,
+    redis_connections_refused: Counter,
+    redis_commands: Family<RedisLabel, Counter>,
+}
+
+/// The label set of `raftcask_redis_commands`: `family`, `result`.
+type RedisLabel = [(&'static str, &'static str); 2];
+
+/// One open Redis connection, counted in `raftcask_redis_connections`
+/// until it drops.
+#[derive(Debug)]
+pub struct RedisConnection {
+    connections: Gauge,
+}
+
+impl Drop for RedisConnection {
+    fn drop(&mut self) {
+        self.connections.dec();
+    }
 }
 
 /// The label set of `raftcask_watch_cancellations`: `reason`.
@@ -470,8 +502,32 @@ impl Metrics {
             "lease_revokes",
             "Leases this member's state machine revoked at a client's request",
         );
+        let redis_connections = gauge(
+            &mut registry,
+            "redis_connections",
+            "Connections open on this member's Redis port",
+        );
+        let redis_connections_refused = counter(
+            &mut registry,
+            "redis_connections_refused",
+            "Connections to the Redis port closed at once because REDIS_CONNECTIONS_MAX were open",
+        );
+        let redis_commands = Family::<RedisLabel, Counter>::default();
+        for family in REDIS_COMMAND_FAMILIES {
+            for result in ["ok", "error"] {
+                drop(redis_commands.get_or_create(&[("family", family), ("result", result)]));
+            }
+        }
+        registry.register(
+            "redis_commands",
+            "Commands the Redis port answered, by command family (Redis's groups; unknown for a command it does not know) and result (error: an error reply)",
+            redis_commands.clone(),
+        );
         Metrics {
             inner: Arc::new(Inner {
+                redis_connections,
+                redis_connections_refused,
+                redis_commands,
                 leases,
                 lease_keys,
                 lease_keep_alives,
@@ -532,6 +588,29 @@ impl Metrics {
         self.inner
             .watch_cancellations
             .get_or_create(&[("reason", reason)])
+            .inc();
+    }
+
+    /// Counts one open Redis connection until the guard drops.
+    pub fn redis_connection(&self) -> RedisConnection {
+        self.inner.redis_connections.inc();
+        RedisConnection {
+            connections: self.inner.redis_connections.clone(),
+        }
+    }
+
+    /// Counts one Redis connection refused over the cap.
+    pub fn redis_connection_refused(&self) {
+        self.inner.redis_connections_refused.inc();
+    }
+
+    /// Counts one answered Redis command of `family` (one of
+    /// [`REDIS_COMMAND_FAMILIES`]).
+    pub fn redis_command(&self, family: &'static str, error: bool) {
+        let result = if error { "error" } else { "ok" };
+        self.inner
+            .redis_commands
+            .get_or_create(&[("family", family), ("result", result)])
             .inc();
     }
 

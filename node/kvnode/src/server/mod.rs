@@ -27,6 +27,8 @@
 //! - [`security`]: TLS material and the ports' TLS settings (mutual TLS on
 //!   the peer port), the client port's bearer-token check.
 //! - [`admin`]: the admin HTTP port: `/metrics`, `/health`, `/ready`.
+//! - [`redis`]: the Redis (RESP) port: redis-cli, redis-benchmark and Redis
+//!   clients, translated onto the same write path and reads.
 //! - [`metrics`]: the Prometheus metrics of one member (`METRICS.md`).
 
 pub mod admin;
@@ -37,6 +39,7 @@ pub mod lease;
 pub mod limits;
 pub mod metrics;
 pub mod raft;
+pub mod redis;
 pub mod security;
 pub mod txn;
 pub mod watch;

@@ -386,7 +386,7 @@ impl AuthToken {
 
     /// Whether `presented` is this token, in time independent of where
     /// they differ.
-    fn matches(&self, presented: &[u8]) -> bool {
+    pub(crate) fn matches(&self, presented: &[u8]) -> bool {
         let mine = self.0.as_bytes();
         let mut diff = u8::from(mine.len() != presented.len());
         for (i, b) in mine.iter().enumerate() {

@@ -443,14 +443,14 @@ async fn sigkill_of_the_leader_and_of_everyone_loses_no_acknowledged_write() {
     check_acked(&all, leader, &acked).await;
 }
 
-/// A port base in a high range whose client, peer and admin ports for
-/// `nodes` members are all free right now (bind-tested).
+/// A port base in a high range whose client, peer, admin and Redis ports
+/// for `nodes` members are all free right now (bind-tested).
 fn free_port_base(host: IpAddr, nodes: u16) -> u16 {
     let seed = u64::from(std::process::id()) ^ u64::from(free_port(host));
     for attempt in 0..200u64 {
         let base = 20_000 + ((seed + attempt * 7919) % 30_000) as u16;
         let ports: Vec<u16> = (0..nodes)
-            .flat_map(|i| [base + i, base + i + 100, base + i + 200])
+            .flat_map(|i| [base + i, base + i + 100, base + i + 200, base + i + 400])
             .collect();
         let bound: Vec<_> = ports
             .iter()

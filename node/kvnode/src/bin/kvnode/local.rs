@@ -2,7 +2,8 @@
 //! host (DESIGN §6).
 //!
 //! Node i (from 1) gets client port `port-base + i - 1`, peer port that
-//! `+ 100`, admin port that `+ 200`, and data directory `DIR/node<i>`, where
+//! `+ 100`, admin port that `+ 200`, Redis port that `+ 400` (DESIGN §6;
+//! `+ 300` is the etcd port's), and data directory `DIR/node<i>`, where
 //! its output goes to `kvnode.log` (appended) and its process id to
 //! `kvnode.pid`. Node 1 passes `--bootstrap`, which never re-initializes an
 //! existing directory, so running again on the same `DIR` restarts the same
@@ -32,6 +33,9 @@ pub const LOCAL_NODES_MAX: u16 = 9;
 pub const PEER_PORT_OFFSET: u16 = 100;
 /// Admin port = client port + this.
 pub const ADMIN_PORT_OFFSET: u16 = 200;
+/// Redis (RESP) port = client port + this (the highest offset: the port
+/// layout is checked against it).
+pub const REDIS_PORT_OFFSET: u16 = 400;
 /// How often the children are checked for having exited.
 const CHILD_POLL: Duration = Duration::from_millis(200);
 /// How long the children get to stop after SIGTERM before SIGKILL (a
@@ -77,7 +81,7 @@ pub struct LocalArgs {
     #[arg(long, default_value = "127.0.0.1")]
     host: IpAddr,
     /// Client port of node 1; node i uses port-base + i - 1 (peer +100,
-    /// admin +200).
+    /// admin +200, Redis +400).
     #[arg(long, default_value_t = 7001, value_parser = clap::value_parser!(u16).range(1..))]
     port_base: u16,
     /// Runtime threads of each member (`kvnode run --worker-threads`);
@@ -104,6 +108,7 @@ struct Member {
     client: SocketAddr,
     peer: SocketAddr,
     admin: SocketAddr,
+    redis: SocketAddr,
     data_dir: PathBuf,
 }
 
@@ -111,10 +116,10 @@ struct Member {
 /// whose value does not fit.
 fn layout(args: &LocalArgs) -> anyhow::Result<Vec<Member>> {
     let highest =
-        u32::from(args.port_base) + u32::from(args.nodes) - 1 + u32::from(ADMIN_PORT_OFFSET);
+        u32::from(args.port_base) + u32::from(args.nodes) - 1 + u32::from(REDIS_PORT_OFFSET);
     if highest > u32::from(u16::MAX) {
         bail!(
-            "--port-base {} with --nodes {}: node {}'s admin port would be {highest}, above {}",
+            "--port-base {} with --nodes {}: node {}'s Redis port would be {highest}, above {}",
             args.port_base,
             args.nodes,
             args.nodes,
@@ -129,6 +134,7 @@ fn layout(args: &LocalArgs) -> anyhow::Result<Vec<Member>> {
                 client: SocketAddr::new(args.host, client_port),
                 peer: SocketAddr::new(args.host, client_port + PEER_PORT_OFFSET),
                 admin: SocketAddr::new(args.host, client_port + ADMIN_PORT_OFFSET),
+                redis: SocketAddr::new(args.host, client_port + REDIS_PORT_OFFSET),
                 data_dir: args.dir.join(format!("node{}", i + 1)),
             }
         })
@@ -202,6 +208,8 @@ impl Children {
                 .arg(member.peer.to_string())
                 .arg("--admin-addr")
                 .arg(member.admin.to_string())
+                .arg("--redis-addr")
+                .arg(member.redis.to_string())
                 .arg("--initial-cluster")
                 .arg(&initial_cluster)
                 .arg("--worker-threads")
@@ -231,19 +239,20 @@ impl Children {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(
             out,
-            "{:>3}  {:<21}  {:<21}  {:<21}  {:>8}  data dir",
-            "id", "client", "peer", "admin", "pid"
+            "{:>3}  {:<21}  {:<21}  {:<21}  {:<21}  {:>8}  data dir",
+            "id", "client", "peer", "admin", "redis", "pid"
         );
         for slot in &self.slots {
             let m = &slot.member;
             let pid = slot.child.as_ref().map(Child::id).unwrap_or(0);
             let _ = writeln!(
                 out,
-                "{:>3}  {:<21}  {:<21}  {:<21}  {:>8}  {}",
+                "{:>3}  {:<21}  {:<21}  {:<21}  {:<21}  {:>8}  {}",
                 m.id,
                 m.client.to_string(),
                 m.peer.to_string(),
                 m.admin.to_string(),
+                m.redis.to_string(),
                 pid,
                 m.data_dir.display()
             );
@@ -263,6 +272,16 @@ impl Children {
             "try: KVCTL_ENDPOINTS={} kvctl status",
             endpoints.join(",")
         );
+        if let Some(first) = self.slots.first() {
+            let redis = first.member.redis;
+            let _ = writeln!(
+                out,
+                "try: redis-cli -h {} -p {} (each member's Redis port is in the table; writes \
+                 go to the leader's)",
+                redis.ip(),
+                redis.port()
+            );
+        }
         let _ = out.flush();
     }
 
@@ -423,14 +442,22 @@ mod tests {
         let members = layout(&args(3, 7001)).unwrap();
         let ports: Vec<_> = members
             .iter()
-            .map(|m| (m.id, m.client.port(), m.peer.port(), m.admin.port()))
+            .map(|m| {
+                (
+                    m.id,
+                    m.client.port(),
+                    m.peer.port(),
+                    m.admin.port(),
+                    m.redis.port(),
+                )
+            })
             .collect();
         assert_eq!(
             ports,
             vec![
-                (1, 7001, 7101, 7201),
-                (2, 7002, 7102, 7202),
-                (3, 7003, 7103, 7203)
+                (1, 7001, 7101, 7201, 7401),
+                (2, 7002, 7102, 7202, 7402),
+                (3, 7003, 7103, 7203, 7403)
             ]
         );
         assert_eq!(members[2].data_dir, PathBuf::from("d/node3"));
@@ -438,10 +465,10 @@ mod tests {
 
     #[test]
     fn ports_past_the_top_are_refused() {
-        assert!(layout(&args(3, 65_333)).is_ok());
-        let err = layout(&args(3, 65_334)).unwrap_err().to_string();
+        assert!(layout(&args(3, 65_133)).is_ok());
+        let err = layout(&args(3, 65_134)).unwrap_err().to_string();
         assert!(
-            err.contains("--port-base 65334") && err.contains("65536"),
+            err.contains("--port-base 65134") && err.contains("65536"),
             "{err}"
         );
     }

@@ -3,7 +3,7 @@
 //!
 //! - `kvnode` with no arguments runs a single-node cluster on local
 //!   defaults (data `./kvdata`, client 127.0.0.1:7001, peer :7101, admin
-//!   :7201).
+//!   :7201, Redis :6379).
 //! - `kvnode run ...` runs one member of a static initial cluster.
 //! - `kvnode local --nodes N ...` runs N `kvnode run` child processes on one
 //!   host ([`local`]).
@@ -60,13 +60,15 @@ const DEFAULT_CLIENT_ADDR: &str = "127.0.0.1:7001";
 const DEFAULT_PEER_ADDR: &str = "127.0.0.1:7101";
 /// Admin address of the no-argument single-node cluster.
 const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:7201";
+/// Redis (RESP) address of the no-argument single-node cluster.
+const DEFAULT_REDIS_ADDR: &str = "127.0.0.1:6379";
 
 #[derive(Debug, Parser)]
 #[command(
     name = "kvnode",
     version = version_line(),
     about = "A raftcask member. Without a command: a single-node cluster on local defaults \
-             (data ./kvdata, client 127.0.0.1:7001, peer :7101, admin :7201)."
+             (data ./kvdata, client 127.0.0.1:7001, peer :7101, admin :7201, Redis :6379)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -112,6 +114,11 @@ struct RunArgs {
     /// Admin HTTP address (`/metrics`, `/health`, `/ready`); none if omitted.
     #[arg(long, env = "KVNODE_ADMIN_ADDR")]
     admin_addr: Option<SocketAddr>,
+    /// Redis (RESP) address: redis-cli, redis-benchmark and Redis clients
+    /// connect here (AUTH with the --auth-token-file token when one is
+    /// set; TLS when the member has TLS); none if omitted.
+    #[arg(long, env = "KVNODE_REDIS_ADDR")]
+    redis_addr: Option<SocketAddr>,
     /// The initial members: `1=<client>/<peer>,2=...`, each address
     /// host:port (an IP or a name, e.g. node1:7001 in a compose network).
     #[arg(long, env = "KVNODE_INITIAL_CLUSTER")]
@@ -327,6 +334,7 @@ fn run_config(args: RunArgs) -> anyhow::Result<NodeConfig> {
     #[cfg(feature = "testing")]
     args.test.apply(&mut config);
     config.admin_addr = args.admin_addr;
+    config.redis_addr = args.redis_addr;
     config.security = args.security.security()?;
     config.snapshot_log_keep = args.snapshot_log_keep;
     config.history_window = kvstate::history::HistoryWindow {
@@ -384,6 +392,7 @@ fn default_config() -> anyhow::Result<NodeConfig> {
     );
     config.bootstrap = true;
     config.admin_addr = Some(DEFAULT_ADMIN_ADDR.parse()?);
+    config.redis_addr = Some(DEFAULT_REDIS_ADDR.parse()?);
     Ok(config)
 }
 
@@ -404,7 +413,7 @@ const FD_RESERVE: u64 = 1024;
 /// Raises the soft open-files limit to the hard one, so the connection caps
 /// are what limits connections (not EMFILE); warns if even the hard limit
 /// is below the caps plus [`FD_RESERVE`].
-fn raise_fd_limit(limits: &Limits) {
+fn raise_fd_limit(limits: &Limits, redis_port: bool) {
     use rustix::process::{Resource, getrlimit, setrlimit};
     let limit = getrlimit(Resource::Nofile);
     if limit.maximum != limit.current {
@@ -416,15 +425,22 @@ fn raise_fd_limit(limits: &Limits) {
             tracing::warn!(error = %err, "could not raise the open-files limit");
         }
     }
-    let needed = (limits.client_connections_max + limits.peer_connections_max) as u64 + FD_RESERVE;
+    let redis_connections = if redis_port {
+        limits.redis_connections_max
+    } else {
+        0
+    };
+    let needed = (limits.client_connections_max + limits.peer_connections_max + redis_connections)
+        as u64
+        + FD_RESERVE;
     if let Some(current) = getrlimit(Resource::Nofile).current
         && current < needed
     {
         tracing::warn!(
             open_files_limit = current,
             needed,
-            "the open-files limit is below --max-connections plus the peer port's cap plus a \
-             reserve: a connection flood may exhaust file descriptors; lower --max-connections \
+            "the open-files limit is below --max-connections plus the peer and Redis ports' caps \
+             plus a reserve: a connection flood may exhaust file descriptors; lower --max-connections \
              or raise the limit (ulimit -n)"
         );
     }
@@ -432,7 +448,7 @@ fn raise_fd_limit(limits: &Limits) {
 
 async fn run_member(config: NodeConfig) -> anyhow::Result<()> {
     local::follow_parent()?;
-    raise_fd_limit(&config.limits);
+    raise_fd_limit(&config.limits, config.redis_addr.is_some());
     let node = Node::start(config).await.context("starting the node")?;
     tokio::select! {
         signal = wait_for_signal() => signal?,
