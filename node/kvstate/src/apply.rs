@@ -506,6 +506,12 @@ impl Applier {
             compact_to: None,
         };
         let applied = self.apply_commands(&mut entry, proposal);
+        // Redis hashes: expired markers and dead hashes' fields, in the
+        // room the requests left (`redis_entry.rs`).
+        let applied = match applied {
+            Ok(answers) if !legacy => entry.redis_cleanup().map(|()| answers),
+            other => other,
+        };
         let EntryWrite {
             mut batch,
             mut touched_sessions,

@@ -5,11 +5,20 @@
 //! MULTI/EXEC block — is applied here, atomically, the same on every
 //! replica (never read-modify-write in the front end).
 
+use std::ops::Bound;
+
 use bitcask::Engine;
 use serde::{Deserialize, Serialize};
 
-use crate::command::SessionRef;
-use crate::revision::RevisionError;
+use crate::command::{RESERVED_KEY_PREFIX, SessionRef};
+use crate::revision::{KeyMeta, RevisionError};
+
+mod exec;
+pub mod long_double;
+
+pub(crate) use exec::{
+    Fault, Found, Store, execute, malformed_marker, prefix_end, watched_revision,
+};
 
 /// One Redis client request: a single command, or the commands of a
 /// MULTI/EXEC block, applied as one atomic unit at one store revision
@@ -531,6 +540,149 @@ pub const ERR_HASH_NOT_FLOAT: &str = "ERR hash value is not a float";
 /// Redis's message for RENAME of an absent key.
 pub const ERR_NO_SUCH_KEY: &str = "ERR no such key";
 
+/// Bytes a read outside the log ([`read`]) returns at most (values,
+/// fields); beyond it the read is refused naming it. Inside a MULTI/EXEC
+/// block the transactions' budgets apply instead
+/// ([`crate::txn::TXN_READ_BYTES_MAX`] per request,
+/// [`crate::txn::ENTRY_TXN_READ_BYTES_MAX`] per entry): every replica
+/// holds those answers in memory until the entry is answered.
+pub const READ_BYTES_MAX: usize = 32 * 1024 * 1024;
+/// Fields an HGETALL / HKEYS / HVALS read outside the log visits at most
+/// (inside a block, [`crate::txn::TXN_READ_KEYS_MAX`]); a larger hash is
+/// read with HSCAN ([`hash_fields_page`]).
+pub const READ_KEYS_MAX: usize = 1_000_000;
+/// Records the housekeeping of one entry writes at most: deleting the
+/// markers of hashes whose TTL ran out and the fields of deleted hashes
+/// (module doc, "Deleting a hash"), only in the room the entry's requests
+/// left.
+pub const CLEANUP_RECORDS_PER_ENTRY_MAX: usize = 4_096;
+/// The format byte leading a hash marker's value.
+pub const HASH_MARKER_FORMAT: u8 = 1;
+/// Bytes of a hash marker's value: format, id, field count.
+pub const HASH_MARKER_BYTES: usize = 1 + 8 + 8;
+/// Tag after [`RESERVED_KEY_PREFIX`] of a hash marker: `hm/` + the key.
+pub const HASH_MARKER_TAG: &[u8] = b"hm/";
+/// Tag of a field record: `hf/` + the hash id (8 bytes) + the field.
+pub const HASH_FIELD_TAG: &[u8] = b"hf/";
+/// Tag of a hash's expiry record: `hx/` + expiry (8 bytes) + the key.
+pub const HASH_EXPIRY_TAG: &[u8] = b"hx/";
+/// Tag of a dead hash's record: `hd/` + the hash id (8 bytes).
+pub const HASH_DEAD_TAG: &[u8] = b"hd/";
+/// Bytes of a hash's key at most: its expiry record's key (the longest,
+/// prefix + tag + 8 bytes + key) must fit the engine's key limit.
+pub const HASH_KEY_BYTES_MAX: usize =
+    bitcask::KEY_SIZE_BYTES_MAX - RESERVED_KEY_PREFIX.len() - HASH_EXPIRY_TAG.len() - 8;
+/// Bytes of a hash field at most: its record's key (prefix + tag + id +
+/// field) must fit the engine's key limit.
+pub const HASH_FIELD_BYTES_MAX: usize =
+    bitcask::KEY_SIZE_BYTES_MAX - RESERVED_KEY_PREFIX.len() - HASH_FIELD_TAG.len() - 8;
+const _: () = assert!(KEY_BYTES_MAX <= bitcask::KEY_SIZE_BYTES_MAX);
+const _: () = assert!(STRING_BYTES_MAX <= bitcask::VALUE_SIZE_BYTES_MAX);
+
+/// The engine key of `key`'s hash marker.
+pub fn marker_key(key: &[u8]) -> Vec<u8> {
+    [RESERVED_KEY_PREFIX, HASH_MARKER_TAG, key].concat()
+}
+
+/// The first bytes of every field record of hash `id`.
+pub fn field_prefix(id: u64) -> Vec<u8> {
+    [RESERVED_KEY_PREFIX, HASH_FIELD_TAG, &id.to_be_bytes()].concat()
+}
+
+/// The engine key of `field` of hash `id`.
+pub fn field_key(id: u64, field: &[u8]) -> Vec<u8> {
+    [
+        RESERVED_KEY_PREFIX,
+        HASH_FIELD_TAG,
+        &id.to_be_bytes(),
+        field,
+    ]
+    .concat()
+}
+
+/// The engine key of the expiry record of hash `key` expiring at `expiry_ms`.
+pub fn expiry_key(expiry_ms: u64, key: &[u8]) -> Vec<u8> {
+    [
+        RESERVED_KEY_PREFIX,
+        HASH_EXPIRY_TAG,
+        &expiry_ms.to_be_bytes(),
+        key,
+    ]
+    .concat()
+}
+
+/// The engine key of dead hash `id`'s record.
+pub fn dead_key(id: u64) -> Vec<u8> {
+    [RESERVED_KEY_PREFIX, HASH_DEAD_TAG, &id.to_be_bytes()].concat()
+}
+
+/// A hash marker's value: which fields are the hash's and how many.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HashHead {
+    /// The hash's id: its field records are under [`field_prefix`]`(id)`.
+    pub id: u64,
+    /// How many fields it has (HLEN); never 0 for a stored marker.
+    pub fields: u64,
+}
+
+impl HashHead {
+    /// The marker's value: [`HASH_MARKER_FORMAT`], id, fields (big-endian).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(HASH_MARKER_BYTES);
+        bytes.push(HASH_MARKER_FORMAT);
+        bytes.extend_from_slice(&self.id.to_be_bytes());
+        bytes.extend_from_slice(&self.fields.to_be_bytes());
+        bytes
+    }
+
+    /// Reads a marker's value; `None` if it is not one.
+    pub fn decode(bytes: &[u8]) -> Option<HashHead> {
+        match bytes {
+            [HASH_MARKER_FORMAT, rest @ ..] if rest.len() == 16 => Some(HashHead {
+                id: u64::from_be_bytes(rest[..8].try_into().ok()?),
+                fields: u64::from_be_bytes(rest[8..].try_into().ok()?),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Redis's `string2ll`: a decimal i64 with no `+`, no leading zero (but
+/// "0"), no space, at most 20 bytes. What INCR and HINCRBY read a value
+/// as, and what the front end parses an integer argument with.
+pub fn parse_i64(bytes: &[u8]) -> Option<i64> {
+    // LONG_STR_SIZE (21) bytes or more are refused before any digit.
+    if bytes.is_empty() || bytes.len() >= 21 {
+        return None;
+    }
+    if bytes == b"0" {
+        return Some(0);
+    }
+    let (negative, digits) = match bytes {
+        [b'-', rest @ ..] => (true, rest),
+        _ => (false, bytes),
+    };
+    match digits.first() {
+        Some(b'1'..=b'9') => {}
+        _ => return None,
+    }
+    let mut magnitude: u64 = 0;
+    for &digit in digits {
+        if !digit.is_ascii_digit() {
+            return None;
+        }
+        magnitude = magnitude
+            .checked_mul(10)?
+            .checked_add(u64::from(digit - b'0'))?;
+    }
+    if negative {
+        // −(2^63) is the one magnitude past i64::MAX that fits.
+        0i64.checked_sub_unsigned(magnitude)
+    } else {
+        i64::try_from(magnitude).ok()
+    }
+}
+
 /// Bytes of a string value (and of a hash field's value) at most: the
 /// cluster's `VALUE_SIZE_BYTES_MAX` (kvproto's; this crate does not link
 /// the protocol), in place of Redis's 512 MB `proto-max-bulk-len`.
@@ -556,6 +708,10 @@ pub enum RedisError {
     /// [`read`] was given a command that writes.
     #[error("{0} is not a read; it goes through the log")]
     NotARead(&'static str),
+    /// A key changed between two reads of one command: an entry applied
+    /// meanwhile (read under kvnode's `read_exact` to keep them out).
+    #[error("a key changed while it was read; read again")]
+    Changed,
 }
 
 impl RedisCommand {
@@ -711,63 +867,227 @@ pub const KEY_REMOVAL_RECORDS_MAX: usize = 4;
 
 /// Runs a read command ([`RedisCommand::is_read`]) against `engine` at
 /// cluster time `now_ms`, outside the log, as apply would answer it inside
-/// a MULTI/EXEC block. A read of several records (MGET, HGETALL, ...) is
-/// one state only if no entry applies meanwhile: kvnode runs it under the
-/// change history's read lock (`read_exact`), as it runs a Range.
+/// a MULTI/EXEC block: a Redis error (WRONGTYPE, ...) is a reply. A read
+/// of several records (MGET, HGETALL, ...) is one state only if no entry
+/// applies meanwhile: kvnode runs it under the change history's read lock
+/// (`read_exact`), as it runs a Range. At most [`READ_BYTES_MAX`] bytes
+/// and [`READ_KEYS_MAX`] fields.
 pub fn read(
     engine: &Engine,
     now_ms: u64,
     command: &RedisCommand,
 ) -> Result<RedisReply, RedisError> {
-    let _ = (engine, now_ms);
-    Err(RedisError::NotARead(command.name()))
+    if !command.is_read() {
+        return Err(RedisError::NotARead(command.name()));
+    }
+    let mut store = EngineStore::new(engine, now_ms);
+    Ok(execute(&mut store, command)?)
 }
 
 /// What WATCH records for `key`: the `mod_revision` of the string if the
 /// key is one, else of the hash's marker, else 0 (absent). EXEC compares
 /// it with the same reading at its own point of the log.
 pub fn watch_revision(engine: &Engine, key: &[u8], now_ms: u64) -> Result<u64, RedisError> {
-    let _ = (engine, key, now_ms);
-    Ok(0)
+    let mut store = EngineStore::new(engine, now_ms);
+    Ok(watched_revision(&mut store, key)?)
 }
 
 /// TYPE / EXISTS: the key's type, `None` if absent.
 pub fn key_type(engine: &Engine, key: &[u8], now_ms: u64) -> Result<Option<RedisType>, RedisError> {
-    let _ = (engine, key, now_ms);
-    Ok(None)
+    let mut store = EngineStore::new(engine, now_ms);
+    Ok(exec::type_of(&mut store, key)?)
 }
 
 /// KEYS / SCAN / RANDOMKEY: up to `limit` keys of every type in byte
 /// order, strictly after `after` (from the first if `None`), each with its
 /// type. A key that is both a string and a hash (module doc) is listed
-/// once, as a string.
+/// once, as a string. Keys only: no value is read.
 pub fn keys_page(
     engine: &Engine,
     now_ms: u64,
     after: Option<&[u8]>,
     limit: usize,
 ) -> Result<Vec<(Vec<u8>, RedisType)>, RedisError> {
-    let _ = (engine, now_ms, after, limit);
-    Ok(Vec::new())
+    let mut store = EngineStore::new(engine, now_ms);
+    let markers = [RESERVED_KEY_PREFIX, HASH_MARKER_TAG].concat();
+    let mut strings = store.keys(b"", Some(RESERVED_KEY_PREFIX), after, limit)?;
+    if strings.len() < limit
+        && let Some(reserved_end) = prefix_end(RESERVED_KEY_PREFIX)
+    {
+        let left = limit - strings.len();
+        strings.extend(store.keys(&reserved_end, None, after, left)?);
+    }
+    let after_marker = after.map(marker_key);
+    let hashes: Vec<Vec<u8>> = store
+        .keys(
+            &markers,
+            prefix_end(&markers).as_deref(),
+            after_marker.as_deref(),
+            limit,
+        )?
+        .into_iter()
+        .map(|marker| marker[markers.len()..].to_vec())
+        .collect();
+    let mut merged: std::collections::BTreeMap<Vec<u8>, RedisType> = hashes
+        .into_iter()
+        .map(|key| (key, RedisType::Hash))
+        .collect();
+    for key in strings {
+        merged.insert(key, RedisType::String);
+    }
+    Ok(merged.into_iter().take(limit).collect())
 }
 
-/// DBSIZE: keys of every type (one keys-only pass over the key directory:
-/// no value is read, but it visits every key).
+/// DBSIZE: keys of every type (keys only, page by page: no value is read,
+/// but every key is visited).
 pub fn key_count(engine: &Engine, now_ms: u64) -> Result<u64, RedisError> {
-    let _ = (engine, now_ms);
-    Ok(0)
+    const PAGE_KEYS: usize = 4096;
+    let mut count = 0u64;
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let page = keys_page(engine, now_ms, after.as_deref(), PAGE_KEYS)?;
+        count += page.len() as u64;
+        match page.last() {
+            Some((last, _)) if page.len() == PAGE_KEYS => after = Some(last.clone()),
+            _ => return Ok(count),
+        }
+    }
 }
+
+/// Fields of a hash with their values, in field order.
+pub type FieldValues = Vec<(Vec<u8>, Vec<u8>)>;
 
 /// HSCAN / HGETALL in pages: up to `limit` fields of the hash `key` in
 /// byte order, strictly after `after`, with their values. Empty if the
-/// hash is absent; WRONGTYPE is the caller's ([`key_type`]).
+/// key holds no hash (WRONGTYPE is the caller's: [`key_type`]).
 pub fn hash_fields_page(
     engine: &Engine,
     key: &[u8],
     now_ms: u64,
     after: Option<&[u8]>,
     limit: usize,
-) -> Result<Vec<(Vec<u8>, Vec<u8>)>, RedisError> {
-    let _ = (engine, key, now_ms, after, limit);
-    Ok(Vec::new())
+) -> Result<FieldValues, RedisError> {
+    let mut store = EngineStore::new(engine, now_ms);
+    let Some(head) = exec::hash_head(&mut store, key)? else {
+        return Ok(Vec::new());
+    };
+    let fields = exec::hash_fields(&mut store, head, after, limit, true)?;
+    Ok(fields
+        .into_iter()
+        .map(|pair| (pair.key, pair.value))
+        .collect())
+}
+
+impl From<Fault> for RedisError {
+    fn from(fault: Fault) -> RedisError {
+        match fault {
+            Fault::Engine(error) => RedisError::Engine(error),
+            Fault::Revision(error) => RedisError::Revision(error),
+            Fault::Limit(message) => RedisError::Limit(message),
+            Fault::ReadOnly => RedisError::NotARead("a write"),
+            Fault::Changed => RedisError::Changed,
+        }
+    }
+}
+
+/// The engine alone as a [`Store`] that only reads: reads outside the log.
+struct EngineStore<'e> {
+    engine: &'e Engine,
+    now_ms: u64,
+    keys_left: usize,
+    bytes_left: usize,
+}
+
+impl<'e> EngineStore<'e> {
+    fn new(engine: &'e Engine, now_ms: u64) -> EngineStore<'e> {
+        EngineStore {
+            engine,
+            now_ms,
+            keys_left: READ_KEYS_MAX,
+            bytes_left: READ_BYTES_MAX,
+        }
+    }
+}
+
+impl Store for EngineStore<'_> {
+    fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    fn find(&mut self, key: &[u8]) -> Result<Option<Found>, Fault> {
+        match self.engine.meta(key, self.now_ms) {
+            Some(item) => Ok(Some(Found {
+                expiry_ms: item.expiry_ms,
+                meta: KeyMeta::decode(&item.meta)?,
+            })),
+            None => Ok(None),
+        }
+    }
+
+    fn value(&mut self, key: &[u8]) -> Result<Vec<u8>, Fault> {
+        match self.engine.get(key, self.now_ms)? {
+            Some(item) => Ok(item.value),
+            None => Err(Fault::Changed),
+        }
+    }
+
+    fn keys(
+        &mut self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, Fault> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let scan = bitcask::Scan {
+            range: bitcask::KeyRange::Range(
+                Bound::Included(start.to_vec()),
+                end.map_or(Bound::Unbounded, |end| Bound::Excluded(end.to_vec())),
+            ),
+            after: after.map(<[u8]>::to_vec),
+            limit,
+            keys_only: true,
+        };
+        Ok(self
+            .engine
+            .scan(&scan, self.now_ms)?
+            .into_iter()
+            .map(|entry| entry.key)
+            .collect())
+    }
+
+    fn put(&mut self, _key: Vec<u8>, _value: Vec<u8>, _expiry_ms: u64) -> Result<(), Fault> {
+        Err(Fault::ReadOnly)
+    }
+
+    fn delete(&mut self, _key: Vec<u8>) -> Result<(), Fault> {
+        Err(Fault::ReadOnly)
+    }
+
+    fn new_hash_id(&mut self) -> Result<u64, Fault> {
+        Err(Fault::ReadOnly)
+    }
+
+    fn keys_left(&self) -> usize {
+        self.keys_left
+    }
+
+    fn charge(&mut self, keys: usize, bytes: usize) -> Result<(), Fault> {
+        if keys > self.keys_left {
+            return Err(Fault::Limit(format!(
+                "ERR the read visits more than READ_KEYS_MAX ({READ_KEYS_MAX}) fields; read \
+                 the hash with HSCAN"
+            )));
+        }
+        if bytes > self.bytes_left {
+            return Err(Fault::Limit(format!(
+                "ERR the read returns more than READ_BYTES_MAX ({READ_BYTES_MAX}) bytes"
+            )));
+        }
+        self.keys_left -= keys;
+        self.bytes_left -= bytes;
+        Ok(())
+    }
 }
