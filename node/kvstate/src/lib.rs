@@ -58,6 +58,11 @@
 //!   [`lease::LEASE_TTL_MS_MAX`]; a renewal names at most
 //!   [`lease::LEASE_RENEW_IDS_MAX`] (10 000) leases; expiry revokes write
 //!   at most [`lease::LEASE_EXPIRY_OPS_PER_ENTRY_MAX`] records per entry.
+//! - Redis: string values and hash fields' values at most
+//!   [`redis::STRING_BYTES_MAX`] (1 MiB); FLUSHALL deletes at most
+//!   [`redis::FLUSH_KEYS_MAX`] (10 000) keys; each entry's hash
+//!   housekeeping writes at most [`redis::CLEANUP_RECORDS_PER_ENTRY_MAX`]
+//!   (4096) records.
 //! - Per range read outside the log: [`range::RANGE_KEYS_MAX`] keys
 //!   (100 000) and [`range::RANGE_READ_BYTES_MAX`] bytes (6 MiB).
 //!

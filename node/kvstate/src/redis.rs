@@ -3,7 +3,111 @@
 //! replies, and how Redis's types are laid out in the engine. The RESP
 //! front end only translates: every write — and every command of a
 //! MULTI/EXEC block — is applied here, atomically, the same on every
-//! replica (never read-modify-write in the front end).
+//! replica (never read-modify-write in the front end). Reads outside a
+//! block run the same code against the engine alone ([`read`]).
+//!
+//! ## Requests
+//! A request is one command or a MULTI/EXEC block. Its commands run in
+//! order in the entry (`apply/redis_entry.rs`), each seeing the entry's
+//! earlier writes and the block's own; their writes are staged and move
+//! into the entry's batch together, at **one store revision** (none if
+//! nothing changed: reads, SET NX on a present key, DEL of absent keys).
+//! As in Redis, a command that fails at run time answers its error
+//! ([`RedisReply::Error`], Redis's message) and writes nothing, and the
+//! block's other commands still apply. A request is refused whole
+//! (`Outcome::Rejected`, nothing applied, the limit named) when its writes
+//! would not fit the entry (`ENTRY_OPS_MAX`,
+//! [`crate::txn::TXN_ENTRY_BATCH_BYTES_MAX`]) or its reads pass the
+//! transactions' budgets ([`crate::txn::TXN_READ_KEYS_MAX`],
+//! [`crate::txn::TXN_READ_BYTES_MAX`], the entry's
+//! [`crate::txn::ENTRY_TXN_READ_BYTES_MAX`]). **WATCH**: the front end
+//! reads [`watch_revision`] for each watched key when WATCH runs; EXEC's
+//! request carries them and applies only if each is unchanged, else
+//! answers [`RedisAnswer::WatchFailed`]. Any write of the key (a hash:
+//! any change of a field, which rewrites its marker), a delete, or a TTL
+//! that ran out (as Redis ≥ 6.0.9) changes it. One difference from Redis:
+//! a key absent at WATCH that is created and deleted again before EXEC
+//! reads absent again, so the block applies (it is still serializable:
+//! every watched key is as the client saw it when the block applies).
+//!
+//! **Time** is the entry's cluster time, which has no epoch: commands
+//! carry TTLs relative to it ([`SetExpiry::In`]); the front end converts
+//! EXAT / PXAT / EXPIREAT / PEXPIREAT and EXPIRETIME with its wall clock.
+//! A string's TTL is its engine record's expiry (the native API's TTL,
+//! deleted by the entry's expiry deletes, each at a revision of its own).
+//!
+//! ## Strings and the native API
+//! A Redis string is the user key of the same bytes, value and TTL: the
+//! native API, etcd's, watches and the change history see Redis strings,
+//! and Redis sees native keys. A Redis write detaches a key from a native
+//! lease (as a native put without one does). Hashes live entirely under
+//! the reserved prefix, which the native API never shows. A native put of
+//! a key that is a Redis hash leaves both; Redis then sees the string
+//! (TYPE, GET, WRONGTYPE for hash commands, WATCH), and every command that
+//! removes or replaces the key (DEL, SET, MSET, GETDEL, RENAME, FLUSHALL,
+//! an EXPIRE in the past) removes both.
+//!
+//! ## On disk: hashes (reserved keys)
+//! Every key below starts with [`RESERVED_KEY_PREFIX`] (11 bytes,
+//! `\xff\xffraftcask/`), then a 3-byte tag; integers are big-endian.
+//! Each record is an ordinary engine record whose meta is a
+//! [`crate::revision::KeyMeta`] (reserved records never enter the change
+//! history).
+//!
+//! | record | key after the prefix | value |
+//! |---|---|---|
+//! | marker | `hm/` (3) + Redis key (1..=[`HASH_KEY_BYTES_MAX`]) | 17 bytes: [`HASH_MARKER_FORMAT`] (1 byte, 1), id (u64), field count (u64, ≥ 1) |
+//! | field | `hf/` (3) + id (u64) + field (0..=[`HASH_FIELD_BYTES_MAX`]) | the field's value (≤ [`STRING_BYTES_MAX`]) |
+//! | expiry | `hx/` (3) + expiry ms (u64) + Redis key | the hash's id (u64) |
+//! | dead hash | `hd/` (3) + id (u64) | empty |
+//!
+//! - **The marker** is the hash: TYPE, EXISTS, KEYS / SCAN / DBSIZE
+//!   ([`keys_page`], [`key_count`]) list markers beside the user keys;
+//!   HLEN reads its count; every change of the hash rewrites it, so its
+//!   `mod_revision` is the hash's (WATCH). Its engine expiry is the hash's
+//!   TTL: every reader judges it, so the whole hash reads absent at its
+//!   expiry. It is written and deleted at the request's revision.
+//! - **A field's** record is named by the hash's **id**, not its key: the
+//!   id is `log index × 65536 + position` of the entry and place where the
+//!   hash was created (the sequence number a record there would have),
+//!   unique for the life of the store. So RENAME moves only the marker
+//!   (the fields stay), and a hash created again under a key whose old
+//!   hash's fields still wait for deletion never sees them.
+//! - **An expiry record** exists for each marker with a TTL (written and
+//!   deleted with the marker's TTL); they sort by expiry. Hash markers
+//!   never enter the applier's in-memory expiry index: expiry records are
+//!   files, so a restart rebuilds nothing.
+//! - **A dead-hash record** names a deleted hash whose fields are still
+//!   stored.
+//!
+//! ## Deleting a hash
+//! DEL, SET over a hash, RENAME onto one, FLUSHALL, and an EXPIRE in the
+//! past delete its marker and expiry record and write a dead-hash record:
+//! three records, whatever the hash's size — the hash is gone for every
+//! reader at that revision. After the requests of **every** entry (so in
+//! the room they left, never taking room the batcher promised them), its
+//! **housekeeping** writes at most [`CLEANUP_RECORDS_PER_ENTRY_MAX`]
+//! records: for each expiry record at or below the entry's time, in
+//! expiry order, the marker (if it is still that hash) and the expiry
+//! record go and a dead-hash record is written; then, in id order, dead
+//! hashes' fields are deleted, and each dead-hash record once its last
+//! field is gone. The housekeeping takes no revision (readers already see
+//! the hash absent) and is the same on every replica (it reads only the
+//! files and the entry). An idle cluster does it with its next entry;
+//! [`housekeeping_due`] tells the leader's tick loop one is due.
+//!
+//! ## Limits
+//! - Keys: [`KEY_BYTES_MAX`] (the cluster's key limit); a hash's key
+//!   [`HASH_KEY_BYTES_MAX`], a field [`HASH_FIELD_BYTES_MAX`] (their
+//!   records' keys must fit the engine's); no empty key (the engine holds
+//!   none), no key under the reserved prefix.
+//! - Values, and what APPEND / SETRANGE / INCRBYFLOAT build:
+//!   [`STRING_BYTES_MAX`], the cluster's value limit, in place of Redis's
+//!   512 MB.
+//! - FLUSHDB / FLUSHALL: at most [`FLUSH_KEYS_MAX`] keys in its one atomic
+//!   step, else refused and nothing deleted.
+//! - Reads outside the log: [`READ_BYTES_MAX`] bytes, [`READ_KEYS_MAX`]
+//!   fields.
 
 use std::ops::Bound;
 
@@ -138,7 +242,7 @@ pub enum RedisCommand {
         #[serde(with = "serde_bytes")]
         key: Vec<u8>,
     },
-    /// SET key value [NX|XX] [GET] [EX|PX|EXAT|PXAT|KEEPTTL] (Redis 7.0),
+    /// `SET key value [NX|XX] [GET] [EX|PX|EXAT|PXAT|KEEPTTL]` (Redis 7.0),
     /// and SETEX / PSETEX (an [`SetExpiry::In`] TTL, reply OK) and GETSET
     /// (`get: true`). Without GET it replaces a key of any type (a hash
     /// goes); with GET a hash is WRONGTYPE and nothing is set. Reply: OK,
@@ -936,6 +1040,28 @@ pub fn keys_page(
         merged.insert(key, RedisType::String);
     }
     Ok(merged.into_iter().take(limit).collect())
+}
+
+/// Whether an entry's housekeeping has work at cluster time `now_ms`
+/// (module doc, "Deleting a hash"): a hash's TTL ran out or a deleted
+/// hash's fields are still stored. Two key-directory look-ups; for the
+/// leader's tick loop, which proposes a tick while it holds.
+pub fn housekeeping_due(engine: &Engine, now_ms: u64) -> Result<bool, RedisError> {
+    let mut store = EngineStore::new(engine, now_ms);
+    let deads = [RESERVED_KEY_PREFIX, HASH_DEAD_TAG].concat();
+    if !store
+        .keys(&deads, prefix_end(&deads).as_deref(), None, 1)?
+        .is_empty()
+    {
+        return Ok(true);
+    }
+    let expiries = [RESERVED_KEY_PREFIX, HASH_EXPIRY_TAG].concat();
+    let first = store.keys(&expiries, prefix_end(&expiries).as_deref(), None, 1)?;
+    Ok(first.first().is_some_and(|key| {
+        key.get(expiries.len()..expiries.len() + 8)
+            .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
+            .is_some_and(|expiry| u64::from_be_bytes(expiry) <= now_ms)
+    }))
 }
 
 /// DBSIZE: keys of every type (keys only, page by page: no value is read,

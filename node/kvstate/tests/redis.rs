@@ -887,9 +887,14 @@ fn a_hash_expires_whole_and_its_records_go_by_later_entries() {
     assert_eq!(node.reserved(HASH_MARKER_TAG), 1);
     // An expiry with no write after it: the next entry cleans up.
     node.one(expire("h", 100, ExpireCondition::Always));
-    node.now_ms += 100;
+    let due = |node: &Node| redis::housekeeping_due(&node.engine, node.now_ms).unwrap();
+    node.now_ms += 99;
+    assert!(!due(&node));
+    node.now_ms += 1;
+    assert!(due(&node));
     let before = node.revision();
     node.tick();
+    assert!(!due(&node));
     assert_eq!(node.revision(), before, "no revision for the housekeeping");
     for tag in [
         HASH_MARKER_TAG,
@@ -937,6 +942,7 @@ fn deleting_a_large_hash_is_immediate_and_its_fields_go_in_bounded_steps() {
     );
     let mut entries = 0;
     while left > 0 {
+        assert!(redis::housekeeping_due(&node.engine, node.now_ms).unwrap());
         node.tick();
         let now = node.reserved(HASH_FIELD_TAG);
         assert!(
@@ -949,6 +955,7 @@ fn deleting_a_large_hash_is_immediate_and_its_fields_go_in_bounded_steps() {
     }
     assert!(entries >= 2);
     assert_eq!(node.reserved(HASH_DEAD_TAG), 0);
+    assert!(!redis::housekeeping_due(&node.engine, node.now_ms).unwrap());
 }
 
 /// A MULTI/EXEC block applies at one revision, in order, each command
