@@ -132,7 +132,8 @@ pub(crate) use exec::{
 /// the front end's (Redis's EXECABORT happens before EXEC). A request is
 /// refused whole ([`crate::command::Outcome::Rejected`], nothing applied)
 /// only when it does not fit the entry's limits, the reason naming the
-/// limit.
+/// limit (a reason, with no `ERR ` in front: the front end adds Redis's
+/// prefix).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RedisRequest {
     /// Exactly-once bookkeeping, if the front end uses a session.
@@ -806,7 +807,8 @@ pub enum RedisError {
     /// A record's revision metadata, or a hash marker, does not decode.
     #[error(transparent)]
     Revision(#[from] RevisionError),
-    /// The read would pass a limit (named in the message).
+    /// The read would pass a limit (named in the message, which has no
+    /// `ERR ` in front: the front end adds Redis's prefix).
     #[error("{0}")]
     Limit(String),
     /// [`read`] was given a command that writes.
@@ -1203,13 +1205,13 @@ impl Store for EngineStore<'_> {
     fn charge(&mut self, keys: usize, bytes: usize) -> Result<(), Fault> {
         if keys > self.keys_left {
             return Err(Fault::Limit(format!(
-                "ERR the read visits more than READ_KEYS_MAX ({READ_KEYS_MAX}) fields; read \
+                "the read visits more than READ_KEYS_MAX ({READ_KEYS_MAX}) fields; read \
                  the hash with HSCAN"
             )));
         }
         if bytes > self.bytes_left {
             return Err(Fault::Limit(format!(
-                "ERR the read returns more than READ_BYTES_MAX ({READ_BYTES_MAX}) bytes"
+                "the read returns more than READ_BYTES_MAX ({READ_BYTES_MAX}) bytes"
             )));
         }
         self.keys_left -= keys;

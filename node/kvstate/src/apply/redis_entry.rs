@@ -62,7 +62,7 @@ impl EntryWrite<'_> {
             if batched + writes >= ENTRY_OPS_MAX {
                 return Ok(Outcome::Rejected {
                     reason: format!(
-                        "ERR the request writes {writes} records, which beside the {batched} its \
+                        "the request writes {writes} records, which beside the {batched} its \
                          entry holds or keeps room for would pass ENTRY_OPS_MAX ({ENTRY_OPS_MAX}); \
                          nothing was applied"
                     ),
@@ -318,7 +318,7 @@ impl<'v, 'e> RequestStore<'v, 'e> {
         self.staged_bytes += record_bytes;
         if self.batched_bytes + self.staged_bytes > TXN_ENTRY_BATCH_BYTES_MAX {
             return Err(Fault::Limit(format!(
-                "ERR the request's writes would take its entry's batch past \
+                "the request's writes would take its entry's batch past \
                  TXN_ENTRY_BATCH_BYTES_MAX ({TXN_ENTRY_BATCH_BYTES_MAX}) bytes; nothing was applied"
             )));
         }
@@ -493,14 +493,14 @@ impl Store for RequestStore<'_, '_> {
     fn charge(&mut self, keys: usize, bytes: usize) -> Result<(), Fault> {
         if keys > self.keys_left {
             return Err(Fault::Limit(format!(
-                "ERR the request reads more than TXN_READ_KEYS_MAX ({TXN_READ_KEYS_MAX}) keys; \
+                "the request reads more than TXN_READ_KEYS_MAX ({TXN_READ_KEYS_MAX}) keys; \
                  nothing was applied (read a large hash with HSCAN, outside MULTI)"
             )));
         }
         let (name, limit) = self.bytes_limit;
         if self.read_bytes + bytes > limit {
             return Err(Fault::Limit(format!(
-                "ERR the request reads more than {name} ({limit}) bytes; nothing was applied"
+                "the request reads more than {name} ({limit}) bytes; nothing was applied"
             )));
         }
         self.keys_left -= keys;
