@@ -1234,6 +1234,17 @@ fn limits_are_refused_with_the_limit_named() {
     }
     assert_eq!(node.revision(), before);
     assert_eq!(node.read(exists(&["big0"])), int(0));
+    // Writing one key again and again counts its one record: 64 appends
+    // to a 1 MiB value fit (64 MiB of rewrites, one 1 MiB record).
+    node.one(set("grow", &"v".repeat(STRING_BYTES_MAX - 64)));
+    let appends: Vec<RedisCommand> = (0..64)
+        .map(|_| RedisCommand::Append {
+            key: b("grow"),
+            value: b("a"),
+        })
+        .collect();
+    let replies = node.exec(appends);
+    assert_eq!(replies.last(), Some(&int(STRING_BYTES_MAX as i64)));
     // A block reading more than TXN_READ_BYTES_MAX: refused whole.
     let reads: Vec<RedisCommand> = (0..5).map(|_| get("k")).collect();
     match node.block(Vec::new(), reads) {

@@ -282,7 +282,7 @@ struct RequestStore<'v, 'e> {
     revision: u64,
     /// Bytes of the entry's batch before the request.
     batched_bytes: usize,
-    /// Bytes of the records staged (a key staged again counts again).
+    /// Bytes of the records staged (a key staged again counts once).
     staged_bytes: usize,
     keys_left: usize,
     /// The read budget: the request's, or what is left of the entry's.
@@ -315,7 +315,12 @@ impl<'v, 'e> RequestStore<'v, 'e> {
     }
 
     fn stage(&mut self, key: Vec<u8>, state: KeyState, record_bytes: usize) -> Result<(), Fault> {
-        self.staged_bytes += record_bytes;
+        // A key staged again replaces its record: the batch gets one.
+        let replaced = match self.staged.get(&key) {
+            Some(old) => self.record_bytes(&key, old),
+            None => 0,
+        };
+        self.staged_bytes = self.staged_bytes - replaced + record_bytes;
         if self.batched_bytes + self.staged_bytes > TXN_ENTRY_BATCH_BYTES_MAX {
             return Err(Fault::Limit(format!(
                 "the request's writes would take its entry's batch past \
@@ -324,6 +329,22 @@ impl<'v, 'e> RequestStore<'v, 'e> {
         }
         self.staged.stage(key, state);
         Ok(())
+    }
+}
+
+impl RequestStore<'_, '_> {
+    /// Bytes of the record `state` stages for `key`.
+    fn record_bytes(&self, key: &[u8], state: &KeyState) -> usize {
+        match state {
+            KeyState::Present { meta, value, .. } => bitcask::format::record_size(
+                key.len(),
+                value.as_ref().map_or(0, Vec::len),
+                meta.encode().len(),
+            ),
+            KeyState::Absent => {
+                bitcask::format::record_size(key.len(), 0, tombstone_meta(self.revision).len())
+            }
+        }
     }
 }
 
@@ -462,18 +483,18 @@ impl Store for RequestStore<'_, '_> {
             None => KeyMeta::created(self.revision, 0),
         };
         let seq = self.entry.base + (self.entry.batch.ops.len() + self.staged.place(&key)) as u64;
-        let bytes = bitcask::format::record_size(key.len(), value.len(), meta.encode().len());
         let state = KeyState::Present {
             seq,
             expiry_ms,
             meta,
             value: Some(value),
         };
+        let bytes = self.record_bytes(&key, &state);
         self.stage(key, state, bytes)
     }
 
     fn delete(&mut self, key: Vec<u8>) -> Result<(), Fault> {
-        let bytes = bitcask::format::record_size(key.len(), 0, tombstone_meta(self.revision).len());
+        let bytes = self.record_bytes(&key, &KeyState::Absent);
         self.stage(key, KeyState::Absent, bytes)
     }
 
