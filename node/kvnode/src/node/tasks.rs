@@ -26,7 +26,8 @@ use kvstate::history::HistoryWindow;
 pub const TICK_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The leader's tick loop: proposes `Command::Advance` entries so TTL keys
-/// expire on time when no client writes arrive, and `Command::Compact`
+/// expire on time when no client writes arrive (and Redis hashes that
+/// expired or were deleted lose their fields), and `Command::Compact`
 /// entries when the change history outgrows `window` by an eighth (etcd's
 /// auto-compaction, by revisions, bytes and records rather than by time),
 /// back to `window`.
@@ -78,7 +79,16 @@ pub(crate) async fn tick_loop(
         // so a burst of expiries drains at one entry's worth per tick at
         // least (while an entry applies the check is skipped: that entry
         // deletes some itself).
-        let backlog = state_machine.expiry_backlog() == Some(true);
+        // Redis hashes whose TTL ran out, or deleted ones whose fields are
+        // still stored, are removed by each entry's housekeeping (a bounded
+        // number of records per entry, kvstate::redis): while some wait,
+        // tick as for a backlog of expiries.
+        let redis_housekeeping = kvstate::redis::housekeeping_due(
+            &state_machine.engine(),
+            state_machine.cluster_time_ms(),
+        )
+        .unwrap_or(false);
+        let backlog = state_machine.expiry_backlog() == Some(true) || redis_housekeeping;
         if !idle && !backlog {
             continue;
         }

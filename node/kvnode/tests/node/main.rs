@@ -25,6 +25,7 @@ mod membership;
 mod merges;
 mod power_loss;
 mod process;
+mod redis;
 mod replica_files;
 mod revisions;
 mod snapshot_choice;
