@@ -12,12 +12,17 @@
 //! - a follower refuses writes naming the leader and serves linearizable
 //!   reads of what the leader acknowledged; READONLY reads stale;
 //! - MULTI/EXEC applied as one unit, EXECABORT after a queue-time error,
-//!   WATCH making EXEC answer nil when another connection wrote the key,
+//!   WATCH making EXEC answer nil when another connection wrote the key
+//!   or its TTL ran out, a block of reads answered by a follower,
 //!   and a counter incremented under WATCH by eight clients ends exact;
 //! - AUTH with the cluster's token, HELLO AUTH, NOAUTH before;
 //! - the connection cap answers `-ERR max number of clients reached`;
 //! - SCAN with a small COUNT visits every key once, KEYS globs, TTLs,
 //!   WAIT counts the followers holding the write, CLIENT and INFO;
+//! - every command of the table, sent 3000 times with arguments drawn from
+//!   a vocabulary of edge cases (empty, huge, negative, overflowing,
+//!   reserved-prefix keys, glob characters, options), gets a reply and
+//!   leaves the connection serving;
 //! - a deleted hash larger than one entry's housekeeping loses all its
 //!   field records with no client write after the DEL (the leader's tick
 //!   loop proposes entries while housekeeping is due);
@@ -454,6 +459,14 @@ async fn a_follower_names_the_leader_for_writes_and_reads_linearizably() {
         ),
         other => panic!("{other:?}"),
     }
+    // A block of reads only is answered by the follower itself.
+    assert_eq!(on_follower.call(&["MULTI"]).await, ok());
+    on_follower.call(&["GET", "k"]).await;
+    on_follower.call(&["EXISTS", "k", "nope"]).await;
+    assert_eq!(
+        on_follower.call(&["EXEC"]).await,
+        R::Array(vec![bulk("from-leader"), R::Int(1)])
+    );
     assert_eq!(on_follower.call(&["READONLY"]).await, ok());
     assert!(matches!(
         on_follower.call(&["GET", "k"]).await,
@@ -529,6 +542,13 @@ async fn multi_exec_and_watch_are_optimistic_transactions() {
         c.call(&["EXEC"]).await,
         R::Error("ERR EXEC without MULTI".into())
     );
+    // A watched key whose TTL runs out aborts the block (Redis >= 6.0.9).
+    assert_eq!(c.call(&["SET", "short", "v", "PX", "100"]).await, ok());
+    assert_eq!(c.call(&["WATCH", "short"]).await, ok());
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    c.call(&["MULTI"]).await;
+    c.call(&["SET", "short", "again"]).await;
+    assert_eq!(c.call(&["EXEC"]).await, R::NilArray);
 
     // Eight clients each add 1 to a counter 25 times under WATCH (read,
     // MULTI, SET, EXEC, retry on nil): it ends exactly at 200.
@@ -889,5 +909,117 @@ async fn a_deleted_big_hash_is_cleaned_up_without_client_writes() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_with_edge_case_arguments_gets_a_reply() {
+    const ROUNDS: usize = 3000;
+    let root = tempfile::tempdir().unwrap();
+    let (cluster, leader) = cluster(root.path(), 1).await;
+    let mut c = Client::connect(redis_addr(&cluster, leader)).await;
+    let long = "x".repeat(5000);
+    let vocabulary: Vec<&[u8]> = vec![
+        b"",
+        b"0",
+        b"1",
+        b"2",
+        b"-1",
+        b"100",
+        b"9223372036854775807",
+        b"-9223372036854775808",
+        b"99999999999999999999",
+        b"abc",
+        b"k",
+        b"h",
+        b"s",
+        b"*",
+        b"[",
+        b"a*[^b-",
+        b"\\",
+        b"EX",
+        b"PX",
+        b"EXAT",
+        b"NX",
+        b"XX",
+        b"GT",
+        b"LT",
+        b"GET",
+        b"KEEPTTL",
+        b"PERSIST",
+        b"1.5",
+        b"inf",
+        b"-inf",
+        b"nan",
+        b"1e400",
+        b"0x10",
+        b"MATCH",
+        b"COUNT",
+        b"TYPE",
+        b"hash",
+        b"string",
+        b"AUTH",
+        b"SETNAME",
+        b"default",
+        b"\xff\xffraftcask/secret",
+        long.as_bytes(),
+        b"\r\n",
+        b"3",
+    ];
+    let specs: Vec<&kvnode::server::redis::command::Spec> =
+        kvnode::server::redis::command::COMMANDS
+            .iter()
+            // QUIT closes; WAIT with timeout 0 may wait for followers a
+            // single member does not have.
+            .filter(|spec| !matches!(spec.name, "quit" | "wait"))
+            .collect();
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    let mut replies = 0;
+    for round in 0..ROUNDS {
+        let spec = specs[next(specs.len())];
+        let name = spec.name;
+        let mut args: Vec<&[u8]> = vec![name.as_bytes()];
+        // Mostly an argument count the arity allows (so the command gets
+        // past its arity check), sometimes any.
+        let count = match (next(5), spec.arity) {
+            (0, _) => next(6),
+            (_, arity) if arity > 0 => arity as usize - 1,
+            (_, arity) => (-arity) as usize - 1 + next(4),
+        };
+        if !spec.subcommands.is_empty() && count > 0 {
+            args.push(
+                spec.subcommands[next(spec.subcommands.len())]
+                    .name
+                    .as_bytes(),
+            );
+        }
+        while args.len() < count + 1 {
+            args.push(vocabulary[next(vocabulary.len())]);
+        }
+        c.send_raw(&Client::encode(&args)).await;
+        let reply = c.try_read().await;
+        assert!(
+            reply.is_some(),
+            "round {round}: {:?} closed the connection",
+            args.iter()
+                .map(|a| String::from_utf8_lossy(a))
+                .collect::<Vec<_>>()
+        );
+        replies += 1;
+        if round % 100 == 0 {
+            // Leave any MULTI, and check the connection serves.
+            c.call(&["DISCARD"]).await;
+            assert_eq!(c.call(&["PING"]).await, R::Simple("PONG".into()));
+        }
+    }
+    assert_eq!(replies, ROUNDS);
+    let mut fresh = Client::connect(redis_addr(&cluster, leader)).await;
+    assert_eq!(fresh.call(&["PING"]).await, R::Simple("PONG".into()));
     cluster.shutdown().await;
 }

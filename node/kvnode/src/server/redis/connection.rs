@@ -1229,6 +1229,22 @@ where
                 front_end.clients().len()
             ));
         }
+        if want("memory") {
+            // A member keeps its keys in memory (the key directory) and its
+            // values on disk: used_memory is the keys' bytes.
+            let stats = front_end.kv().state_machine().engine().stats();
+            text.push_str(&format!(
+                "# Memory\r\nused_memory:{}\r\nused_memory_human:{}\r\nmaxmemory:0\r\n\
+                 maxmemory_policy:noeviction\r\nraftcask_used_memory_is:the key directory's \
+                 key bytes (values stay on disk)\r\nraftcask_engine_keys:{}\r\n\
+                 raftcask_engine_live_bytes:{}\r\nraftcask_engine_dead_bytes:{}\r\n\r\n",
+                stats.key_bytes,
+                human_bytes(stats.key_bytes),
+                stats.keys,
+                stats.live_bytes,
+                stats.dead_bytes,
+            ));
+        }
         if want("persistence") {
             text.push_str(
                 "# Persistence\r\nloading:0\r\naof_enabled:1\r\nraftcask_durability:every \
@@ -1304,6 +1320,22 @@ where
         }
         Reply::Verbatim(text)
     }
+}
+
+/// Bytes as Redis's INFO prints them (`1.44M`).
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [(&str, f64); 4] = [
+        ("T", 1024.0 * 1024.0 * 1024.0 * 1024.0),
+        ("G", 1024.0 * 1024.0 * 1024.0),
+        ("M", 1024.0 * 1024.0),
+        ("K", 1024.0),
+    ];
+    for (unit, size) in UNITS {
+        if bytes as f64 >= size {
+            return format!("{:.2}{unit}", bytes as f64 / size);
+        }
+    }
+    format!("{bytes}B")
 }
 
 /// Redis's answer to a wrong user or password.
