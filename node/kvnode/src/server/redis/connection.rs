@@ -148,7 +148,7 @@ pub(super) async fn run<S>(
         name: Vec::new(),
         created: now,
         last_command_at: now,
-        last_command: String::new(),
+        last_command: "",
         protocol: 2,
         multi: -1,
         readonly: false,
@@ -324,7 +324,7 @@ where
             return;
         };
         let family = Self::family(spec);
-        self.info.last_command = spec.name.to_string();
+        self.info.last_command = spec.name;
         if let Err(reply) = command::check_arity(spec, args.len(), spec.name) {
             if self.multi.is_some() {
                 self.multi_failed = true;
@@ -979,11 +979,11 @@ where
             "id" => Reply::Integer(self.info.id as i64),
             "info" => {
                 self.info.protocol = self.protocol.version();
-                self.info.last_command = "client|info".to_string();
+                self.info.last_command = "client|info";
                 Reply::Verbatim(format!("{}\n", self.info.line(Instant::now())))
             }
             "list" => {
-                self.info.last_command = "client|list".to_string();
+                self.info.last_command = "client|list";
                 self.front_end.update_client(&self.info);
                 let mut ids: Option<Vec<u64>> = None;
                 let mut only_normal = true;

@@ -120,7 +120,7 @@ pub(crate) struct ClientInfo {
     pub(crate) name: Vec<u8>,
     pub(crate) created: Instant,
     pub(crate) last_command_at: Instant,
-    pub(crate) last_command: String,
+    pub(crate) last_command: &'static str,
     pub(crate) protocol: i64,
     /// Commands queued by MULTI (-1 outside a transaction).
     pub(crate) multi: i64,
@@ -155,7 +155,7 @@ impl ClientInfo {
             if self.last_command.is_empty() {
                 "NULL"
             } else {
-                &self.last_command
+                self.last_command
             },
             self.protocol
         )
