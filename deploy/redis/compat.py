@@ -5,8 +5,11 @@ redis-server 7) and against the leader of a three-member raftcask
 (`kvnode local --nodes 3`), and compares every reply. Only the
 normalisations the file's marks name are applied (timings, ids, server
 versions, the INFO body, the order of unordered replies); any other
-difference fails. Then redis-benchmark runs `-t set,get,incr,mset,hset`
-at `-P 1` and `-P 16` against the cluster and must report no error.
+difference fails. Then deploy/redis/clients.py runs redis-py 5 (PyPI
+`redis`, installed in a virtual environment under target/redis-py) against
+the cluster — pipelines, RESP3, MULTI/EXEC, WATCH races between clients —
+and redis-benchmark runs `-t set,get,incr,mset,hset` at `-P 1` and `-P 16`
+against it and must report no error.
 
 Usage: deploy/redis/compat.py [--kvnode PATH] [--keep]
 Needs redis-server, redis-cli and redis-benchmark (Debian: redis-server,
@@ -222,6 +225,37 @@ def compare(sessions, redis_port, raftcask_port):
     return compared, normalised, skipped, differences
 
 
+# redis-py, the Python client clients.py drives (PyPI `redis`).
+REDIS_PY = "redis>=5,<6"
+REDIS_PY_VENV = os.path.join(REPO, "target", "redis-py")
+
+
+def python_clients(port):
+    """deploy/redis/clients.py under redis-py, installed on first use."""
+    python = os.path.join(REDIS_PY_VENV, "bin", "python")
+    have = os.access(python, os.X_OK) and subprocess.run(
+        [python, "-c", "import redis"], capture_output=True).returncode == 0
+    if not have:
+        log(f"installing {REDIS_PY} into {REDIS_PY_VENV}")
+        made = subprocess.run([sys.executable, "-m", "venv", REDIS_PY_VENV], capture_output=True)
+        installed = made.returncode == 0 and subprocess.run(
+            [python, "-m", "pip", "install", "-q", REDIS_PY], capture_output=True).returncode == 0
+        if not installed:
+            print(
+                f"redis compat: MISSING redis-py: could not make {REDIS_PY_VENV} with {REDIS_PY} "
+                "(python3-venv and PyPI are needed); the Python client test did not run",
+                file=sys.stderr,
+            )
+            sys.exit(2)
+    result = subprocess.run(
+        [python, os.path.join(HERE, "clients.py"), HOST, str(port)],
+        capture_output=True, text=True, timeout=600,
+    )
+    if result.returncode != 0:
+        fail(f"deploy/redis/clients.py:\n{result.stdout}{result.stderr}")
+    log(result.stdout.strip())
+
+
 def benchmark(port):
     for pipeline in (1, 16):
         result = subprocess.run(
@@ -332,6 +366,7 @@ def main():
         )
         if differences:
             fail(f"{len(differences)} difference(s) from redis-server")
+        python_clients(leader_port[0])
         if not args.no_bench:
             benchmark(leader_port[0])
             dbsize = cli(leader_port[0], "DBSIZE").stdout.decode().strip()
