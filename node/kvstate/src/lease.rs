@@ -926,29 +926,7 @@ mod tests {
             index: 0,
         };
         let lease = log.grant(0, 0, 60_000);
-        // Fill it in entries of many transactions each.
-        let mut next = 0;
-        while next < LEASE_KEYS_MAX {
-            let txns: Vec<TxnRequest> = (next..(next + 1000).min(LEASE_KEYS_MAX))
-                .map(|i| TxnRequest {
-                    session: None,
-                    compares: Vec::new(),
-                    success: vec![TxnOp::Put {
-                        key: format!("k{i:05}").into_bytes(),
-                        value: Vec::new(),
-                        ttl_ms: 0,
-                        lease,
-                        prev_kv: false,
-                        ignore_value: false,
-                        ignore_lease: false,
-                    }],
-                    failure: Vec::new(),
-                })
-                .collect();
-            next += txns.len();
-            let outcomes = log.apply(1, Command::Txns(txns));
-            assert!(outcomes.iter().all(|o| matches!(o, Outcome::Txn { .. })));
-        }
+        fill(&mut log, 1, "k", lease, LEASE_KEYS_MAX);
         assert_eq!(
             log.applier.leases().get(lease).unwrap().keys,
             LEASE_KEYS_MAX

@@ -20,9 +20,9 @@ use kvstate::command::{Command, Proposal};
 use kvstate::history::HistoryWindow;
 
 /// How often the leader checks whether cluster time must advance without
-/// client writes (DESIGN §3): at most one tick entry per interval, and only
-/// while some key may still expire and no other entry was applied in the
-/// last interval.
+/// client writes (DESIGN §3): at most one tick entry per interval, while
+/// some key, lease or hash may still expire and no other entry was applied
+/// in the last interval, or while expired ones wait behind a backlog.
 pub const TICK_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The leader's tick loop: proposes `Command::Advance` entries so TTL keys
