@@ -2,8 +2,10 @@
 //!
 //! The gRPC protocol of raftcask: the `.proto` files in `proto/proto/` and the
 //! Rust code generated from them at build time (prost messages, tonic clients
-//! and servers). Nothing else lives here: conversions to domain types belong
-//! to `kvnode` and `kvclient`.
+//! and servers), and [`session`]: the client half of the exactly-once
+//! session protocol, shared by `kvclient` and by a member forwarding writes
+//! to its leader. Nothing else lives here: conversions to domain types
+//! belong to `kvnode` and `kvclient`.
 //!
 //! The build needs no system `protoc`: `build.rs` compiles the files with
 //! `protox` (a protobuf compiler written in Rust) and hands the descriptor set
@@ -27,7 +29,7 @@
 //!   manifest, then chunks). Client: `cluster::v1::cluster_client::ClusterClient`;
 //!   server: `cluster::v1::cluster_server::{Cluster, ClusterServer}`.
 //! - [`raft::v1`] (`raft.proto`, package `raftcask.raft.v1`): the `Raft`
-//!   service on the peer port only — AppendEntries, Vote, ReadIndex, Identify
+//!   service on the peer port only — AppendEntries, Vote, ReadIndex, Forward, Identify
 //!   and TransferSnapshot (bidirectional: offer, need, chunks, done,
 //!   installed). openraft structures travel as opaque `bytes` encoded by
 //!   kvnode's codec; every request carries an [`raft::v1::Identity`] (cluster
@@ -121,6 +123,8 @@ pub const SESSION_IDLE_MS: u64 = 10 * 60 * 1000;
 // `Debug` for every message and tonic for every public client and server.
 
 /// `raftcask.kv.v1`: the key-value service (client port). See `proto/kv.proto`.
+pub mod session;
+
 pub mod kv {
     /// Version 1 of the key-value protocol.
     pub mod v1 {

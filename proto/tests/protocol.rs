@@ -461,6 +461,12 @@ impl raft::raft_server::Raft for StubRaft {
     ) -> Result<Response<raft::ReadIndexResponse>, Status> {
         Err(Status::unimplemented("read_index"))
     }
+    async fn forward(
+        &self,
+        _: Request<raft::ForwardRequest>,
+    ) -> Result<Response<raft::ForwardResponse>, Status> {
+        Err(Status::unimplemented("forward"))
+    }
     async fn identify(
         &self,
         _: Request<raft::IdentifyRequest>,

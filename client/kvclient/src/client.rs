@@ -24,13 +24,13 @@ use crate::builder::{ClientBuilder, Settings};
 use crate::error::{Error, Result};
 use crate::keeper::Lessor;
 use crate::router::{Router, Target};
-use crate::session::Sessions;
 use crate::txn::{DeleteRange, DeletedRange, Range, RangeResult, Txn, TxnResponse};
 use crate::types::{
     Batch, BatchApplied, Condition, Consistency, Entry, KeyValue, OpResult, PutOptions, Read,
     Removed, Revisions, Scan, Written, ttl_left, ttl_ms,
 };
 use crate::watch::{Watch, WatchStream};
+use kvproto::session::Sessions;
 
 /// Largest response the client accepts, in bytes (a scan page or a value of
 /// the largest size, with room to spare).

@@ -20,8 +20,8 @@
 //!   reporting its loss ([`LeaseLoss`]).
 //! - [`router`]: members, the cached leader (refreshed from not-leader
 //!   hints), round-robin reads over healthy members, the retry loop.
-//! - `session`: the client id, write sequences and the lowest sequence not
-//!   yet acknowledged.
+//! - the session (`kvproto::session`): the client id, write sequences and
+//!   the lowest sequence not yet acknowledged.
 //! - [`txn`]: etcd-style [`txn::Range`] reads, [`txn::DeleteRange`] and
 //!   the [`txn::Txn`] builder (compares, then one of two branches), sent by
 //!   [`Client::range`], [`Client::delete_range`] and [`Client::txn`].
@@ -93,7 +93,6 @@ pub mod error;
 pub mod keeper;
 pub mod lease;
 pub mod router;
-mod session;
 pub mod txn;
 pub mod types;
 pub mod watch;

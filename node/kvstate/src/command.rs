@@ -197,8 +197,9 @@ impl Command {
 
 /// One client write as the leader's batcher queues it: a request or a
 /// transaction. An entry carries writes of one kind ([`Command::Writes`]
-/// or [`Command::Txns`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// or [`Command::Txns`]). Encoded (kvcodec) in a member's `Forward` to its
+/// leader: new variants go at the end.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Write {
     /// Conditions and ops ([`Command::Writes`]).
     Request(Request),
@@ -244,6 +245,17 @@ impl Write {
             Write::Txn(txn) => txn.session,
             Write::Lease(lease) => lease.session,
             Write::Redis(redis) => redis.session,
+        }
+    }
+
+    /// Puts `session` on it (a member forwarding a client's write to the
+    /// leader makes it exactly once under the member's own session).
+    pub fn set_session(&mut self, session: Option<SessionRef>) {
+        match self {
+            Write::Request(request) => request.session = session,
+            Write::Txn(txn) => txn.session = session,
+            Write::Lease(lease) => lease.session = session,
+            Write::Redis(redis) => redis.session = session,
         }
     }
 

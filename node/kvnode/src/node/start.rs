@@ -253,7 +253,14 @@ impl Member<'_> {
             &config.data_dir,
             config.limits.disk_free_min_bytes,
         ))
-        .with_shutdown(shutdown.subscribe());
+        .with_shutdown(shutdown.subscribe())
+        .with_forwarder(crate::server::forward::Forwarder::new(
+            config.id,
+            raft.clone(),
+            network.clone(),
+            Some(member_metrics.clone()),
+        ));
+        let peer_service = peer_service.with_forwarding(kv_service.clone());
         // No Nagle: a small reply held back for a delayed ACK costs 40 ms.
         let limits = config.limits.clone();
         let (peer, client) = (

@@ -22,8 +22,9 @@ use std::time::Duration;
 
 use kvproto::raft::v1::raft_client::RaftClient;
 use kvproto::raft::v1::{
-    AppendEntriesRequest as PbAppendEntries, IdentifyRequest, Identity as PbIdentity,
-    ReadIndexRequest, TransferLeaderRequest as PbTransferLeader, VoteRequest as PbVote,
+    AppendEntriesRequest as PbAppendEntries, ForwardRequest, IdentifyRequest,
+    Identity as PbIdentity, ReadIndexRequest, TransferLeaderRequest as PbTransferLeader,
+    VoteRequest as PbVote,
 };
 use openraft::OptionalSend;
 use openraft::errors::{
@@ -205,6 +206,43 @@ impl Network {
 }
 
 impl Network {
+    /// Sends a client write to the leader (one `Forward` RPC within
+    /// `timeout`): its answer and the leader's applied index then, or the
+    /// status the leader (or the transport) gave. A link cut by a test fault or a peer address that does not
+    /// parse is UNAVAILABLE before anything was sent.
+    pub async fn forward(
+        &self,
+        leader: u64,
+        node: &NodeInfo,
+        write: &kvstate::command::Write,
+        timeout: Duration,
+    ) -> Result<(kvstate::command::Answer, u64), tonic::Status> {
+        let peer = self.client(leader, node);
+        let mut client = peer
+            .client()
+            .map_err(|err| tonic::Status::unavailable(err.to_string()))?;
+        let mut request = tonic::Request::new(ForwardRequest {
+            identity: Some(peer.identity()),
+            write: codec::encode(write).into(),
+        });
+        request.set_timeout(timeout);
+        match tokio::time::timeout(timeout, client.forward(request)).await {
+            Err(_) => Err(tonic::Status::deadline_exceeded(format!(
+                "the leader {leader} did not answer a forwarded write within {timeout:?}"
+            ))),
+            Ok(Err(status)) => Err(status),
+            Ok(Ok(response)) => {
+                let response = response.into_inner();
+                let answer = codec::decode(&response.answer).map_err(|err| {
+                    tonic::Status::internal(format!(
+                        "the leader {leader}'s answer to a forwarded write does not decode: {err}"
+                    ))
+                })?;
+                Ok((answer, response.applied_index))
+            }
+        }
+    }
+
     /// Asks a peer who it is (`Identify`): its (cluster id, member id,
     /// incarnation), or why it did not answer within `timeout`.
     pub async fn identify(

@@ -84,6 +84,9 @@ pub struct KvService {
     /// The member's watch hub, started by the first watch.
     watch_hub:
         std::sync::Arc<std::sync::OnceLock<std::sync::Arc<crate::server::watch_hub::WatchHub>>>,
+    /// Sends front ends' writes to the leader when this member does not
+    /// lead; `None`: they are refused NotLeader like the `Kv` port's.
+    forwarder: Option<crate::server::forward::Forwarder>,
 }
 
 impl std::fmt::Debug for KvService {
@@ -118,7 +121,15 @@ impl KvService {
             shutdown: None,
             renewals: Default::default(),
             watch_hub: Default::default(),
+            forwarder: None,
         }
+    }
+
+    /// Forwards front ends' writes to the leader through `forwarder`
+    /// ([`crate::server::forward`]).
+    pub fn with_forwarder(mut self, forwarder: crate::server::forward::Forwarder) -> KvService {
+        self.forwarder = Some(forwarder);
+        self
     }
 
     /// Ends every watch stream when `shutdown` turns true.
@@ -160,7 +171,7 @@ impl KvService {
             .max_encoding_message_size(CLIENT_MESSAGE_BYTES_MAX)
     }
 
-    fn applied_index(&self) -> u64 {
+    pub(crate) fn applied_index(&self) -> u64 {
         self.state_machine
             .applied()
             .0
@@ -265,10 +276,29 @@ impl KvService {
         self.write_checked(request.into(), true).await
     }
 
-    /// A write of another front end (the Redis port): the same path as the
-    /// service's own writes (leader check, free-space watermark, batcher,
-    /// outcome mapping).
-    pub(crate) async fn write_from_front_end(&self, request: Write) -> Result<Answer, Status> {
+    /// A write of another front end (the Redis port): proposed here, down
+    /// the same path as the service's own writes (leader check, free-space
+    /// watermark, batcher, outcome mapping), when this member leads; sent
+    /// to the leader otherwise ([`crate::server::forward`]). Its answer,
+    /// and a log index at or after its entry.
+    pub(crate) async fn write_from_front_end(
+        &self,
+        request: Write,
+    ) -> Result<(Answer, u64), Status> {
+        match &self.forwarder {
+            Some(forwarder) if self.leader().0 != Some(self.id) => {
+                forwarder.write(self, request).await
+            }
+            _ => {
+                let answer = self.write_checked(request, true).await?;
+                Ok((answer, self.applied_index()))
+            }
+        }
+    }
+
+    /// A write another member forwarded (peer `Forward`), or this member's
+    /// own forwarder's once it leads: proposed here, never forwarded again.
+    pub(crate) async fn write_forwarded(&self, request: Write) -> Result<Answer, Status> {
         self.write_checked(request, true).await
     }
 

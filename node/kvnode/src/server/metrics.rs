@@ -52,6 +52,9 @@ pub const PROPOSAL_BATCH_BUCKETS: u16 = 17;
 pub const WATCH_CANCEL_REASONS: [&str; 5] =
     ["client", "compacted", "refused", "unavailable", "error"];
 
+/// The `result` label values of `raftcask_forwarded_writes_total`.
+pub const FORWARD_RESULTS: [&str; 4] = ["answered", "refused", "not_written", "unknown"];
+
 /// The command families `raftcask_redis_commands` is labelled with
 /// (label `family`; Redis's own groups, `unknown` for a command the front
 /// end does not know).
@@ -256,6 +259,8 @@ struct Inner {
     redis_connections: Gauge,
     redis_connections_refused: Counter,
     redis_commands: Family<RedisLabel, Counter>,
+    forwarded_writes: Family<ReasonLabel, Counter>,
+    forward_retries: Counter,
 }
 
 /// The label set of `raftcask_redis_commands`: `family`, `result`.
@@ -523,8 +528,24 @@ impl Metrics {
             "Commands the Redis port answered, by command family (Redis's groups; unknown for a command it does not know) and result (error: an error reply)",
             redis_commands.clone(),
         );
+        let forwarded_writes = Family::<ReasonLabel, Counter>::default();
+        for result in FORWARD_RESULTS {
+            drop(forwarded_writes.get_or_create(&[("result", result)]));
+        }
+        registry.register(
+            "forwarded_writes",
+            "Front-end writes this member took without leading and sent to the leader, by result (answered, refused by the leader, not_written: no leader reached in time, unknown: the outcome)",
+            forwarded_writes.clone(),
+        );
+        let forward_retries = counter(
+            &mut registry,
+            "forward_retries",
+            "Attempts of forwarded writes that were tried again (no leader known, not the leader, or no answer)",
+        );
         Metrics {
             inner: Arc::new(Inner {
+                forwarded_writes,
+                forward_retries,
                 redis_connections,
                 redis_connections_refused,
                 redis_commands,
@@ -612,6 +633,20 @@ impl Metrics {
             .redis_commands
             .get_or_create(&[("family", family), ("result", result)])
             .inc();
+    }
+
+    /// Counts one forwarded write by its result (one of
+    /// [`FORWARD_RESULTS`]).
+    pub fn forwarded_write(&self, result: &'static str) {
+        self.inner
+            .forwarded_writes
+            .get_or_create(&[("result", result)])
+            .inc();
+    }
+
+    /// Counts one forwarded write's attempt that is tried again.
+    pub fn forward_retry(&self) {
+        self.inner.forward_retries.inc();
     }
 
     /// Counts one keep-alive request.

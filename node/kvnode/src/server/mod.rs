@@ -18,7 +18,9 @@
 //! - [`cluster`]: the client `Cluster` service (status, membership,
 //!   snapshots, SaveSnapshot streaming).
 //! - [`raft`]: the peer `Raft` service (AppendEntries, Vote, ReadIndex,
-//!   Identify, and the receiving end of `TransferSnapshot`).
+//!   Forward, Identify, and the receiving end of `TransferSnapshot`).
+//! - [`forward`]: a front end's write taken by a member that does not
+//!   lead, sent to the leader exactly once under the member's session.
 //! - [`convert`]: protocol conversions, error statuses with `ErrorDetail`,
 //!   request limits.
 //! - [`limits`]: limits under load (connection caps, a handshake deadline,
@@ -34,6 +36,7 @@
 pub mod admin;
 pub mod cluster;
 pub mod convert;
+pub mod forward;
 pub mod kv;
 pub mod lease;
 pub mod limits;

@@ -9,7 +9,9 @@
 //! does no file I/O.
 //!
 //! `ReadIndex` serves followers' linearizable reads from the leader's shared
-//! read-index rounds; `Identify` tells any caller who this member is.
+//! read-index rounds; `Forward` proposes a write another member took on a
+//! front end (see [`crate::server::forward`]) down this member's own write
+//! path; `Identify` tells any caller who this member is.
 //!
 //! Every other request's `Identity` is checked (see [`crate::node::identity`]):
 //! a wrong member id, an earlier incarnation of this member, a peer's
@@ -25,9 +27,9 @@ use std::time::{Duration, Instant};
 use kvproto::PEER_PROTOCOL_VERSION;
 use kvproto::raft::v1::raft_server::{Raft as RaftRpc, RaftServer};
 use kvproto::raft::v1::{
-    AppendEntriesRequest, AppendEntriesResponse, IdentifyRequest, IdentifyResponse,
-    Identity as PbIdentity, ReadIndexRequest, ReadIndexResponse, SnapshotInstalled,
-    TransferLeaderRequest, TransferLeaderResponse, TransferSnapshotRequest,
+    AppendEntriesRequest, AppendEntriesResponse, ForwardRequest, ForwardResponse, IdentifyRequest,
+    IdentifyResponse, Identity as PbIdentity, ReadIndexRequest, ReadIndexResponse,
+    SnapshotInstalled, TransferLeaderRequest, TransferLeaderResponse, TransferSnapshotRequest,
     TransferSnapshotResponse, VoteRequest, VoteResponse, transfer_snapshot_request,
     transfer_snapshot_response,
 };
@@ -63,6 +65,9 @@ pub struct PeerService {
     faults: Faults,
     last_logged: Arc<Mutex<HashMap<u64, Instant>>>,
     metrics: Option<Metrics>,
+    /// The member's write path for forwarded writes; `None`: `Forward` is
+    /// answered UNIMPLEMENTED (nothing written).
+    writes: Option<crate::server::kv::KvService>,
 }
 
 impl std::fmt::Debug for PeerService {
@@ -91,7 +96,14 @@ impl PeerService {
             faults,
             last_logged: Arc::default(),
             metrics: None,
+            writes: None,
         }
+    }
+
+    /// Takes writes other members forward (`Forward`) down `writes`.
+    pub fn with_forwarding(mut self, writes: crate::server::kv::KvService) -> PeerService {
+        self.writes = Some(writes);
+        self
     }
 
     /// Counts snapshot bytes received into `metrics`.
@@ -263,6 +275,26 @@ impl RaftRpc for PeerService {
             }
             Err(err) => Err(Status::unavailable(err.to_string())),
         }
+    }
+
+    async fn forward(
+        &self,
+        request: Request<ForwardRequest>,
+    ) -> Result<Response<ForwardResponse>, Status> {
+        let request = request.into_inner();
+        self.check_identity(request.identity.as_ref(), Adopt::Never)?;
+        let Some(writes) = &self.writes else {
+            return Err(Status::unimplemented(format!(
+                "member {} takes no forwarded writes; nothing was written",
+                self.id
+            )));
+        };
+        let write: kvstate::command::Write = decode(&request.write, "Forward")?;
+        let answer = writes.write_forwarded(write).await?;
+        Ok(Response::new(ForwardResponse {
+            answer: codec::encode(&answer).into(),
+            applied_index: writes.applied_index(),
+        }))
     }
 
     async fn identify(

@@ -9,8 +9,11 @@
 //! - errors: unknown commands, arity, syntax, and a request over a limit
 //!   (answered `-ERR` naming it, then the connection closes); the member
 //!   keeps serving after random bytes from the network;
-//! - a follower refuses writes naming the leader and serves linearizable
-//!   reads of what the leader acknowledged; READONLY reads stale;
+//! - a follower forwards writes to the leader (SET, INCRBY, WATCH and
+//!   MULTI/EXEC), serves linearizable reads of what the leader
+//!   acknowledged, and with READONLY reads stale yet sees its connection's
+//!   own writes; forwarded writes apply exactly once when the leader's
+//!   replies are lost;
 //! - MULTI/EXEC applied as one unit, EXECABORT after a queue-time error,
 //!   WATCH making EXEC answer nil when another connection wrote the key
 //!   or its TTL ran out, a block of reads answered by a follower,
@@ -443,7 +446,7 @@ async fn resp3_after_hello_3_and_errors_as_redis_words_them() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_follower_names_the_leader_for_writes_and_reads_linearizably() {
+async fn a_follower_forwards_writes_and_reads_linearizably() {
     let root = tempfile::tempdir().unwrap();
     let (cluster, leader) = cluster(root.path(), 3).await;
     let follower = (1..=3).find(|id| *id != leader).unwrap();
@@ -452,27 +455,42 @@ async fn a_follower_names_the_leader_for_writes_and_reads_linearizably() {
     assert_eq!(on_leader.call(&["SET", "k", "from-leader"]).await, ok());
     // A linearizable read on the follower sees the acknowledged write.
     assert_eq!(on_follower.call(&["GET", "k"]).await, bulk("from-leader"));
-    match on_follower.call(&["SET", "k", "x"]).await {
-        R::Error(message) => assert!(
-            message.starts_with("READONLY ") && message.contains(&format!("member {leader}")),
-            "{message}"
-        ),
-        other => panic!("{other:?}"),
-    }
+    // A write on the follower is forwarded: the leader sees it.
+    assert_eq!(on_follower.call(&["SET", "k", "x"]).await, ok());
+    assert_eq!(on_leader.call(&["GET", "k"]).await, bulk("x"));
+    assert_eq!(on_follower.call(&["INCRBY", "n", "5"]).await, R::Int(5));
+    // MULTI/EXEC under WATCH through the follower.
+    assert_eq!(on_follower.call(&["WATCH", "k"]).await, ok());
+    assert_eq!(on_follower.call(&["MULTI"]).await, ok());
+    on_follower.call(&["INCR", "n"]).await;
+    on_follower.call(&["SET", "k", "y"]).await;
+    assert_eq!(
+        on_follower.call(&["EXEC"]).await,
+        R::Array(vec![R::Int(6), ok()])
+    );
+    assert_eq!(
+        on_leader.call(&["MGET", "k", "n"]).await,
+        R::Array(vec![bulk("y"), bulk("6")])
+    );
     // A block of reads only is answered by the follower itself.
     assert_eq!(on_follower.call(&["MULTI"]).await, ok());
     on_follower.call(&["GET", "k"]).await;
     on_follower.call(&["EXISTS", "k", "nope"]).await;
     assert_eq!(
         on_follower.call(&["EXEC"]).await,
-        R::Array(vec![bulk("from-leader"), R::Int(1)])
+        R::Array(vec![bulk("y"), R::Int(1)])
     );
+    // Stale reads on the follower still see the connection's own
+    // forwarded writes (they wait for the leader's index of the write).
     assert_eq!(on_follower.call(&["READONLY"]).await, ok());
-    assert!(matches!(
-        on_follower.call(&["GET", "k"]).await,
-        R::Bulk(_) | R::Nil
-    ));
+    for round in 0..20 {
+        let value = format!("stale-{round}");
+        assert_eq!(on_follower.call(&["SET", "k", &value]).await, ok());
+        assert_eq!(on_follower.call(&["GET", "k"]).await, bulk(&value));
+    }
     assert_eq!(on_follower.call(&["READWRITE"]).await, ok());
+    // WAIT on a follower counts itself once it holds its last write.
+    assert_eq!(on_follower.call(&["WAIT", "1", "5000"]).await, R::Int(1));
     // WAIT on the leader: both followers hold the connection's last write.
     assert_eq!(on_leader.call(&["SET", "w", "1"]).await, ok());
     assert_eq!(on_leader.call(&["WAIT", "2", "5000"]).await, R::Int(2));
@@ -488,6 +506,36 @@ async fn a_follower_names_the_leader_for_writes_and_reads_linearizably() {
         }
         other => panic!("{other:?}"),
     }
+    cluster.shutdown().await;
+}
+
+/// Forwarded writes apply exactly once: with every other reply of the
+/// leader's lost after its write applied, the follower retries each lost
+/// one under the same session sequence and gets the first application's
+/// answer, so 40 INCRs through the follower answer 1..=40 and leave 40
+/// (without the member's session each lost reply's retry would apply
+/// again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_writes_apply_once_when_the_leaders_replies_are_lost() {
+    let root = tempfile::tempdir().unwrap();
+    let faults = std::sync::Mutex::new(std::collections::BTreeMap::new());
+    let (cluster, leader) = cluster_configured(root.path(), 3, |config| {
+        faults
+            .lock()
+            .unwrap()
+            .insert(config.id, config.faults.clone());
+    })
+    .await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let mut on_follower = Client::connect(redis_addr(&cluster, follower)).await;
+    assert_eq!(on_follower.call(&["SET", "c", "0"]).await, ok());
+    faults.lock().unwrap()[&leader].set_drop_write_reply_percent(50);
+    for expected in 1..=40 {
+        assert_eq!(on_follower.call(&["INCR", "c"]).await, R::Int(expected));
+    }
+    faults.lock().unwrap()[&leader].set_drop_write_reply_percent(0);
+    let mut on_leader = Client::connect(redis_addr(&cluster, leader)).await;
+    assert_eq!(on_leader.call(&["GET", "c"]).await, bulk("40"));
     cluster.shutdown().await;
 }
 

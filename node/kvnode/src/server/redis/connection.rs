@@ -458,27 +458,26 @@ where
     /// log index it applied at (at or after, for WAIT).
     async fn submit(&mut self, request: RedisRequest) -> Result<RedisAnswer, Reply> {
         match self.front_end.write(Write::Redis(request)).await {
-            Ok(Answer {
-                outcome: Outcome::Redis(answer),
-                ..
-            }) => {
-                // The answer came after apply: the applied index now is at
-                // or after the write's entry.
-                let applied = self
-                    .front_end
-                    .raft()
-                    .metrics()
-                    .borrow()
-                    .last_applied
-                    .map_or(0, |log_id| log_id.index);
-                self.last_write_index = self.last_write_index.max(applied);
+            Ok((
+                Answer {
+                    outcome: Outcome::Redis(answer),
+                    ..
+                },
+                index,
+            )) => {
+                // At or after the write's entry: a stale read of this
+                // connection waits until the member applied that far.
+                self.last_write_index = self.last_write_index.max(index);
                 Ok(answer)
             }
-            Ok(Answer {
-                outcome: Outcome::Rejected { reason },
-                ..
-            }) => Err(Reply::err(reason)),
-            Ok(answer) => Err(Reply::err(format!(
+            Ok((
+                Answer {
+                    outcome: Outcome::Rejected { reason },
+                    ..
+                },
+                _,
+            )) => Err(Reply::err(reason)),
+            Ok((answer, _)) => Err(Reply::err(format!(
                 "raftcask: unexpected answer to a write: {:?}",
                 answer.outcome
             ))),

@@ -315,17 +315,11 @@ impl RedisFrontEnd {
     }
 
     /// The one write path of the front end: every write command (and
-    /// every EXEC) goes through here. Today it proposes on this member,
-    /// which must lead; write forwarding to the leader plugs in here.
-    pub(crate) async fn write(&self, write: Write) -> Result<Answer, WriteRefused> {
-        let (leader, addr) = self.kv.leader();
-        if leader != Some(self.member_id) {
-            return Err(WriteRefused::NotLeader {
-                member: self.member_id,
-                leader,
-                leader_client_addr: addr,
-            });
-        }
+    /// every EXEC) goes through here, proposed on this member when it
+    /// leads and forwarded to the leader otherwise
+    /// ([`KvService::write_from_front_end`]). The answer, and a log index
+    /// at or after the write's entry.
+    pub(crate) async fn write(&self, write: Write) -> Result<(Answer, u64), WriteRefused> {
         self.kv
             .write_from_front_end(write)
             .await
@@ -336,12 +330,6 @@ impl RedisFrontEnd {
 /// Why a write got no answer from the state machine.
 #[derive(Debug)]
 pub(crate) enum WriteRefused {
-    /// This member does not lead (no forwarding yet).
-    NotLeader {
-        member: u64,
-        leader: Option<u64>,
-        leader_client_addr: Option<String>,
-    },
     /// The write path's refusal or an unknown outcome.
     Status(tonic::Status),
 }
@@ -350,24 +338,6 @@ impl WriteRefused {
     /// The error reply a client sees.
     pub(crate) fn reply(&self) -> resp::Reply {
         match self {
-            WriteRefused::NotLeader {
-                member,
-                leader: Some(leader),
-                leader_client_addr,
-            } => resp::Reply::Error(format!(
-                "READONLY You can't write against a read only replica. (raftcask: member \
-                 {member} is not the leader; the leader is member {leader}, client address {}; \
-                 send writes to its Redis port)",
-                leader_client_addr.as_deref().unwrap_or("unknown")
-            )),
-            WriteRefused::NotLeader {
-                member,
-                leader: None,
-                ..
-            } => resp::Reply::Error(format!(
-                "CLUSTERDOWN raftcask: member {member} knows no leader (an election may be under \
-                 way); nothing was written, retry"
-            )),
             WriteRefused::Status(status) => {
                 let message = status.message();
                 let detail = crate::server::convert::detail_of(status).and_then(|d| d.detail);
@@ -377,6 +347,11 @@ impl WriteRefused {
                             "raftcask: the write's outcome is unknown (it may or may not have \
                              applied): {message}"
                         ))
+                    }
+                    // No leader could be reached (an election): refused
+                    // before anything was proposed.
+                    Some(kvproto::kv::v1::error_detail::Detail::NotLeader(_)) => {
+                        resp::Reply::Error(format!("CLUSTERDOWN raftcask: {message}; retry"))
                     }
                     Some(kvproto::kv::v1::error_detail::Detail::LimitExceeded(limit)) => {
                         resp::Reply::err(format!(

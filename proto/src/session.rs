@@ -1,4 +1,7 @@
-//! Exactly-once bookkeeping of one client (DESIGN §3): a random non-zero
+//! Exactly-once bookkeeping of one client (DESIGN §3), the client half of
+//! the session protocol whose server half is the state machine's session
+//! table: kvclient keeps one per client, and a member keeps one for the
+//! writes it forwards to the leader. A random non-zero
 //! client id, a sequence number per new write, and the lowest sequence whose
 //! answer has not yet been delivered, which lets the servers forget older
 //! answers. Several writes may be outstanding at once.
@@ -18,11 +21,11 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use kvproto::kv::v1::Session;
+use crate::kv::v1::Session;
 
 /// The session state shared by all calls of one client.
 #[derive(Debug)]
-pub(crate) struct Sessions {
+pub struct Sessions {
     state: Mutex<State>,
 }
 
@@ -48,9 +51,15 @@ fn random_client_id() -> u64 {
     }
 }
 
+impl Default for Sessions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Sessions {
     /// A session with a random non-zero client id.
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         Sessions {
             state: Mutex::new(State {
                 client_id: random_client_id(),
@@ -66,13 +75,13 @@ impl Sessions {
     }
 
     /// The current client id.
-    pub(crate) fn client_id(&self) -> u64 {
+    pub fn client_id(&self) -> u64 {
         self.lock().client_id
     }
 
     /// Starts a new write: its sequence stays outstanding until the ticket
     /// is dropped (the answer delivered, or the write given up).
-    pub(crate) fn begin(self: &Arc<Self>) -> Ticket {
+    pub fn begin(self: &Arc<Self>) -> Ticket {
         let mut state = self.lock();
         let sequence = state.next;
         state.next += 1;
@@ -88,7 +97,7 @@ impl Sessions {
 
 /// One write's sequence, outstanding while the ticket lives.
 #[derive(Debug)]
-pub(crate) struct Ticket {
+pub struct Ticket {
     sessions: Arc<Sessions>,
     client_id: u64,
     sequence: u64,
@@ -99,7 +108,7 @@ pub(crate) struct Ticket {
 impl Ticket {
     /// The session to send with this attempt (the lowest unacked sequence is
     /// read afresh each time, so it advances while a write is retried).
-    pub(crate) fn session(&self) -> Session {
+    pub fn session(&self) -> Session {
         let state = self.sessions.lock();
         let current = state.client_id == self.client_id;
         let lowest = if current {
@@ -122,7 +131,7 @@ impl Ticket {
 
     /// The cluster answered this write (any outcome but SESSION_EXPIRED):
     /// the session exists.
-    pub(crate) fn answered(&self) {
+    pub fn answered(&self) {
         let mut state = self.sessions.lock();
         if state.client_id == self.client_id {
             state.confirmed = true;
@@ -131,7 +140,7 @@ impl Ticket {
 
     /// The cluster answered SESSION_EXPIRED: the session is gone; later
     /// writes use a fresh id that opens a fresh session.
-    pub(crate) fn session_expired(&self) {
+    pub fn session_expired(&self) {
         let mut state = self.sessions.lock();
         if state.client_id == self.client_id {
             *state = State {
