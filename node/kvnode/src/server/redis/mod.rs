@@ -51,6 +51,11 @@ use crate::raft::watch::MetricsWatch;
 use crate::server::kv::KvService;
 use crate::server::security::{AuthToken, TLS_HANDSHAKE_TIMEOUT};
 
+// The Redis limits are the cluster's: a value or key the `Kv` port takes,
+// the Redis port takes too.
+const _: () = assert!(kvstate::redis::STRING_BYTES_MAX == kvproto::VALUE_SIZE_BYTES_MAX);
+const _: () = assert!(kvstate::redis::KEY_BYTES_MAX == kvproto::KEY_SIZE_BYTES_MAX);
+
 /// Connections open at once at most (Redis's `maxclients` is 10 000; a
 /// member shares its open-files limit with its client and peer ports).
 pub const REDIS_CONNECTIONS_MAX: usize = 4096;
