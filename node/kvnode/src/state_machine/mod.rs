@@ -411,6 +411,10 @@ impl StateMachine {
                 .last_applied
                 .is_some_and(|applied| index <= applied.index)
             {
+                // Nobody proposed it in this process (a proposal's index is
+                // above everything applied). Were someone waiting, the empty
+                // answer list would not match its request count, which the
+                // batcher reports as outcome unknown, never as an outcome.
                 responses.push(EntryResponse::default());
                 continue;
             }
