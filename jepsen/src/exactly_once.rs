@@ -361,6 +361,7 @@ mod tests {
             found: None,
             watch: None,
             lease: None,
+            expected: None,
         }
     }
 

@@ -835,6 +835,7 @@ mod tests {
                 id: 0x77,
                 ..LeaseRecord::default()
             }),
+            expected: None,
         }
     }
 

@@ -376,6 +376,7 @@ mod tests {
             found: None,
             watch: None,
             lease: None,
+            expected: None,
         })
     }
 

@@ -554,6 +554,7 @@ mod tests {
             found: None,
             watch: None,
             lease: None,
+            expected: None,
         }
     }
 

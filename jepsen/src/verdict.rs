@@ -6,6 +6,9 @@
 //!   onto the `register` model (linearizability per key, plus the cheap
 //!   version checks: stale read, phantom value, duplicate apply; and the
 //!   revision checks when the operations carry revisions).
+//! - `redis-register`: reads, writes and compare-and-sets by value (the
+//!   Redis port returns no versions) map one to one onto the
+//!   `cas-register` model: linearizability per key, final reads included.
 //! - `set`: every element is its own key in the cluster, but the checker
 //!   sees one set: each add is an `add` of the element to the set, the final
 //!   prefix scan (`read-all`) is the set's final read with the elements it
@@ -39,6 +42,8 @@ pub fn model_of(workload: WorkloadKind) -> ModelName {
         WorkloadKind::Watch => ModelName::Register,
         // The lease workload has a checker of its own (`lease_check`).
         WorkloadKind::Lease => ModelName::Register,
+        // No versions on the Redis port: by value (every value is unique).
+        WorkloadKind::RedisRegister => ModelName::CasRegister,
     }
 }
 
@@ -57,6 +62,9 @@ fn events_of(op: &Op, workload: WorkloadKind) -> Option<[(u64, u8, Event); 2]> {
         (WorkloadKind::Register, Function::Read) => (CheckFunction::Read, op.key.as_str()),
         (WorkloadKind::Register, Function::Write) => (CheckFunction::Write, op.key.as_str()),
         (WorkloadKind::Register, Function::Cas) => (CheckFunction::Cas, op.key.as_str()),
+        (WorkloadKind::RedisRegister, Function::Read) => (CheckFunction::Read, op.key.as_str()),
+        (WorkloadKind::RedisRegister, Function::Write) => (CheckFunction::Write, op.key.as_str()),
+        (WorkloadKind::RedisRegister, Function::Cas) => (CheckFunction::Cas, op.key.as_str()),
         (WorkloadKind::Set, Function::Add) => (CheckFunction::Add, SET_KEY),
         (WorkloadKind::Set, Function::ReadAll) => (CheckFunction::Read, SET_KEY),
         _ => return None,
@@ -83,9 +91,11 @@ fn events_of(op: &Op, workload: WorkloadKind) -> Option<[(u64, u8, Event); 2]> {
         }
         _ => {
             invoke.value = op.value.clone();
+            invoke.expected = op.expected.clone();
             invoke.expected_version = op.expected_version;
             invoke.expected_mod_revision = op.expected_mod_revision;
             done.value = op.value.clone();
+            done.expected = op.expected.clone();
             done.expected_version = op.expected_version;
             done.expected_mod_revision = op.expected_mod_revision;
             if op.outcome == Outcome::Ok {
@@ -154,6 +164,7 @@ mod tests {
             found: None,
             watch: None,
             lease: None,
+            expected: None,
         }
     }
 
@@ -214,5 +225,47 @@ mod tests {
         let mut write = op(1, Function::Cas, "v", 0);
         write.record_write_revision(8);
         assert_eq!((write.revision, write.mod_revision), (Some(8), None));
+    }
+
+    /// A redis-register history: a SET, a WATCH/EXEC cas from its value, a
+    /// GET of the last value `read_value` — no versions, by value.
+    fn redis_history(read_value: &str) -> Vec<Record> {
+        let unversioned = |mut op: Op| {
+            op.version = None;
+            op.index = None;
+            Record::Op(op)
+        };
+        let write = op(0, Function::Write, "p0-1", 10);
+        let mut cas = op(1, Function::Cas, "p1-1", 20);
+        cas.expected = Some("p0-1".into());
+        let read = op(2, Function::Read, read_value, 30);
+        vec![unversioned(write), unversioned(cas), unversioned(read)]
+    }
+
+    #[test]
+    fn redis_register_runs_are_checked_by_value() {
+        assert_eq!(
+            model_of(WorkloadKind::RedisRegister),
+            ModelName::CasRegister
+        );
+        let events = to_events(&redis_history("p1-1"), WorkloadKind::RedisRegister);
+        assert_eq!(events.len(), 6);
+        assert_eq!(events[2].expected.as_deref(), Some("p0-1"));
+        let report = check_run(&redis_history("p1-1"), WorkloadKind::RedisRegister).unwrap();
+        assert_eq!(
+            report.exit_code(),
+            crate::check::EXIT_VALID,
+            "{}",
+            report.summary()
+        );
+        // A GET of the value the cas replaced, after the cas was
+        // acknowledged: a stale read.
+        let report = check_run(&redis_history("p0-1"), WorkloadKind::RedisRegister).unwrap();
+        assert_eq!(
+            report.exit_code(),
+            crate::check::EXIT_INVALID,
+            "{}",
+            report.summary()
+        );
     }
 }

@@ -1074,6 +1074,7 @@ mod tests {
             found: None,
             watch: None,
             lease: None,
+            expected: None,
         }
     }
 

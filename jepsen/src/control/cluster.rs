@@ -1,6 +1,7 @@
 //! The cluster under test: N real `kvnode run` child processes, member i
 //! on its own loopback address 127.0.0.(10+i) (client port
-//! [`CLIENT_PORT`], peer port [`PEER_PORT`]), data in `DIR/node<i>/data`,
+//! [`CLIENT_PORT`], peer port [`PEER_PORT`], Redis (RESP) port
+//! [`REDIS_PORT`]), data in `DIR/node<i>/data`,
 //! output appended to `DIR/node<i>/kvnode.log`.
 //!
 //! Faults on processes go through here: SIGKILL and restart (same data
@@ -30,6 +31,10 @@ use rustix::process::{Pid, Signal};
 pub const CLIENT_PORT: u16 = 7001;
 /// Port of every member's peer (Raft) service.
 pub const PEER_PORT: u16 = 7101;
+/// Port of every member's Redis (RESP) front end (`kvnode run
+/// --redis-addr`), on the member's own address like the others (7201 is the
+/// no-root mode's peer proxy).
+pub const REDIS_PORT: u16 = 7301;
 /// Most members a run starts (addresses 127.0.0.11 ..= 127.0.0.19).
 pub const NODES_MAX: u64 = 9;
 /// Where Debian's libfaketime lives (package `libfaketime`).
@@ -55,6 +60,11 @@ pub fn client_addr(id: u64) -> String {
 /// The peer address (`ip:port`) of member `id`.
 pub fn peer_addr(id: u64) -> String {
     format!("{}:{PEER_PORT}", node_ip(id))
+}
+
+/// The Redis (RESP) address (`ip:port`) of member `id`.
+pub fn redis_addr(id: u64) -> String {
+    format!("{}:{REDIS_PORT}", node_ip(id))
 }
 
 /// How to start the cluster.
@@ -179,6 +189,12 @@ impl Cluster {
     /// a member starts there).
     pub fn client_addrs(&self) -> Vec<String> {
         self.members.iter().map(|m| client_addr(m.id)).collect()
+    }
+
+    /// Every slot's Redis address, in slot order like
+    /// [`Cluster::client_addrs`].
+    pub fn redis_addrs(&self) -> Vec<String> {
+        self.members.iter().map(|m| redis_addr(m.id)).collect()
     }
 
     /// Adds `count` spare slots after the last one (at most [`NODES_MAX`]
@@ -404,6 +420,7 @@ impl Cluster {
             .arg(self.data_dir(id))
             .args(["--client-addr", &client_addr(id)])
             .args(["--peer-addr", &peer_addr(id)])
+            .args(["--redis-addr", &redis_addr(id)])
             .args(["--initial-cluster", &initial_cluster])
             .env(PARENT_PID_ENV, std::process::id().to_string())
             .env("RUST_LOG", "info,openraft=warn")

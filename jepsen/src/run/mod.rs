@@ -68,6 +68,11 @@ pub enum WorkloadKind {
     /// expiry removes all its keys at once (`--ttl-min` / `--ttl-max`: the
     /// leases' TTLs).
     Lease,
+    /// The register workload through each member's Redis (RESP) port:
+    /// SET, GET, and WATCH / GET / MULTI / SET / EXEC as a compare-and-set
+    /// by value, one connection per client process; checked as a
+    /// cas-register (by value) with the same linearizability checker.
+    RedisRegister,
 }
 
 /// Flags of `jepsen run`.
@@ -364,8 +369,10 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
     prepare_out(&args.out)?;
     let (firewall, cluster) = start_cluster(&args, nodes, kvnode_bin, proxy_mode)?;
     let endpoints = cluster.client_addrs();
+    let redis_endpoints = cluster.redis_addrs();
     wait_ready(&endpoints).await?;
-    let ran = run_workload_and_faults(&args, seed, cluster, firewall, &endpoints).await?;
+    let ran = run_workload_and_faults(&args, seed, cluster, firewall, &endpoints, &redis_endpoints)
+        .await?;
 
     let records = ran.history.records();
     let mut problems = run_problems(&args, &records, &ran);
@@ -458,7 +465,7 @@ struct Ran {
     /// the final read of the store revision; lease: the final read of
     /// every lease).
     final_read_ok: Option<bool>,
-    /// Keys whose final read never succeeded (register).
+    /// Keys whose final read never succeeded (register, redis-register).
     unread: Vec<String>,
 }
 
@@ -471,6 +478,7 @@ async fn run_workload_and_faults(
     cluster: Cluster,
     firewall: Firewall,
     endpoints: &[String],
+    redis_endpoints: &[String],
 ) -> anyhow::Result<Ran> {
     let history = History::create(&args.out.join("history.jsonl"))?;
     let deadline = Instant::now() + args.time;
@@ -479,6 +487,7 @@ async fn run_workload_and_faults(
     nemesis.set_idle(gate.clone(), args.idle, args.ttl_max);
     let config = WorkloadConfig {
         endpoints: endpoints.to_vec(),
+        redis_endpoints: redis_endpoints.to_vec(),
         concurrency: args.concurrency,
         rate_per_second: args.rate,
         deadline,
@@ -505,6 +514,9 @@ async fn run_workload_and_faults(
             WorkloadKind::Lease => {
                 workload::lease::run(config, history.clone(), watchers.clone()).await
             }
+            WorkloadKind::RedisRegister => {
+                workload::redis_register::run(config, history.clone()).await
+            }
         }
     };
     let (worked, nemesis_ran) = tokio::join!(
@@ -524,10 +536,13 @@ async fn run_workload_and_faults(
         WorkloadKind::Lease => {
             Some(workload::lease::finish(endpoints, &history, &watchers, args.ttl_max).await?)
         }
-        WorkloadKind::Register | WorkloadKind::Ttl => None,
+        WorkloadKind::Register | WorkloadKind::Ttl | WorkloadKind::RedisRegister => None,
     };
     let unread = match args.workload {
         WorkloadKind::Register => workload::register::final_reads(endpoints, &history).await?,
+        WorkloadKind::RedisRegister => {
+            workload::redis_register::final_reads(redis_endpoints, &history).await?
+        }
         WorkloadKind::Set
         | WorkloadKind::Ttl
         | WorkloadKind::ExactlyOnce

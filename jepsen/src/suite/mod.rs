@@ -8,8 +8,10 @@
 //!   restart-after-idle, leader kills, a leader partition, membership) and
 //!   `exactly-once` (lost replies, leader kills, a short session idle
 //!   window), `watch` (watchers on every member under partitions and
-//!   kills) and `lease` (leases kept alive and let go under leader
-//!   partitions and kills) against the real kvnode, and power loss against a
+//!   kills), `lease` (leases kept alive and let go under leader
+//!   partitions and kills) and `redis-register` (the register workload
+//!   through the members' Redis ports under leader partitions and kills)
+//!   against the real kvnode, and power loss against a
 //!   `lazy-disk` build. A scenario passes when its run passes.
 //! - `jepsen controls [--only NAME]`: each negative control is a kvnode
 //!   built with one `nc-*` feature that breaks it on purpose, run in the
@@ -42,10 +44,11 @@ use anyhow::{Context as _, bail};
 mod scenarios;
 pub use scenarios::{
     Build, DROP_REPLY_ENV, DROP_REPLY_PERCENT, EXACTLY_ONCE_SESSION_IDLE_MS, LEASE_FAULT_HOLD,
-    LEASE_NEMESIS, LEASE_TTL_MAX, LEASE_TTL_MIN, SNAPSHOT_EVERY_ENTRIES_CONTROL,
-    SNAPSHOT_EVERY_ENTRIES_ENV, SNAPSHOT_LOG_KEEP_ENV, STALE_BUILD_ENV, Scenario,
-    TTL_LEADER_CHANGE_IDLE, TTL_LEADER_CHANGE_TTL_MAX, TTL_LEADER_CHANGE_TTL_MIN, WATCH_NEMESIS,
-    control_scenarios, suite_scenarios,
+    LEASE_NEMESIS, LEASE_TTL_MAX, LEASE_TTL_MIN, REDIS_REGISTER_CONCURRENCY,
+    REDIS_REGISTER_NEMESIS, SNAPSHOT_EVERY_ENTRIES_CONTROL, SNAPSHOT_EVERY_ENTRIES_ENV,
+    SNAPSHOT_LOG_KEEP_ENV, STALE_BUILD_ENV, Scenario, TTL_LEADER_CHANGE_IDLE,
+    TTL_LEADER_CHANGE_TTL_MAX, TTL_LEADER_CHANGE_TTL_MIN, WATCH_NEMESIS, control_scenarios,
+    suite_scenarios,
 };
 
 /// Extra time a scenario's run may take beyond its `--time` (start-up,

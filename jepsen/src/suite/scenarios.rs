@@ -215,6 +215,32 @@ fn lease(name: &'static str, seconds: u64) -> Scenario {
     }
 }
 
+/// The faults of the `redis-register` scenario: the leader cut off (its
+/// clients' SETs and EXECs end unknown or refused, GETs fail, while the
+/// majority elects another) and leader kills (connections break mid-
+/// request; a restarted member comes back a follower).
+pub const REDIS_REGISTER_NEMESIS: &str = "partition-leader,kill-leader";
+/// Client processes of the `redis-register` scenario: two per member of
+/// three, so two connections WATCH the same keys on each member (EXEC
+/// aborts) and some process talks to whichever member leads.
+pub const REDIS_REGISTER_CONCURRENCY: &str = "6";
+
+/// `redis-register`: the register workload through every member's Redis
+/// port (SET, GET, WATCH / MULTI / EXEC), checked by value, under leader
+/// partitions and kills.
+fn redis_register(name: &'static str, seconds: u64) -> Scenario {
+    Scenario {
+        name,
+        workload: "redis-register",
+        nemesis: REDIS_REGISTER_NEMESIS,
+        seconds,
+        build: Build::Real,
+        env: Vec::new(),
+        args: vec!["--concurrency", REDIS_REGISTER_CONCURRENCY],
+        expect_caught: false,
+    }
+}
+
 /// [`EXACTLY_ONCE_SESSION_IDLE_MS`] as the flag's text.
 const EXACTLY_ONCE_SESSION_IDLE_MS_ARG: &str = "3000";
 
@@ -263,6 +289,7 @@ pub fn suite_scenarios(short: bool) -> Vec<Scenario> {
         exactly_once("exactly-once", time(40)),
         watch("watch", time(40)),
         lease("lease", time(40)),
+        redis_register("redis-register", time(40)),
     ];
     if !short {
         scenarios.push(scenario("membership", "membership", 0, Build::Real));
@@ -456,6 +483,7 @@ mod tests {
         assert!(short.contains(&"exactly-once"), "{short:?}");
         assert!(short.contains(&"watch"), "{short:?}");
         assert!(short.contains(&"lease"), "{short:?}");
+        assert!(short.contains(&"redis-register"), "{short:?}");
         let controls: Vec<_> = control_scenarios(false).iter().map(|s| s.name).collect();
         for name in [
             "nc-old-clock",
@@ -494,6 +522,7 @@ mod tests {
         assert_eq!(label(suite_scenarios(true), "exactly-once"), "testing");
         assert_eq!(label(suite_scenarios(true), "partition-leader"), "real");
         assert_eq!(label(suite_scenarios(true), "power-loss"), "lazy-disk");
+        assert_eq!(label(suite_scenarios(true), "redis-register"), "real");
         assert_eq!(
             label(control_scenarios(false), "nc-snapshot-by-counter"),
             "lazy-disk+nc-snapshot-by-counter+testing"

@@ -8,15 +8,17 @@
 //! worker continues as a new process), as in Jepsen.
 //!
 //! Workloads ([`register`], [`set`], [`ttl`], [`exactly_once`], [`watch`],
-//! [`lease`]) run a bounded number of concurrent
-//! workers, each one kvclient session, paced to a total rate sized for two
-//! cores, until a deadline.
+//! [`lease`], [`redis_register`]) run a bounded number of concurrent
+//! workers, each one kvclient session (`redis_register`: one connection
+//! to a member's Redis port), paced to a total rate sized for two cores,
+//! until a deadline.
 //!
 //! This record type is the harness's own until it is mapped onto the
 //! checker's history type.
 
 pub mod exactly_once;
 pub mod lease;
+pub mod redis_register;
 pub mod register;
 pub mod set;
 pub mod ttl;
@@ -152,7 +154,8 @@ pub struct Op {
     /// A stale read's `min_index` (absent = a linearizable read).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stale_min_index: Option<u64>,
-    /// The member a read was sent to, when pinned to one.
+    /// The member a read was sent to, when pinned to one (the
+    /// `redis-register` workload: every operation's member).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member: Option<u64>,
     /// Versions a `read-all` returned, one per element in `values` (the
@@ -174,6 +177,11 @@ pub struct Op {
     /// attaching writes and range reads).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<LeaseRecord>,
+    /// The value a `cas` compared with, by value (the `redis-register`
+    /// workload: WATCH, GET, MULTI / SET / EXEC); absent for a cas by
+    /// revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected: Option<String>,
 }
 
 /// What a lease workload operation recorded.
@@ -414,6 +422,7 @@ impl History {
                 found: None,
                 watch: None,
                 lease: None,
+                expected: None,
             },
         }
     }
@@ -553,6 +562,9 @@ pub fn check_well_formed(records: &[Record]) -> Vec<String> {
 pub struct WorkloadConfig {
     /// Member client addresses.
     pub endpoints: Vec<String>,
+    /// Member Redis (RESP) addresses, in the same slot order (the
+    /// `redis-register` workload).
+    pub redis_endpoints: Vec<String>,
     /// Concurrent workers.
     pub concurrency: usize,
     /// Total operations per second, all workers together (at most).

@@ -23,25 +23,25 @@ pub const KEY_OPS_MAX: u64 = 200;
 pub const KEYS_ACTIVE: usize = 8;
 /// Percentage of operations that are reads (the rest split between writes
 /// and compare-and-sets).
-const READ_PERCENT: u32 = 40;
+pub(super) const READ_PERCENT: u32 = 40;
 /// Percentage of operations that are unconditional writes.
-const WRITE_PERCENT: u32 = 30;
+pub(super) const WRITE_PERCENT: u32 = 30;
 /// Attempts of one key's final read (each bounded by the client's
 /// operation timeout), so a cluster still electing after the heal gets
 /// time.
 pub const FINAL_READ_ATTEMPTS_MAX: u32 = 10;
 /// Pause between two final-read attempts of a key.
-const FINAL_READ_PAUSE: Duration = Duration::from_secs(1);
+pub(super) const FINAL_READ_PAUSE: Duration = Duration::from_secs(1);
 
 /// The keys in use and how many operations each has taken.
 #[derive(Debug)]
-struct Keys {
+pub(super) struct Keys {
     slots: Vec<(u64, u64)>,
     next_key: u64,
 }
 
 impl Keys {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self {
             slots: (0..KEYS_ACTIVE as u64).map(|k| (k, 0)).collect(),
             next_key: KEYS_ACTIVE as u64,
@@ -50,7 +50,7 @@ impl Keys {
 
     /// Picks a slot's key and counts one operation on it, retiring it when
     /// it reached [`KEY_OPS_MAX`].
-    fn pick(&mut self, slot: usize) -> u64 {
+    pub(super) fn pick(&mut self, slot: usize) -> u64 {
         let slot = slot % self.slots.len();
         if self.slots[slot].1 >= KEY_OPS_MAX {
             self.slots[slot] = (self.next_key, 0);

@@ -41,6 +41,7 @@ fn op(
         found: None,
         watch: None,
         lease: None,
+        expected: None,
     })
 }
 

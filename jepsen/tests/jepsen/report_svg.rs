@@ -81,6 +81,7 @@ fn op(id: u64, f: Function, outcome: Outcome, at_ms: u64, latency_ms: u64) -> Re
         found: None,
         watch: None,
         lease: None,
+        expected: None,
     })
 }
 
