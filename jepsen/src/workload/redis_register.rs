@@ -23,9 +23,9 @@
 //! cluster shows as a non-linearizable key.
 //!
 //! Worker `w` is pinned to member slot `w % members` (clients spread over
-//! the members: every member must take writes once kvnode forwards them to
-//! the leader; until then a follower answers `-READONLY`, a definite
-//! failure). Each worker owns one connection (WATCH is per connection, so
+//! the members: every member takes writes, a follower forwarding them to
+//! the leader; a build without forwarding answers `-READONLY` on a
+//! follower, a definite failure). Each worker owns one connection (WATCH is per connection, so
 //! connections are never shared), opened on its first operation; it is
 //! dropped and opened anew after a transport error or a timeout, and after
 //! a cas that failed before EXEC (its WATCH may still be set).

@@ -353,10 +353,18 @@ impl WriteRefused {
                              applied): {message}"
                         ))
                     }
-                    // No leader could be reached (an election): refused
+                    // No leader could be reached (an election), or this
+                    // member stopped leading before proposing: refused
                     // before anything was proposed.
-                    Some(kvproto::kv::v1::error_detail::Detail::NotLeader(_)) => {
+                    Some(kvproto::kv::v1::error_detail::Detail::NotLeader(_))
+                        if message.contains("nothing was written") =>
+                    {
                         resp::Reply::Error(format!("CLUSTERDOWN raftcask: {message}; retry"))
+                    }
+                    Some(kvproto::kv::v1::error_detail::Detail::NotLeader(_)) => {
+                        resp::Reply::Error(format!(
+                            "CLUSTERDOWN raftcask: {message}; nothing was written, retry"
+                        ))
                     }
                     Some(kvproto::kv::v1::error_detail::Detail::LimitExceeded(limit)) => {
                         resp::Reply::err(format!(
