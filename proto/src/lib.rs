@@ -122,9 +122,9 @@ pub const SESSION_IDLE_MS: u64 = 10 * 60 * 1000;
 // with `-D warnings`), so the modules below carry no `allow`: prost derives
 // `Debug` for every message and tonic for every public client and server.
 
-/// `raftcask.kv.v1`: the key-value service (client port). See `proto/kv.proto`.
 pub mod session;
 
+/// `raftcask.kv.v1`: the key-value service (client port). See `proto/kv.proto`.
 pub mod kv {
     /// Version 1 of the key-value protocol.
     pub mod v1 {

@@ -4,26 +4,38 @@
 //! own write path ([`KvService::write_forwarded`]) and answers its outcome.
 //! The native `Kv` port does not forward: kvclient routes to the leader.
 //!
-//! Exactly once: the member puts its own session ([`kvproto::session`], one
-//! random client id per member start) on each forwarded write and keeps the
-//! sequence for every attempt, so a retry after a lost answer, a timeout or
-//! a new leader gets the first application's answer instead of applying
-//! twice (the state machine's session table, DESIGN §3).
+//! Exactly once: each forwarded write runs under a session of the member's
+//! own ([`kvproto::session`]) that carries no other write while it is in
+//! flight, and keeps its sequence for every attempt, so a retry after a
+//! lost answer, a timeout or a new leader gets the first application's
+//! answer instead of applying twice (the state machine's session table,
+//! DESIGN §3). One write per session keeps each session's stored answers
+//! at one: many concurrent writes under one session would hold its
+//! lowest-unacknowledged mark down and push the oldest answers — those of
+//! the slowest, most likely retried writes — past `SESSION_ANSWERS_MAX`.
+//! Idle sessions wait in a pool ([`Forwarder`]) and are reused; one idle
+//! longer than [`SESSION_REUSE_IDLE_MAX`] is dropped (the state machine
+//! evicts it after `SESSION_IDLE_MS_MAX`).
 //!
 //! Attempts: while a leader is known, the write goes to it (to this member
-//! itself once it leads); a refusal that says nothing was written (not the
-//! leader, an identity mismatch during a membership change, the leader's
-//! in-flight cap) or a failure that may have applied (transport failure,
-//! deadline, outcome unknown) is retried after [`FORWARD_RETRY_PAUSE`],
-//! until [`FORWARD_DEADLINE`]. Any other answer is final. Giving up
-//! answers outcome unknown if any attempt may have applied, else
+//! itself once it leads). A refusal that says nothing was written (not the
+//! leader, an identity mismatch during a membership change) and a failure
+//! that may have applied (anything else but the leader's own final
+//! refusals: transport failures, deadlines, outcome unknown) are retried
+//! after [`FORWARD_RETRY_PAUSE`] or as soon as another leader is known,
+//! until [`FORWARD_DEADLINE`]; an attempt still waiting when another
+//! leader becomes known is abandoned (it may have applied) and the write
+//! goes to the new leader, so a leader that died silently costs an
+//! election, not the deadline. The leader's final refusals (INVALID_ARGUMENT
+//! naming a limit, NOT_FOUND, ALREADY_EXISTS, RESOURCE_EXHAUSTED naming a
+//! limit, UNIMPLEMENTED) are answered as they are. Giving up answers
+//! outcome unknown if any attempt may have applied, else
 //! FAILED_PRECONDITION with a `NotLeader` detail whose message says nothing
-//! was written. SESSION_EXPIRED (the member's session was evicted while it
-//! forwarded nothing for [`kvstate::command::SESSION_IDLE_MS_MAX`]) when no
-//! earlier attempt may have applied runs the write once more under a fresh
+//! was written. SESSION_EXPIRED (the session was evicted) when no earlier
+//! attempt may have applied runs the write once more under a fresh
 //! session; after an attempt that may have applied it is outcome unknown.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use kvproto::kv::v1::NotLeader;
@@ -49,9 +61,11 @@ pub const FORWARD_RETRY_PAUSE: Duration = Duration::from_millis(50);
 /// Fresh sessions one write may be run under at most (the second only
 /// after SESSION_EXPIRED with no attempt that may have applied).
 const FORWARD_SESSION_ROUNDS_MAX: usize = 2;
-/// The `LimitExceeded` name of the leader's in-flight cap
-/// ([`crate::server::limits`]): refused before handling, nothing written.
-const INFLIGHT_LIMIT: &str = "CLIENT_INFLIGHT_MAX";
+/// How long a pooled session may have been idle and still be reused: half
+/// the state machine's eviction time, so a reused session is never one it
+/// evicted (a fresh one costs nothing; an evicted one costs a round trip).
+pub const SESSION_REUSE_IDLE_MAX: Duration =
+    Duration::from_millis(kvstate::command::SESSION_IDLE_MS_MAX / 2);
 
 /// What one attempt's failure says about the write.
 #[derive(Debug, PartialEq, Eq)]
@@ -75,24 +89,23 @@ fn classify(status: &Status) -> Verdict {
         // Not the leader, or an identity the leader does not accept yet
         // (a membership change in flight): refused before proposing.
         (Code::FailedPrecondition, _) => Verdict::NotWritten,
-        (Code::ResourceExhausted, Some(Detail::LimitExceeded(limit)))
-            if limit.limit == INFLIGHT_LIMIT =>
-        {
-            Verdict::NotWritten
-        }
-        // Transport failures, deadlines, outcome unknown, a stopping
-        // leader: the write may have been proposed.
-        (
-            Code::Unavailable
-            | Code::DeadlineExceeded
-            | Code::Cancelled
-            | Code::Unknown
-            | Code::Internal
-            | Code::Aborted,
-            _,
-        ) => Verdict::MaybeApplied,
-        _ => Verdict::Final,
+        // The leader's own final refusals, each before or without an
+        // effect: a limit (request or free disk space), a lease that does
+        // not exist or already does, no Forward in the leader's build.
+        (Code::InvalidArgument | Code::NotFound | Code::AlreadyExists | Code::Unimplemented, _)
+        | (Code::ResourceExhausted, Some(Detail::LimitExceeded(_))) => Verdict::Final,
+        // Everything else may come from the transport (tonic maps HTTP/2
+        // resets to RESOURCE_EXHAUSTED, PERMISSION_DENIED, INTERNAL, ...)
+        // after the leader took the write: it may have applied.
+        _ => Verdict::MaybeApplied,
     }
+}
+
+/// A session carrying one forwarded write at a time, and when it was last
+/// used.
+struct Pooled {
+    sessions: Arc<Sessions>,
+    idle_since: Instant,
 }
 
 /// One member's forwarding: its session and the way to its leader.
@@ -101,7 +114,8 @@ pub struct Forwarder {
     id: u64,
     raft: NodeRaft,
     network: Network,
-    sessions: Arc<Sessions>,
+    /// Idle sessions, most recently used last.
+    pool: Arc<Mutex<Vec<Pooled>>>,
     metrics: Option<Metrics>,
 }
 
@@ -120,9 +134,32 @@ impl Forwarder {
             id,
             raft,
             network,
-            sessions: Arc::new(Sessions::new()),
+            pool: Arc::default(),
             metrics,
         }
+    }
+
+    /// A session no other write is using (a pooled one if any was used
+    /// recently, else a fresh one).
+    fn checkout(&self) -> Arc<Sessions> {
+        let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        // The oldest are first: drop those idle too long.
+        let stale = pool
+            .iter()
+            .take_while(|p| p.idle_since.elapsed() > SESSION_REUSE_IDLE_MAX)
+            .count();
+        pool.drain(..stale);
+        pool.pop()
+            .map_or_else(|| Arc::new(Sessions::new()), |p| p.sessions)
+    }
+
+    /// Returns a session whose write is done to the pool.
+    fn checkin(&self, sessions: Arc<Sessions>) {
+        let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        pool.push(Pooled {
+            sessions,
+            idle_since: Instant::now(),
+        });
     }
 
     /// Runs `write` on the leader, exactly once, through `kv` when this
@@ -137,18 +174,22 @@ impl Forwarder {
         let deadline = Instant::now() + FORWARD_DEADLINE;
         let mut result = Err(Status::internal("no attempt"));
         for _ in 0..FORWARD_SESSION_ROUNDS_MAX {
-            let ticket = self.sessions.begin();
+            let sessions = self.checkout();
+            let ticket = sessions.begin();
             let (outcome, may_have_applied) =
                 self.attempts(kv, &ticket, write.clone(), deadline).await;
             result = outcome;
-            match &result {
-                Err(status) if classify(status) == Verdict::SessionExpired => {
-                    ticket.session_expired();
-                    if may_have_applied {
-                        break;
-                    }
-                }
-                _ => break,
+            let expired =
+                matches!(&result, Err(status) if classify(status) == Verdict::SessionExpired);
+            if expired {
+                ticket.session_expired();
+            }
+            drop(ticket);
+            // Back to the pool only when done: a write abandoned mid-way
+            // (its task dropped) takes its session with it.
+            self.checkin(sessions);
+            if !expired || may_have_applied {
+                break;
             }
         }
         if let Some(metrics) = &self.metrics {
@@ -193,11 +234,21 @@ impl Forwarder {
                         .await
                         .map(|answer| (answer, kv.applied_index())),
                 ),
-                (Some(leader), Some(node)) => Some(
-                    self.network
-                        .forward(leader, &node, &write, remaining.max(FORWARD_RETRY_PAUSE))
-                        .await,
-                ),
+                (Some(leader), Some(node)) => {
+                    let sent = self.network.forward(
+                        leader,
+                        &node,
+                        &write,
+                        remaining.max(FORWARD_RETRY_PAUSE),
+                    );
+                    let moved = self.leader_other_than(Some(leader));
+                    tokio::select! {
+                        answer = sent => Some(answer),
+                        _ = moved => Some(Err(Status::unavailable(format!(
+                            "member {leader} stopped leading before it answered"
+                        )))),
+                    }
+                }
                 _ => None,
             };
             match attempt {
@@ -206,10 +257,9 @@ impl Forwarder {
                     return (Ok(answer), may_have_applied);
                 }
                 Some(Err(status)) => match classify(&status) {
-                    Verdict::Final => {
-                        ticket.answered();
-                        return (Err(status), may_have_applied);
-                    }
+                    // Not marked answered: a refusal before the state
+                    // machine (a limit, no Forward) created no session.
+                    Verdict::Final => return (Err(status), may_have_applied),
                     Verdict::SessionExpired => return (Err(status), may_have_applied),
                     Verdict::MaybeApplied => {
                         may_have_applied = true;
@@ -242,13 +292,25 @@ impl Forwarder {
                 };
                 return (Err(status), may_have_applied);
             }
-            // Pause, or less if the leader changes meanwhile.
-            let mut metrics = self.raft.metrics();
-            let _ = tokio::time::timeout(
-                FORWARD_RETRY_PAUSE,
-                metrics.wait_for(|m| m.current_leader != leader && m.current_leader.is_some()),
-            )
+            // Pause, or less if another leader becomes known meanwhile.
+            let _ = tokio::time::timeout(FORWARD_RETRY_PAUSE, self.leader_other_than(leader)).await;
+        }
+    }
+
+    /// Resolves once a leader other than `leader` is known, on the same
+    /// view of the leader as [`Forwarder::leader`]'s (so it cannot hold at
+    /// once after a look that found `leader`, and the pause cannot spin);
+    /// never once openraft stopped.
+    async fn leader_other_than(&self, leader: Option<u64>) {
+        let mut metrics = self.raft.metrics();
+        let changed = metrics
+            .wait_for(|m| {
+                let known = crate::raft::membership::known_leader(m);
+                known.is_some() && known != leader
+            })
             .await;
+        if changed.is_err() {
+            std::future::pending::<()>().await;
         }
     }
 
@@ -292,12 +354,20 @@ mod tests {
             classify(&convert::limit_exceeded("ENTRY_SIZE_BYTES_MAX", 4, 5)),
             Verdict::Final
         );
-        assert_eq!(
-            classify(&convert::limit_exceeded(INFLIGHT_LIMIT, 4, 5)),
-            Verdict::Final,
-            "a limit on INVALID_ARGUMENT is final whatever its name"
-        );
         assert_eq!(classify(&Status::not_found("lease")), Verdict::Final);
+        assert_eq!(
+            classify(&Status::resource_exhausted("h2 ENHANCE_YOUR_CALM")),
+            Verdict::MaybeApplied,
+            "a transport's RESOURCE_EXHAUSTED names no limit"
+        );
+        assert_eq!(
+            classify(&Status::permission_denied("h2 INADEQUATE_SECURITY")),
+            Verdict::MaybeApplied
+        );
+        assert_eq!(
+            classify(&Status::out_of_range("message too large")),
+            Verdict::MaybeApplied
+        );
         assert_eq!(
             classify(&Status::unimplemented("no Forward")),
             Verdict::Final

@@ -649,6 +649,11 @@ impl Metrics {
         self.inner.forward_retries.inc();
     }
 
+    /// Attempts of forwarded writes tried again so far.
+    pub fn forward_retries(&self) -> u64 {
+        self.inner.forward_retries.get()
+    }
+
     /// Counts one keep-alive request.
     pub fn lease_keep_alive(&self) {
         self.inner.lease_keep_alives.inc();

@@ -13,7 +13,8 @@
 //!   MULTI/EXEC), serves linearizable reads of what the leader
 //!   acknowledged, and with READONLY reads stale yet sees its connection's
 //!   own writes; forwarded writes apply exactly once when the leader's
-//!   replies are lost;
+//!   replies are lost, also 2400 of them in flight from 600 connections;
+//!   a removed leader refuses writes without spinning;
 //! - MULTI/EXEC applied as one unit, EXECABORT after a queue-time error,
 //!   WATCH making EXEC answer nil when another connection wrote the key
 //!   or its TTL ran out, a block of reads answered by a follower,
@@ -536,6 +537,116 @@ async fn forwarded_writes_apply_once_when_the_leaders_replies_are_lost() {
     faults.lock().unwrap()[&leader].set_drop_write_reply_percent(0);
     let mut on_leader = Client::connect(redis_addr(&cluster, leader)).await;
     assert_eq!(on_leader.call(&["GET", "c"]).await, bulk("40"));
+    cluster.shutdown().await;
+}
+
+/// Many forwarded writes in flight at once, some replies lost: each still
+/// gets its own answer. 600 connections to a follower each send 4 INCRs
+/// while the leader loses one reply in ten after applying; every INCR is
+/// answered with a distinct value, 1..=2400, and the counter ends at 2400
+/// (one session per write in flight: many writes under one session would
+/// push the oldest answers — the lost ones — out of the session's window,
+/// and their retries would be answered outcome unknown).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_forwarded_writes_each_get_their_answer() {
+    const CONNECTIONS: usize = 600;
+    const INCRS: usize = 4;
+    let root = tempfile::tempdir().unwrap();
+    let faults = std::sync::Mutex::new(std::collections::BTreeMap::new());
+    let (cluster, leader) = cluster_configured(root.path(), 3, |config| {
+        faults
+            .lock()
+            .unwrap()
+            .insert(config.id, config.faults.clone());
+    })
+    .await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let addr = redis_addr(&cluster, follower);
+    faults.lock().unwrap()[&leader].set_drop_write_reply_percent(10);
+    let mut tasks = Vec::new();
+    for _ in 0..CONNECTIONS {
+        tasks.push(tokio::spawn(async move {
+            let mut client = Client::connect(addr).await;
+            let mut replies = Vec::new();
+            for _ in 0..INCRS {
+                replies.push(client.call(&["INCR", "c"]).await);
+            }
+            replies
+        }));
+    }
+    let mut values = Vec::new();
+    for task in tasks {
+        for reply in task.await.unwrap() {
+            match reply {
+                R::Int(value) => values.push(value),
+                other => panic!("an INCR through the follower got {other:?}"),
+            }
+        }
+    }
+    faults.lock().unwrap()[&leader].set_drop_write_reply_percent(0);
+    values.sort_unstable();
+    let total = (CONNECTIONS * INCRS) as i64;
+    assert_eq!(values, (1..=total).collect::<Vec<_>>());
+    let mut on_leader = Client::connect(redis_addr(&cluster, leader)).await;
+    assert_eq!(
+        on_leader.call(&["GET", "c"]).await,
+        bulk(&total.to_string())
+    );
+    assert!(
+        cluster.node(follower).unwrap().metrics().forward_retries() > 0,
+        "no reply was lost: the test proved nothing"
+    );
+    cluster.shutdown().await;
+}
+
+/// A member that knows no leader it may forward to (a leader removed from
+/// the membership: openraft still names itself, a non-voter) pauses
+/// between attempts instead of spinning, and answers CLUSTERDOWN saying
+/// nothing was written once the forwarding deadline passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_leader_refuses_writes_without_spinning() {
+    use kvnode::raft::watch::MetricsWatch as _;
+    let root = tempfile::tempdir().unwrap();
+    let (cluster, leader) = cluster(root.path(), 3).await;
+    let node = cluster.node(leader).unwrap();
+    let mut admin = kvproto::cluster::v1::cluster_client::ClusterClient::connect(format!(
+        "http://{}",
+        node.client_addr()
+    ))
+    .await
+    .unwrap();
+    admin
+        .remove_member(kvproto::cluster::v1::RemoveMemberRequest { id: leader })
+        .await
+        .unwrap();
+    let start = std::time::Instant::now();
+    while node
+        .raft()
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .any(|id| id == leader)
+    {
+        assert!(start.elapsed() < LEADER_WAIT, "the removal never applied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = node.metrics().forward_retries();
+    let mut client = Client::connect(redis_addr(&cluster, leader)).await;
+    let reply = client.call(&["SET", "k", "v"]).await;
+    let retries = node.metrics().forward_retries() - before;
+    match reply {
+        R::Error(message) => assert!(
+            message.starts_with("CLUSTERDOWN") && message.contains("nothing was written"),
+            "{message}"
+        ),
+        // The removed member learned the new leader after all.
+        R::Simple(ok) => assert_eq!(ok, "OK"),
+        other => panic!("{other:?}"),
+    }
+    // One attempt per pause at most (15 s / 50 ms = 300).
+    assert!(retries < 1000, "{retries} retries: the forwarder spun");
     cluster.shutdown().await;
 }
 

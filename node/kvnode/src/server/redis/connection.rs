@@ -1137,6 +1137,7 @@ where
 
     /// WAIT: how many followers hold this connection's last write, waiting
     /// up to `timeout` ms (0: until enough do) for `numreplicas` of them.
+    /// On a follower: 1 once this member applied it (it sees no other).
     async fn wait(&mut self, numreplicas: &[u8], timeout: &[u8]) -> Reply {
         let wanted = match super::integer(numreplicas) {
             Ok(n) => n,
@@ -1157,9 +1158,25 @@ where
                         **id != me && matched.as_ref().is_some_and(|log_id| log_id.index >= index)
                     })
                     .count() as i64,
-                // A follower knows only its own log.
-                None => i64::from(metrics.last_log_index.unwrap_or(0) >= index),
+                // A follower knows only itself: it holds the write once it
+                // applied that far (its log alone may still hold entries of
+                // an old term at that index).
+                None => i64::from(metrics.last_applied.is_some_and(|l| l.index >= index)),
             }
+        };
+        // A follower never sees more than itself: it answers once it holds
+        // the write, rather than wait for a count it cannot see.
+        let wanted = if self
+            .front_end
+            .raft()
+            .metrics()
+            .borrow()
+            .replication
+            .is_none()
+        {
+            wanted.min(1)
+        } else {
+            wanted
         };
         let mut watch = self.front_end.raft().metrics();
         let deadline = (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms));
