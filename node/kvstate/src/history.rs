@@ -177,7 +177,7 @@ pub struct History {
     bytes: u64,
 }
 
-/// A held key and its versions (see [`History::slots`]).
+/// A held key and its versions (see `History::slots`).
 #[derive(Debug, Default)]
 struct Slot {
     key: Arc<[u8]>,
