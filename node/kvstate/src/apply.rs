@@ -56,7 +56,7 @@ use crate::command::{
     RESERVED_KEY_PREFIX, Request, SESSION_ANSWER_BYTES_MAX, SESSION_ANSWERS_MAX,
     SESSION_IDLE_MS_MAX, SessionRef,
 };
-use crate::history::{History, HistoryLoadError, Version};
+use crate::history::{History, HistoryLoadError, KeySlot, Version};
 use crate::lease::{
     LEASE_EXPIRY_OPS_PER_ENTRY_MAX, LeaseAnswer, LeaseError, LeaseLoadError, LeaseOp, Leases,
 };
@@ -276,6 +276,9 @@ pub struct Applier {
     history: Arc<RwLock<History>>,
     /// Reused buffer: where the last batch's records went.
     locations: Vec<RecordLocation>,
+    /// The history's slot of each op's key in the entry being written
+    /// (kept for its memory, like `locations`).
+    history_slots: Vec<Option<KeySlot>>,
 }
 
 impl Default for Applier {
@@ -290,6 +293,7 @@ impl Default for Applier {
             published: None,
             history: Arc::default(),
             locations: Vec::new(),
+            history_slots: Vec::new(),
         }
     }
 }
@@ -578,9 +582,9 @@ impl Applier {
             // Readers at a past revision hold the read lock: they see the
             // engine and the index agree.
             let mut history = self.history.write().unwrap_or_else(PoisonError::into_inner);
-            note_bases(engine, &mut history, &batch)?;
+            note_bases(engine, &mut history, &batch, &mut self.history_slots)?;
             engine.write_batch_located(&batch, &mut self.locations)?;
-            note_written(&mut history, &batch, &self.locations)?;
+            note_written(&mut history, &batch, &self.locations, &self.history_slots)?;
             if let Some(compact_revision) = compact_to {
                 history.compact(compact_revision);
             }
@@ -783,62 +787,72 @@ impl Applier {
 }
 
 /// Adds to the history the base of each user key `batch` writes that the
-/// history does not hold yet: its live record before the batch.
-fn note_bases(engine: &Engine, history: &mut History, batch: &Batch) -> Result<(), ApplyError> {
+/// history does not hold yet (its live record before the batch), and sets
+/// `slots` to each op's key's slot in the history (`None`: a reserved
+/// key), for [`note_written`].
+fn note_bases(
+    engine: &Engine,
+    history: &mut History,
+    batch: &Batch,
+    slots: &mut Vec<Option<KeySlot>>,
+) -> Result<(), ApplyError> {
+    slots.clear();
     for op in &batch.ops {
         let key = match op {
             EngineOp::Put { key, .. } | EngineOp::Delete { key, .. } => key,
         };
-        if key.starts_with(RESERVED_KEY_PREFIX) || history.holds(key) {
+        if key.starts_with(RESERVED_KEY_PREFIX) {
+            slots.push(None);
             continue;
         }
-        let base = match engine.locate(key) {
-            Some(record) => {
-                let meta = KeyMeta::decode(&record.meta)?;
-                Some(Version {
-                    revision: meta.mod_revision,
-                    kind: StoredKind::Put,
-                    meta,
-                    expiry_ms: record.expiry_ms,
-                    location: record.location,
-                })
-            }
-            None => None,
-        };
-        history.add_base(key, base);
+        let slot = history.slot(key, || {
+            Ok::<_, ApplyError>(match engine.locate(key) {
+                Some(record) => {
+                    let meta = KeyMeta::decode(&record.meta)?;
+                    Some(Version {
+                        revision: meta.mod_revision,
+                        kind: StoredKind::Put,
+                        meta,
+                        expiry_ms: record.expiry_ms,
+                        location: record.location,
+                    })
+                }
+                None => None,
+            })
+        })?;
+        slots.push(Some(slot));
     }
     Ok(())
 }
 
-/// Adds to the history each user record `batch` wrote (at `locations`).
+/// Adds to the history each user record `batch` wrote (at `locations`; its
+/// key's slot in `slots`, from [`note_bases`]).
 fn note_written(
     history: &mut History,
     batch: &Batch,
     locations: &[RecordLocation],
+    slots: &[Option<KeySlot>],
 ) -> Result<(), ApplyError> {
-    for (op, location) in batch.ops.iter().zip(locations) {
-        let (key, revision, kind, meta, expiry_ms) = match op {
+    for ((op, location), slot) in batch.ops.iter().zip(locations).zip(slots) {
+        let (revision, kind, meta, expiry_ms) = match op {
             EngineOp::Put {
-                key,
-                meta,
-                expiry_ms,
-                ..
+                meta, expiry_ms, ..
             } => {
                 let meta = KeyMeta::decode(meta)?;
-                (key, meta.mod_revision, StoredKind::Put, meta, *expiry_ms)
+                (meta.mod_revision, StoredKind::Put, meta, *expiry_ms)
             }
-            EngineOp::Delete { key, meta } => {
+            EngineOp::Delete { meta, .. } => {
                 let Some(revision) = tombstone_revision(meta)? else {
                     continue;
                 };
-                (key, revision, StoredKind::Tombstone, KeyMeta::default(), 0)
+                (revision, StoredKind::Tombstone, KeyMeta::default(), 0)
             }
         };
-        if key.starts_with(RESERVED_KEY_PREFIX) {
-            continue;
-        }
+        let Some(slot) = *slot else {
+            continue; // a reserved key
+        };
         history.add(
-            key,
+            slot,
             Version {
                 revision,
                 kind,

@@ -154,9 +154,21 @@ pub struct History {
     revision: u64,
     /// Revisions below this are compacted; it is still served.
     compact_revision: u64,
-    /// Keys changed within the window: their versions, ascending; the
-    /// first may be the base (at or below the compact revision).
-    keys: BTreeMap<Arc<[u8]>, Vec<Version>>,
+    /// Keys changed within the window, ascending: each one's slot in
+    /// `slots`. For ranges and walks in key order.
+    keys: BTreeMap<Arc<[u8]>, u32>,
+    /// The same keys and slots, hashed: what finds one key (the apply's
+    /// search, once per written key, and a read's). A search of `keys`
+    /// dereferences a key per comparison, a dozen or so for 10 000 keys.
+    slot_of: HashMap<Arc<[u8]>, u32>,
+    /// Each held key and its versions, ascending (the first may be the
+    /// base, at or below the compact revision), by slot: the apply finds a
+    /// key once ([`History::slot`]) and adds its records by slot
+    /// ([`History::add`]), with no second search. A slot `free` lists is
+    /// empty.
+    slots: Vec<Slot>,
+    /// Slots of keys compaction or a relocation forgot, for reuse.
+    free: Vec<u32>,
     /// In-window records by (revision, key), ascending, with their sizes:
     /// what compaction walks, and what watchers will.
     order: VecDeque<(u64, Arc<[u8]>, u32)>,
@@ -164,6 +176,20 @@ pub struct History {
     /// bases): what the history holds on disk beyond a merged store.
     bytes: u64,
 }
+
+/// A held key and its versions (see `History::slots`).
+#[derive(Debug, Default)]
+struct Slot {
+    key: Arc<[u8]>,
+    versions: Vec<Version>,
+}
+
+/// Where the index keeps a key it holds: what [`History::slot`] gives the
+/// apply before an entry's engine write and [`History::add`] takes after
+/// it. Valid until the index changes otherwise (a compaction, a
+/// relocation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct KeySlot(u32);
 
 /// The revision a record says it was written at: `None` for a record
 /// written before revisions (no meta), or for a reserved key.
@@ -234,19 +260,20 @@ impl History {
             }
             match record_revision(view) {
                 Ok(Some((revision, meta))) if revision > compact_revision => {
-                    let key: Arc<[u8]> = match history.keys.get_key_value(view.key) {
-                        Some((key, _)) => key.clone(),
-                        None => Arc::from(view.key),
+                    let slot = match history.slot_of.get(view.key) {
+                        Some(slot) => KeySlot(*slot),
+                        None => history.insert(view.key, Vec::new()),
                     };
-                    history.keys.entry(key.clone()).or_default().push(Version {
-                        revision,
-                        kind: view.kind,
-                        meta,
-                        expiry_ms: view.expiry_ms,
-                        location,
-                    });
-                    history.order.push_back((revision, key, location.len));
-                    history.bytes += u64::from(location.len);
+                    history.add(
+                        slot,
+                        Version {
+                            revision,
+                            kind: view.kind,
+                            meta,
+                            expiry_ms: view.expiry_ms,
+                            location,
+                        },
+                    );
                 }
                 Ok(_) => {}
                 Err(err) => failed = Some(err),
@@ -259,22 +286,22 @@ impl History {
             return Ok(history);
         }
         // Pass 2: each such key's base, its last record before the window.
-        let mut bases: HashMap<Arc<[u8]>, (u64, Option<Version>)> = HashMap::new();
+        let mut bases: HashMap<u32, (u64, Option<Version>)> = HashMap::new();
         engine.for_each_record(None, |view, location| {
             if failed.is_some() {
                 return;
             }
-            let Some((key, versions)) = history.keys.get_key_value(view.key) else {
+            let Some(slot) = history.slot_of.get(view.key) else {
                 return;
             };
-            if view.seq >= versions[0].location.seq {
+            if view.seq >= history.slots[*slot as usize].versions[0].location.seq {
                 return;
             }
             match base_version(view, location) {
                 Ok(version) => {
-                    let slot = bases.entry(key.clone()).or_insert((0, None));
-                    if view.seq >= slot.0 {
-                        *slot = (view.seq, version);
+                    let base = bases.entry(*slot).or_insert((0, None));
+                    if view.seq >= base.0 {
+                        *base = (view.seq, version);
                     }
                 }
                 Err(err) => failed = Some(err),
@@ -283,9 +310,9 @@ impl History {
         if let Some(err) = failed {
             return Err(err.into());
         }
-        for (key, versions) in &mut history.keys {
+        for (slot, Slot { versions, .. }) in history.slots.iter_mut().enumerate() {
             versions.sort_by_key(|v| (v.revision, v.location.seq));
-            if let Some((_, Some(base))) = bases.remove(key) {
+            if let Some((_, Some(base))) = bases.remove(&(slot as u32)) {
                 history.bytes += u64::from(base.location.len);
                 versions.insert(0, base);
             }
@@ -317,7 +344,7 @@ impl History {
     pub fn keys_in_window(&self) -> impl Iterator<Item = (&[u8], &[Version])> {
         self.keys
             .iter()
-            .map(|(key, versions)| (&key[..], versions.as_slice()))
+            .map(|(key, slot)| (&key[..], self.slots[*slot as usize].versions.as_slice()))
     }
 
     /// (In-window records, bytes of every record the index names: the
@@ -355,37 +382,65 @@ impl History {
     /// `key`'s versions, ascending (the first may be its base), if the
     /// index holds it.
     pub fn versions(&self, key: &[u8]) -> Option<&[Version]> {
-        self.keys.get(key).map(Vec::as_slice)
+        self.slot_of
+            .get(key)
+            .map(|slot| self.slots[*slot as usize].versions.as_slice())
     }
 
-    /// Whether `key` needs a base before the apply writes it: it is not
-    /// in the index yet.
-    pub(crate) fn holds(&self, key: &[u8]) -> bool {
-        self.keys.contains_key(key)
-    }
-
-    /// Adds `key`'s base (its state just before its first change within
-    /// the window), when the key is not in the index yet.
-    pub(crate) fn add_base(&mut self, key: &[u8], base: Option<Version>) {
-        if self.keys.contains_key(key) {
-            return;
+    /// `key`'s slot, before the apply writes it: when the index does not
+    /// hold `key` yet, adds it with its base (its state just before its
+    /// first change within the window), which `base` reads (it is called
+    /// only then). One search of the keys when the index holds `key`.
+    pub(crate) fn slot<E>(
+        &mut self,
+        key: &[u8],
+        base: impl FnOnce() -> Result<Option<Version>, E>,
+    ) -> Result<KeySlot, E> {
+        if let Some(slot) = self.slot_of.get(key) {
+            return Ok(KeySlot(*slot));
         }
+        let base = base()?;
         if let Some(base) = &base {
             self.bytes += u64::from(base.location.len);
         }
-        self.keys.insert(Arc::from(key), base.into_iter().collect());
+        Ok(self.insert(key, base.into_iter().collect()))
     }
 
-    /// Adds a record the apply wrote at `version.revision`.
-    pub(crate) fn add(&mut self, key: &[u8], version: Version) {
-        let key = match self.keys.get_key_value(key) {
-            Some((key, _)) => key.clone(),
-            None => Arc::from(key),
+    /// Adds `key`, which the index does not hold, with `versions`.
+    fn insert(&mut self, key: &[u8], versions: Vec<Version>) -> KeySlot {
+        let key: Arc<[u8]> = Arc::from(key);
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                let slot = u32::try_from(self.slots.len())
+                    .expect("fewer keys in the window than u32::MAX");
+                self.slots.push(Slot::default());
+                slot
+            }
         };
+        self.keys.insert(key.clone(), slot);
+        self.slot_of.insert(key.clone(), slot);
+        self.slots[slot as usize] = Slot { key, versions };
+        KeySlot(slot)
+    }
+
+    /// Forgets the key in `slot`, which has no versions left.
+    fn remove(&mut self, slot: u32) {
+        let Slot { key, versions } = std::mem::take(&mut self.slots[slot as usize]);
+        debug_assert!(versions.is_empty());
+        self.keys.remove(&key);
+        self.slot_of.remove(&key);
+        self.free.push(slot);
+    }
+
+    /// Adds a record the apply wrote at `version.revision`, to the key
+    /// [`History::slot`] gave it.
+    pub(crate) fn add(&mut self, slot: KeySlot, version: Version) {
+        let Slot { key, versions } = &mut self.slots[slot.0 as usize];
         self.bytes += u64::from(version.location.len);
         self.order
             .push_back((version.revision, key.clone(), version.location.len));
-        self.keys.entry(key).or_default().push(version);
+        versions.push(version);
     }
 
     /// The store revision after an entry.
@@ -412,9 +467,10 @@ impl History {
         touched.sort_unstable();
         touched.dedup();
         for key in touched {
-            let Some(versions) = self.keys.get_mut(&key) else {
+            let Some(slot) = self.slot_of.get(&key).copied() else {
                 continue;
             };
+            let versions = &mut self.slots[slot as usize].versions;
             // The last version at or below the floor stays, as the base, if
             // it is a put and the key changed after the floor.
             let below = versions.partition_point(|v| v.revision <= compact_revision);
@@ -429,7 +485,8 @@ impl History {
                 .map(|v| u64::from(v.location.len))
                 .sum::<u64>();
             if dropped == versions.len() {
-                self.keys.remove(&key);
+                versions.clear();
+                self.remove(slot);
             } else {
                 versions.drain(..dropped);
             }
@@ -472,7 +529,7 @@ impl History {
     /// key (its current record is its state), `Some(None)` if it was
     /// absent, else the put.
     pub fn state_at(&self, key: &[u8], revision: u64) -> Option<Option<Version>> {
-        let versions = self.keys.get(key)?;
+        let versions = self.versions(key)?;
         Some(latest_put_at(versions, revision))
     }
 
@@ -480,9 +537,9 @@ impl History {
     /// captured now must keep ([`History::retain`]) and relocate.
     pub fn named(&self) -> Arc<HashSet<u64>> {
         Arc::new(
-            self.keys
-                .values()
-                .flatten()
+            self.slots
+                .iter()
+                .flat_map(|slot| &slot.versions)
                 .map(|version| version.location.seq)
                 .collect(),
         )
@@ -503,9 +560,9 @@ impl History {
     pub fn in_files(&self, inputs: &[String]) -> Result<HashSet<u64>, String> {
         let inputs = file_ids(inputs)?;
         Ok(self
-            .keys
-            .values()
-            .flatten()
+            .slots
+            .iter()
+            .flat_map(|slot| &slot.versions)
             .filter(|version| inputs.contains(&version.location.file))
             .map(|version| version.location.seq)
             .collect())
@@ -531,7 +588,8 @@ impl History {
         let mut forgotten = 0;
         let mut forgotten_bytes = 0;
         let mut emptied = Vec::new();
-        for (key, versions) in self.keys.iter_mut() {
+        for slot in self.keys.values() {
+            let versions = &mut self.slots[*slot as usize].versions;
             versions.retain_mut(|version| {
                 if !inputs.contains(&version.location.file) {
                     return true;
@@ -549,11 +607,11 @@ impl History {
                 }
             });
             if versions.is_empty() {
-                emptied.push(key.clone());
+                emptied.push(*slot);
             }
         }
-        for key in emptied {
-            self.keys.remove(&key);
+        for slot in emptied {
+            self.remove(slot);
         }
         self.bytes -= forgotten_bytes;
         Ok(forgotten)
@@ -643,7 +701,8 @@ impl Overlay for HistoryOverlay<'_> {
         self.history
             .keys
             .range::<[u8], _>((Bound::Included(start), end))
-            .map(|(key, versions)| {
+            .map(|(key, slot)| {
+                let versions = &self.history.slots[*slot as usize].versions;
                 let pending = match self.put_of(versions) {
                     Some(version) => Pending::Written(version.meta),
                     None => Pending::Deleted,
@@ -656,8 +715,7 @@ impl Overlay for HistoryOverlay<'_> {
     fn value(&self, key: &[u8]) -> Result<Vec<u8>, bitcask::Error> {
         let version = self
             .history
-            .keys
-            .get(key)
+            .versions(key)
             .and_then(|versions| self.put_of(versions))
             .ok_or_else(|| bitcask::Error::Corruption {
                 file: String::new(),
