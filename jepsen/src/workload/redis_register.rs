@@ -165,16 +165,7 @@ pub async fn run(config: WorkloadConfig, history: Arc<History>) -> anyhow::Resul
     if config.redis_endpoints.is_empty() {
         anyhow::bail!("the redis-register workload needs the members' Redis addresses");
     }
-    let keys = Arc::new(Mutex::new(Keys::new()));
-    let mut workers = tokio::task::JoinSet::new();
-    for worker in 0..config.concurrency {
-        let (config, history, keys) = (config.clone(), history.clone(), keys.clone());
-        workers.spawn(async move { worker_loop(worker as u64, config, history, keys).await });
-    }
-    while let Some(joined) = workers.join_next().await {
-        joined??;
-    }
-    Ok(())
+    super::register::run_workers(config, history, worker_loop).await
 }
 
 async fn worker_loop(

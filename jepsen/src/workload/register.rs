@@ -69,11 +69,30 @@ pub fn key_name(k: u64) -> String {
 /// Runs the workload until the deadline; every operation goes into
 /// `history`.
 pub async fn run(config: WorkloadConfig, history: Arc<History>) -> anyhow::Result<()> {
+    run_workers(config, history, worker_loop).await
+}
+
+/// Runs `config.concurrency` workers of `worker_loop` over one shared
+/// [`Keys`] until each returns (the register workloads, native and
+/// Redis); the first error ends the run.
+pub(super) async fn run_workers<F, Fut>(
+    config: WorkloadConfig,
+    history: Arc<History>,
+    worker_loop: F,
+) -> anyhow::Result<()>
+where
+    F: Fn(u64, WorkloadConfig, Arc<History>, Arc<Mutex<Keys>>) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
     let keys = Arc::new(Mutex::new(Keys::new()));
     let mut workers = tokio::task::JoinSet::new();
     for worker in 0..config.concurrency {
-        let (config, history, keys) = (config.clone(), history.clone(), keys.clone());
-        workers.spawn(async move { worker_loop(worker as u64, config, history, keys).await });
+        workers.spawn(worker_loop(
+            worker as u64,
+            config.clone(),
+            history.clone(),
+            keys.clone(),
+        ));
     }
     while let Some(joined) = workers.join_next().await {
         joined??;

@@ -223,6 +223,25 @@ async fn cluster_configured(
     (cluster, leader)
 }
 
+/// A three-member cluster, its leader, and each member's fault switches.
+async fn cluster_with_faults(
+    root: &std::path::Path,
+) -> (
+    LocalCluster,
+    u64,
+    std::collections::BTreeMap<u64, kvnode::Faults>,
+) {
+    let faults = std::sync::Mutex::new(std::collections::BTreeMap::new());
+    let (cluster, leader) = cluster_configured(root, 3, |config| {
+        faults
+            .lock()
+            .unwrap()
+            .insert(config.id, config.faults.clone());
+    })
+    .await;
+    (cluster, leader, faults.into_inner().unwrap())
+}
+
 fn redis_addr(cluster: &LocalCluster, id: u64) -> SocketAddr {
     cluster
         .node(id)
@@ -519,22 +538,15 @@ async fn a_follower_forwards_writes_and_reads_linearizably() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarded_writes_apply_once_when_the_leaders_replies_are_lost() {
     let root = tempfile::tempdir().unwrap();
-    let faults = std::sync::Mutex::new(std::collections::BTreeMap::new());
-    let (cluster, leader) = cluster_configured(root.path(), 3, |config| {
-        faults
-            .lock()
-            .unwrap()
-            .insert(config.id, config.faults.clone());
-    })
-    .await;
+    let (cluster, leader, faults) = cluster_with_faults(root.path()).await;
     let follower = (1..=3).find(|id| *id != leader).unwrap();
     let mut on_follower = Client::connect(redis_addr(&cluster, follower)).await;
     assert_eq!(on_follower.call(&["SET", "c", "0"]).await, ok());
-    faults.lock().unwrap()[&leader].set_drop_write_reply_percent(50);
+    faults[&leader].set_drop_write_reply_percent(50);
     for expected in 1..=40 {
         assert_eq!(on_follower.call(&["INCR", "c"]).await, R::Int(expected));
     }
-    faults.lock().unwrap()[&leader].set_drop_write_reply_percent(0);
+    faults[&leader].set_drop_write_reply_percent(0);
     let mut on_leader = Client::connect(redis_addr(&cluster, leader)).await;
     assert_eq!(on_leader.call(&["GET", "c"]).await, bulk("40"));
     cluster.shutdown().await;
@@ -552,17 +564,10 @@ async fn many_concurrent_forwarded_writes_each_get_their_answer() {
     const CONNECTIONS: usize = 600;
     const INCRS: usize = 4;
     let root = tempfile::tempdir().unwrap();
-    let faults = std::sync::Mutex::new(std::collections::BTreeMap::new());
-    let (cluster, leader) = cluster_configured(root.path(), 3, |config| {
-        faults
-            .lock()
-            .unwrap()
-            .insert(config.id, config.faults.clone());
-    })
-    .await;
+    let (cluster, leader, faults) = cluster_with_faults(root.path()).await;
     let follower = (1..=3).find(|id| *id != leader).unwrap();
     let addr = redis_addr(&cluster, follower);
-    faults.lock().unwrap()[&leader].set_drop_write_reply_percent(10);
+    faults[&leader].set_drop_write_reply_percent(10);
     let mut tasks = Vec::new();
     for _ in 0..CONNECTIONS {
         tasks.push(tokio::spawn(async move {
@@ -583,7 +588,7 @@ async fn many_concurrent_forwarded_writes_each_get_their_answer() {
             }
         }
     }
-    faults.lock().unwrap()[&leader].set_drop_write_reply_percent(0);
+    faults[&leader].set_drop_write_reply_percent(0);
     values.sort_unstable();
     let total = (CONNECTIONS * INCRS) as i64;
     assert_eq!(values, (1..=total).collect::<Vec<_>>());
