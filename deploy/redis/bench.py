@@ -6,9 +6,10 @@ Starts one redis-server with `appendonly yes, appendfsync always` (every
 write fsynced before its reply, as raftcask's log is on a majority) and a
 three-member raftcask (`kvnode local --nodes 3`), then runs redis-benchmark
 (50 clients, 256 B values, random keys) for SET and GET at `-P 1` and
-`-P 16`, and INCR, HSET, MSET at `-P 16`, the two systems alternating, ROUNDS
-times, and prints a markdown table of the median requests per second with
-the ratio raftcask / redis-server. Every process it starts is stopped by
+`-P 16`, and INCR, HSET, MSET at `-P 16`, against redis-server, raftcask's
+leader and a raftcask follower (which forwards writes to the leader),
+alternating, ROUNDS times, and prints a markdown table of the median
+requests per second with the ratios raftcask / redis-server. Every process it starts is stopped by
 its pid.
 
 Usage: deploy/redis/bench.py [--kvnode PATH] [--requests N] [--rounds R]
@@ -100,25 +101,26 @@ def main():
             return False
 
         compat.wait_for("a raftcask leader", find_leader)
+        follower = next(base + 400 + i for i in range(3) if base + 400 + i != leader[0])
         version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True)
         print(f"redis-benchmark -c {CLIENTS} -d {VALUE_BYTES} -r {KEYSPACE} -n {args.requests}, "
               f"median of {args.rounds} rounds, systems alternating; "
               f"{version.stdout.split()[2]}, appendfsync always; raftcask {args.kvnode}, 3 members")
-        results = {cell: ([], []) for cell in CELLS}
+        results = {cell: ([], [], []) for cell in CELLS}
         for _ in range(args.rounds):
             for cell in CELLS:
                 test, pipeline = cell
-                results[cell][0].append(rate(redis_port, test, pipeline, args.requests))
-                results[cell][1].append(rate(leader[0], test, pipeline, args.requests))
+                for column, port in enumerate((redis_port, leader[0], follower)):
+                    results[cell][column].append(rate(port, test, pipeline, args.requests))
         print()
-        print("| command | -P | redis-server (req/s) | raftcask (req/s) | raftcask / redis |")
-        print("| --- | --- | --- | --- | --- |")
+        print("| command | -P | redis-server (req/s) | raftcask leader (req/s) | leader / redis "
+              "| raftcask follower (req/s) | follower / redis |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
         for cell in CELLS:
             test, pipeline = cell
-            redis = statistics.median(results[cell][0])
-            raftcask = statistics.median(results[cell][1])
-            print(f"| {test.upper()} | {pipeline} | {redis:,.0f} | {raftcask:,.0f} | "
-                  f"{raftcask / redis:.2f} |")
+            redis, on_leader, on_follower = (statistics.median(r) for r in results[cell])
+            print(f"| {test.upper()} | {pipeline} | {redis:,.0f} | {on_leader:,.0f} | "
+                  f"{on_leader / redis:.2f} | {on_follower:,.0f} | {on_follower / redis:.2f} |")
     finally:
         for child in reversed(children):
             if child.poll() is None:
