@@ -129,8 +129,8 @@ impl Ticket {
         }
     }
 
-    /// The cluster answered this write (any outcome but SESSION_EXPIRED):
-    /// the session exists.
+    /// The cluster answered this write with an outcome of the state
+    /// machine (not SESSION_EXPIRED): the session exists.
     pub fn answered(&self) {
         let mut state = self.sessions.lock();
         if state.client_id == self.client_id {

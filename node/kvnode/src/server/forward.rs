@@ -13,9 +13,10 @@
 //! at one: many concurrent writes under one session would hold its
 //! lowest-unacknowledged mark down and push the oldest answers — those of
 //! the slowest, most likely retried writes — past `SESSION_ANSWERS_MAX`.
-//! Idle sessions wait in a pool ([`Forwarder`]) and are reused; one idle
-//! longer than [`SESSION_REUSE_IDLE_MAX`] is dropped (the state machine
-//! evicts it after `SESSION_IDLE_MS_MAX`).
+//! A session whose write was answered waits in a pool ([`Forwarder`]) and
+//! is reused; one idle longer than [`SESSION_REUSE_IDLE_MAX`] is dropped
+//! (the state machine evicts it after `SESSION_IDLE_MS_MAX`), and one
+//! whose write was refused or abandoned is not pooled.
 //!
 //! Attempts: while a leader is known, the write goes to it (to this member
 //! itself once it leads). A refusal that says nothing was written (not the
@@ -28,7 +29,10 @@
 //! goes to the new leader, so a leader that died silently costs an
 //! election, not the deadline. The leader's final refusals (INVALID_ARGUMENT
 //! naming a limit, NOT_FOUND, ALREADY_EXISTS, RESOURCE_EXHAUSTED naming a
-//! limit, UNIMPLEMENTED) are answered as they are. Giving up answers
+//! limit, UNIMPLEMENTED) are answered as they are, except that a refusal
+//! made before the state machine (RESOURCE_EXHAUSTED, UNIMPLEMENTED) after
+//! an attempt that may have applied is outcome unknown. A write over
+//! `ENTRY_SIZE_BYTES_MAX` is refused here, before any transfer. Giving up answers
 //! outcome unknown if any attempt may have applied, else
 //! FAILED_PRECONDITION with a `NotLeader` detail whose message says nothing
 //! was written. SESSION_EXPIRED (the session was evicted) when no earlier
@@ -45,6 +49,7 @@ use kvstate::command::{Answer, Write};
 use tokio::time::Instant;
 use tonic::{Code, Status};
 
+use crate::raft::batcher::ENTRY_SIZE_BYTES_MAX;
 use crate::raft::network::Network;
 use crate::raft::types::NodeRaft;
 use crate::raft::watch::MetricsWatch;
@@ -62,8 +67,9 @@ pub const FORWARD_RETRY_PAUSE: Duration = Duration::from_millis(50);
 /// after SESSION_EXPIRED with no attempt that may have applied).
 const FORWARD_SESSION_ROUNDS_MAX: usize = 2;
 /// How long a pooled session may have been idle and still be reused: half
-/// the state machine's eviction time, so a reused session is never one it
-/// evicted (a fresh one costs nothing; an evicted one costs a round trip).
+/// the state machine's eviction time. Only answered sessions are pooled,
+/// so a reused one was in the state machine that recently (a fresh one
+/// costs nothing; an evicted one costs a round trip).
 pub const SESSION_REUSE_IDLE_MAX: Duration =
     Duration::from_millis(kvstate::command::SESSION_IDLE_MS_MAX / 2);
 
@@ -172,9 +178,24 @@ impl Forwarder {
         write: Write,
     ) -> Result<(Answer, u64), Status> {
         let deadline = Instant::now() + FORWARD_DEADLINE;
+        // The leader would refuse it (the batcher's check): no transfer.
+        let size = write.encoded_len();
+        if size > ENTRY_SIZE_BYTES_MAX {
+            return Err(convert::limit_exceeded(
+                "ENTRY_SIZE_BYTES_MAX",
+                ENTRY_SIZE_BYTES_MAX as u64,
+                size as u64,
+            ));
+        }
         let mut result = Err(Status::internal("no attempt"));
-        for _ in 0..FORWARD_SESSION_ROUNDS_MAX {
-            let sessions = self.checkout();
+        for round in 0..FORWARD_SESSION_ROUNDS_MAX {
+            // After SESSION_EXPIRED, a fresh session: a pooled one might
+            // be as old as the one just found evicted.
+            let sessions = if round == 0 {
+                self.checkout()
+            } else {
+                Arc::new(Sessions::new())
+            };
             let ticket = sessions.begin();
             let (outcome, may_have_applied) =
                 self.attempts(kv, &ticket, write.clone(), deadline).await;
@@ -185,9 +206,13 @@ impl Forwarder {
                 ticket.session_expired();
             }
             drop(ticket);
-            // Back to the pool only when done: a write abandoned mid-way
-            // (its task dropped) takes its session with it.
-            self.checkin(sessions);
+            // Back to the pool only when done and answered (so its session
+            // surely exists, used just now): a write abandoned mid-way (its
+            // task dropped) or refused takes its session with it, and a
+            // fresh one costs nothing.
+            if result.is_ok() {
+                self.checkin(sessions);
+            }
             if !expired || may_have_applied {
                 break;
             }
@@ -230,9 +255,17 @@ impl Forwarder {
             let remaining = deadline.saturating_duration_since(Instant::now());
             let attempt = match (leader, node) {
                 (Some(leader), _) if leader == self.id => Some(
-                    kv.write_forwarded(write.clone())
-                        .await
-                        .map(|answer| (answer, kv.applied_index())),
+                    match tokio::time::timeout(
+                        remaining.max(FORWARD_RETRY_PAUSE),
+                        kv.write_forwarded(write.clone()),
+                    )
+                    .await
+                    {
+                        Ok(answer) => answer.map(|answer| (answer, kv.applied_index())),
+                        Err(_) => Err(convert::outcome_unknown(
+                            "the write's outcome was not known before the forwarding deadline",
+                        )),
+                    },
                 ),
                 (Some(leader), Some(node)) => {
                     let sent = self.network.forward(
@@ -257,6 +290,28 @@ impl Forwarder {
                     return (Ok(answer), may_have_applied);
                 }
                 Some(Err(status)) => match classify(&status) {
+                    // After an attempt that may have applied, a refusal
+                    // made before the state machine (the disk watermark, a
+                    // leader without Forward) says nothing of that attempt:
+                    // outcome unknown. The state machine's own refusals
+                    // (INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS) are
+                    // the stored answer of the first application.
+                    Verdict::Final
+                        if may_have_applied
+                            && matches!(
+                                status.code(),
+                                Code::ResourceExhausted | Code::Unimplemented
+                            ) =>
+                    {
+                        return (
+                            Err(convert::outcome_unknown(format!(
+                                "an earlier attempt of the forwarded write may have applied; \
+                                 the retry was refused: {}",
+                                status.message()
+                            ))),
+                            true,
+                        );
+                    }
                     // Not marked answered: a refusal before the state
                     // machine (a limit, no Forward) created no session.
                     Verdict::Final => return (Err(status), may_have_applied),
