@@ -20,7 +20,6 @@ target/release/kvnode). Needs redis-server and redis-tools.
 import argparse
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -122,14 +121,7 @@ def main():
             print(f"| {test.upper()} | {pipeline} | {redis:,.0f} | {on_leader:,.0f} | "
                   f"{on_leader / redis:.2f} | {on_follower:,.0f} | {on_follower / redis:.2f} |")
     finally:
-        for child in reversed(children):
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-                try:
-                    child.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    child.kill()
-                    child.wait()
+        compat.stop_processes(children)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -82,6 +82,19 @@ def cli(port, *args, stdin=None):
     )
 
 
+def stop_processes(processes):
+    """Stops the processes this script started, newest first, each by its
+    pid: SIGTERM, then SIGKILL after 20 s."""
+    for child in reversed(list(processes)):
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
 def wait_for(what, check):
     started = time.time()
     while time.time() - started < DEADLINE_S:
@@ -302,14 +315,7 @@ def main():
     children = []
 
     def stop_all():
-        for name, child in reversed(children):
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-                try:
-                    child.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    child.kill()
-                    child.wait()
+        stop_processes(child for _, child in children)
 
     try:
         offsets = [0, 1, 2, 100, 101, 102, 200, 201, 202, 400, 401, 402]

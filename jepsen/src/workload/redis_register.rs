@@ -52,13 +52,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use rand::SeedableRng as _;
 use rand::rngs::SmallRng;
-use rand::{Rng as _, SeedableRng as _};
 use redis::{ConnectionLike as _, Value};
 
 use super::register::{
-    FINAL_READ_ATTEMPTS_MAX, FINAL_READ_PAUSE, KEYS_ACTIVE, Keys, READ_PERCENT, WRITE_PERCENT,
-    key_name,
+    FINAL_READ_ATTEMPTS_MAX, FINAL_READ_PAUSE, Keys, READ_PERCENT, WRITE_PERCENT,
 };
 use super::{
     CONNECT_TIMEOUT, Function, History, OPERATION_TIMEOUT, Outcome, REQUEST_TIMEOUT, Record,
@@ -185,20 +184,7 @@ async fn worker_loop(
     let mut connection: Option<redis::Connection> = None;
     let pause = config.worker_pause();
     while tokio::time::Instant::now() < config.deadline {
-        let slot = rng.random_range(0..KEYS_ACTIVE);
-        let k = keys
-            .lock()
-            .map_err(|_| anyhow::anyhow!("key table lock poisoned"))?
-            .pick(slot);
-        let key = key_name(k);
-        let dice = rng.random_range(0..100);
-        // A write needs the nemesis's gate open; while it is closed (an
-        // idle period) the worker reads instead.
-        let write_guard = if dice >= READ_PERCENT {
-            config.gate.begin_write()
-        } else {
-            None
-        };
+        let (k, key, dice, write_guard) = super::register::next_pick(&mut rng, &keys, &config)?;
         let request = if write_guard.is_none() {
             Request::Read
         } else {

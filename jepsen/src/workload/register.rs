@@ -72,6 +72,29 @@ pub async fn run(config: WorkloadConfig, history: Arc<History>) -> anyhow::Resul
     run_workers(config, history, worker_loop).await
 }
 
+/// A worker's next operation: a key (its number and name), the dice
+/// (0..100) that chose between a read and a write, and the write's guard
+/// when it may write (a write needs the nemesis's gate open; while it is
+/// closed, an idle period, the worker reads instead).
+pub(super) fn next_pick(
+    rng: &mut SmallRng,
+    keys: &Mutex<Keys>,
+    config: &WorkloadConfig,
+) -> anyhow::Result<(u64, String, u32, Option<super::WriteGuard>)> {
+    let slot = rng.random_range(0..KEYS_ACTIVE);
+    let k = keys
+        .lock()
+        .map_err(|_| anyhow::anyhow!("key table lock poisoned"))?
+        .pick(slot);
+    let dice = rng.random_range(0..100);
+    let write_guard = if dice >= READ_PERCENT {
+        config.gate.begin_write()
+    } else {
+        None
+    };
+    Ok((k, key_name(k), dice, write_guard))
+}
+
 /// Runs `config.concurrency` workers of `worker_loop` over one shared
 /// [`Keys`] until each returns (the register workloads, native and
 /// Redis); the first error ends the run.
@@ -114,20 +137,7 @@ async fn worker_loop(
     let mut seen: HashMap<u64, u64> = HashMap::new();
     let pause = config.worker_pause();
     while tokio::time::Instant::now() < config.deadline {
-        let slot = rng.random_range(0..KEYS_ACTIVE);
-        let k = keys
-            .lock()
-            .map_err(|_| anyhow::anyhow!("key table lock poisoned"))?
-            .pick(slot);
-        let key = key_name(k);
-        let dice = rng.random_range(0..100);
-        // A write needs the nemesis's gate open; while it is closed (an
-        // idle period) the worker reads instead.
-        let write_guard = if dice >= READ_PERCENT {
-            config.gate.begin_write()
-        } else {
-            None
-        };
+        let (k, key, dice, write_guard) = next_pick(&mut rng, &keys, &config)?;
         let outcome = if write_guard.is_none() {
             let mut pending = history.invoke(process, Function::Read, &key);
             match client.read(key.clone(), Consistency::Linearizable).await {
