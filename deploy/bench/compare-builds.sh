@@ -58,18 +58,8 @@ if [ ! -x "$LOAD" ]; then
 fi
 
 WORK=$(mktemp -d /tmp/compare-builds.XXXXXX)
-PID=""
-stop_cluster() {
-    [ -n "$PID" ] || return 0
-    kill -TERM "$PID" 2>/dev/null || true
-    for _ in $(seq $((STOP_WAIT_S * 10))); do
-        kill -0 "$PID" 2>/dev/null || break
-        sleep 0.1
-    done
-    kill -KILL "$PID" 2>/dev/null || true
-    wait "$PID" 2>/dev/null || true
-    PID=""
-}
+# shellcheck source=deploy/bench/local-cluster.sh
+. "$REPO/deploy/bench/local-cluster.sh"
 cleanup() {
     local status=$?
     trap - EXIT INT TERM
@@ -80,22 +70,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-ENDPOINTS="$HOST:$PORT_BASE,$HOST:$((PORT_BASE + 1)),$HOST:$((PORT_BASE + 2))"
-start_cluster() { # binary
-    rm -rf "$WORK/data"
-    mkdir -p "$WORK/data"
-    "$1" local --nodes 3 --dir "$WORK/data" --host "$HOST" --port-base "$PORT_BASE" \
-        >"$WORK/local.log" 2>&1 &
-    PID=$!
-    local deadline=$((SECONDS + READY_WAIT_S))
-    for i in 0 1 2; do
-        until curl -sf "http://$HOST:$((PORT_BASE + 200 + i))/ready" >/dev/null 2>&1; do
-            kill -0 "$PID" 2>/dev/null || die "kvnode local exited: $(tail -5 "$WORK/local.log")"
-            [ "$SECONDS" -lt "$deadline" ] || die "cluster not ready after ${READY_WAIT_S} s"
-            sleep 0.3
-        done
-    done
-}
+ENDPOINTS=$(cluster_endpoints)
 
 # cluster-load arguments of a workload.
 load_args() {
@@ -107,18 +82,6 @@ load_args() {
         get-lin-any-x64) echo "get --clients 64 --consistency linearizable --reads-from any" ;;
         *) die "unknown workload $1" ;;
     esac
-}
-
-# CPU clock ticks (user + system) the three members have used so far.
-member_cpu_ticks() {
-    local total=0 i pid fields
-    for i in 1 2 3; do
-        pid=$(cat "$WORK/data/node$i/kvnode.pid" 2>/dev/null) || die "no pid file of member $i"
-        # Fields after the command name: state is the first, utime the 12th.
-        read -r -a fields < <(sed 's/^.*) //' "/proc/$pid/stat")
-        total=$((total + fields[11] + fields[12]))
-    done
-    echo "$total"
 }
 
 # One measured run: prints "ops_per_s p50 p99 cpu_us_per_op" from

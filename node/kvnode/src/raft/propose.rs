@@ -28,7 +28,9 @@ pub(crate) async fn leader_caught_up(raft: &NodeRaft) -> Result<u64, ProposeErro
             .is_some_and(|applied| applied.leader_id.term >= m.current_term)
     };
     {
-        let now = raft.metrics().borrow().clone();
+        // Borrowed, not copied: every proposal asks.
+        let metrics = raft.metrics();
+        let now = metrics.borrow();
         if caught_up(&now) {
             return Ok(now.current_term);
         }

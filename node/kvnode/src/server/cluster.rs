@@ -71,7 +71,7 @@ pub fn header(identity: &Identity, state_machine: &StateMachine, metrics: &NodeM
         cluster_id: identity.cluster_id(),
         member_id: identity.member_id(),
         raft_term: metrics.current_term,
-        applied_index: state_machine.applied().0.map(|l| l.index).unwrap_or(0),
+        applied_index: state_machine.applied_index(),
         leader_id: known_leader(metrics).unwrap_or(0),
         revision: state_machine.revision(),
     }

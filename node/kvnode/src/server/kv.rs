@@ -172,16 +172,17 @@ impl KvService {
     }
 
     pub(crate) fn applied_index(&self) -> u64 {
-        self.state_machine
-            .applied()
-            .0
-            .map(|log_id| log_id.index)
-            .unwrap_or(0)
+        self.state_machine.applied_index()
     }
 
+    /// Every answer's header. Takes neither the apply lock nor a copy of
+    /// openraft's metrics: the metrics are borrowed for two fields.
     fn header(&self) -> Header {
-        let metrics = self.raft.metrics().borrow().clone();
-        cluster::header(&self.identity, &self.state_machine, &metrics)
+        cluster::header(
+            &self.identity,
+            &self.state_machine,
+            &self.raft.metrics().borrow(),
+        )
     }
 
     /// The lease renewal coalescer, started on first use.
@@ -250,7 +251,8 @@ impl KvService {
     /// a voter of this member's membership is not named: a removed leader
     /// must not send clients back to itself).
     pub(crate) fn leader(&self) -> (Option<u64>, Option<String>) {
-        let metrics = self.raft.metrics().borrow().clone();
+        let receiver = self.raft.metrics();
+        let metrics = receiver.borrow();
         let leader = crate::raft::membership::known_leader(&metrics);
         let addr = leader.and_then(|id| {
             metrics
@@ -264,12 +266,21 @@ impl KvService {
 
     #[allow(clippy::result_large_err)]
     pub(crate) fn require_leader(&self) -> Result<(), Status> {
+        if self.leads() {
+            return Ok(());
+        }
         let (leader, addr) = self.leader();
         if leader == Some(self.id) {
             Ok(())
         } else {
             Err(convert::not_leader(leader, addr))
         }
+    }
+
+    /// Whether the leader this member knows is itself (what [`Self::leader`]
+    /// names, without copying an address: every write asks).
+    pub(crate) fn leads(&self) -> bool {
+        crate::raft::membership::known_leader(&self.raft.metrics().borrow()) == Some(self.id)
     }
 
     async fn write(&self, request: impl Into<Write>) -> Result<Answer, Status> {
@@ -286,9 +297,7 @@ impl KvService {
         request: Write,
     ) -> Result<(Answer, u64), Status> {
         match &self.forwarder {
-            Some(forwarder) if self.leader().0 != Some(self.id) => {
-                forwarder.write(self, request).await
-            }
+            Some(forwarder) if !self.leads() => forwarder.write(self, request).await,
             _ => {
                 let answer = self.write_checked(request, true).await?;
                 Ok((answer, self.applied_index()))

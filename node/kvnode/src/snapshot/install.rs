@@ -240,6 +240,10 @@ impl StateMachine {
             .with_shared_history_locked(self.shared.history.clone(), &mut history);
         inner.generation = pointer.generation;
         inner.last_applied = manifest.last_log_id;
+        self.shared.applied_index.store(
+            manifest.last_log_id.map_or(0, |id| id.index),
+            Ordering::SeqCst,
+        );
         inner.membership = manifest.membership.clone();
         inner.time_ms = time_ms;
         self.publish_lease_counts(inner, (0, 0));

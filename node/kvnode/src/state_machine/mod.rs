@@ -128,6 +128,9 @@ pub(crate) struct Shared {
     pub(crate) snapshot_work: Mutex<()>,
     /// The cluster id written into manifests (0 = not known yet).
     pub(crate) cluster_id: AtomicU64,
+    /// The index of `Inner::last_applied` (0 = none), stored with it under
+    /// the apply lock: response headers read it without taking that lock.
+    pub(crate) applied_index: AtomicU64,
 }
 
 /// Whether every copy of a state machine is gone: see
@@ -210,6 +213,7 @@ impl StateMachine {
                 applied: tokio::sync::watch::Sender::new(0),
                 snapshot_work: Mutex::new(()),
                 cluster_id: AtomicU64::new(0),
+                applied_index: AtomicU64::new(last_applied.map_or(0, |id| id.index)),
                 inner: Mutex::new(Inner {
                     engine,
                     applier,
@@ -361,6 +365,12 @@ impl StateMachine {
         kvstate::range::range_at(|| self.engine(), &self.shared.history, spec, now_ms)
     }
 
+    /// The index of the last applied entry (0 = none), without the apply
+    /// lock: what a response header reports.
+    pub fn applied_index(&self) -> u64 {
+        self.shared.applied_index.load(Ordering::SeqCst)
+    }
+
     /// Last applied log id and membership (as openraft's `applied_state`).
     pub fn applied(&self) -> (Option<NodeLogId>, NodeMembership) {
         let inner = self.lock();
@@ -483,6 +493,9 @@ impl StateMachine {
                 }
             };
             inner.last_applied = Some(log_id);
+            self.shared
+                .applied_index
+                .store(log_id.index, Ordering::SeqCst);
             inner.membership = membership;
             inner.time_ms = time_ms;
             self.shared.cluster_time_ms.store(time_ms, Ordering::SeqCst);

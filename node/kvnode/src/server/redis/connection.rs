@@ -931,7 +931,7 @@ where
                 Protocol::Resp2
             };
         }
-        let leads = self.front_end.kv().leader().0 == Some(self.front_end.member_id());
+        let leads = self.front_end.kv().leads();
         Reply::Map(vec![
             (Reply::text("server"), Reply::text("redis")),
             (
