@@ -375,7 +375,7 @@ impl Kv for EtcdFrontEnd {
         let native_request = native::CompactRequest {
             revision: non_negative(request.revision),
         };
-        let answer = match NativeKv::compact(&self.kv, Request::new(native_request.clone())).await {
+        let answer = match NativeKv::compact(&self.kv, Request::new(native_request)).await {
             Ok(answer) => answer.into_inner(),
             // Not the leader: the leader's client port proposes it.
             Err(status) if status.code() == tonic::Code::FailedPrecondition => self
