@@ -74,6 +74,9 @@ pub struct NodeConfig {
     /// Redis (RESP) port address (`--redis-addr`); `None` = no Redis port.
     /// Bound at start (port 0 picks a free one: [`Node::redis_addr`]).
     pub redis_addr: Option<SocketAddr>,
+    /// etcd v3 port address (`--etcd-addr`); `None` = no etcd port. Bound
+    /// at start (port 0 picks a free one: [`Node::etcd_addr`]).
+    pub etcd_addr: Option<SocketAddr>,
     /// Log entries kept behind a snapshot when the log is purged
     /// (`--snapshot-log-keep`).
     pub snapshot_log_keep: u64,
@@ -121,6 +124,7 @@ impl NodeConfig {
             bootstrap: false,
             admin_addr: None,
             redis_addr: None,
+            etcd_addr: None,
             snapshot_log_keep: SNAPSHOT_LOG_KEEP_DEFAULT,
             state_machine: StateMachineOptions::default(),
             merge_policy: MergePolicy::default(),
@@ -201,6 +205,7 @@ pub struct Node {
     client_addr: SocketAddr,
     peer_addr: SocketAddr,
     redis_addr: Option<SocketAddr>,
+    etcd_addr: Option<SocketAddr>,
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
 }
@@ -282,6 +287,14 @@ impl Node {
             (Some(listener), Some(asked)) => Some(start::local_addr(listener, asked)?),
             _ => None,
         };
+        let etcd = match config.etcd_addr {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
+        let etcd_addr = match (&etcd, config.etcd_addr) {
+            (Some(listener), Some(asked)) => Some(start::local_addr(listener, asked)?),
+            _ => None,
+        };
         let metrics = crate::server::metrics::Metrics::new(config.id);
         let (identity, log_store, state_machine) = start::open_storage(&config, &metrics).await?;
         let network = Network::new(identity.clone(), peer_addr.ip(), config.faults.clone())
@@ -305,7 +318,7 @@ impl Node {
             clock: Arc::new(ClusterClock::new(state_machine.clone())),
             shutdown: &shutdown,
         };
-        let mut servers = member.serve_ports(client, peer, redis)?;
+        let mut servers = member.serve_ports(client, peer, redis, etcd)?;
         servers.extend(member.spawn_tasks());
         if let Some(listener) = admin {
             servers.push(member.serve_admin(listener)?);
@@ -315,7 +328,7 @@ impl Node {
             raft.metrics(),
             shutdown.subscribe(),
         )));
-        tracing::info!(id = config.id, %client_addr, %peer_addr, ?redis_addr, "node started");
+        tracing::info!(id = config.id, %client_addr, %peer_addr, ?redis_addr, ?etcd_addr, "node started");
         Ok(Node {
             id: config.id,
             metrics,
@@ -324,6 +337,7 @@ impl Node {
             client_addr,
             peer_addr,
             redis_addr,
+            etcd_addr,
             shutdown,
             servers,
         })
@@ -347,6 +361,11 @@ impl Node {
     /// The bound Redis port address, if the member has one.
     pub fn redis_addr(&self) -> Option<SocketAddr> {
         self.redis_addr
+    }
+
+    /// The bound etcd port address, if the member has one.
+    pub fn etcd_addr(&self) -> Option<SocketAddr> {
+        self.etcd_addr
     }
 
     /// The openraft handle.

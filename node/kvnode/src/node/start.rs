@@ -197,13 +197,14 @@ pub(super) struct Member<'a> {
 
 impl Member<'_> {
     /// The peer port (Raft service), the client port (Kv, Cluster) and the
-    /// Redis port if given, each with its TLS, limits and credential
-    /// checks, until shutdown.
+    /// Redis and etcd ports if given, each with its TLS, limits and
+    /// credential checks, until shutdown.
     pub(super) fn serve_ports(
         &self,
         client: TcpListener,
         peer: TcpListener,
         redis: Option<TcpListener>,
+        etcd: Option<TcpListener>,
     ) -> Result<Vec<JoinHandle<()>>, StartError> {
         let Member {
             config,
@@ -215,6 +216,9 @@ impl Member<'_> {
             clock,
             shutdown,
         } = self;
+        // The bound client address (port 0 picks one): the etcd port's
+        // MemberList tells other members' etcd ports by their offset.
+        let client_bound = local_addr(&client, config.client_addr)?;
         let batcher = Batcher::spawn_observed(
             propose_fn(raft.clone(), (*clock).clone()),
             Some(member_metrics.proposal_observer()),
@@ -321,6 +325,25 @@ impl Member<'_> {
                 front_end,
                 tls,
                 config.limits.redis_connections_max,
+                shutdown.subscribe(),
+            )));
+        }
+        if let Some(listener) = etcd {
+            let listen_addr =
+                local_addr(&listener, config.etcd_addr.unwrap_or(config.client_addr))?;
+            let front_end = crate::server::etcd::EtcdFrontEnd::new(
+                kv_service.clone(),
+                cluster_service.clone(),
+                raft.clone(),
+                listen_addr,
+                client_bound,
+                security,
+            );
+            servers.push(tokio::spawn(crate::server::etcd::serve(
+                listener,
+                front_end,
+                security.clone(),
+                limits.clone(),
                 shutdown.subscribe(),
             )));
         }

@@ -185,6 +185,35 @@ impl KvService {
         )
     }
 
+    /// Serves one watch stream of `requests` (`Kv.Watch`'s, or a front
+    /// end's translated ones) with the member's watch machinery.
+    pub(crate) fn watch_stream<S>(&self, requests: S) -> crate::server::watch::WatchStream
+    where
+        S: tokio_stream::Stream<Item = Result<kvproto::kv::v1::WatchRequest, Status>>
+            + Send
+            + Unpin
+            + 'static,
+    {
+        let context = crate::server::watch::WatchContext {
+            raft: self.raft.clone(),
+            state_machine: self.state_machine.clone(),
+            reads: self.reads.clone(),
+            identity: self.identity.clone(),
+            metrics: self.metrics.clone(),
+            shutdown: self.shutdown.clone(),
+            hub: self
+                .watch_hub
+                .get_or_init(|| {
+                    crate::server::watch_hub::WatchHub::start(
+                        self.state_machine.clone(),
+                        self.shutdown.clone(),
+                    )
+                })
+                .clone(),
+        };
+        context.serve(requests)
+    }
+
     /// The lease renewal coalescer, started on first use.
     pub(crate) fn renewals(&self) -> crate::server::lease::Renewals {
         self.renewals
@@ -992,24 +1021,7 @@ impl Kv for KvService {
         &self,
         request: Request<tonic::Streaming<kvproto::kv::v1::WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let context = crate::server::watch::WatchContext {
-            raft: self.raft.clone(),
-            state_machine: self.state_machine.clone(),
-            reads: self.reads.clone(),
-            identity: self.identity.clone(),
-            metrics: self.metrics.clone(),
-            shutdown: self.shutdown.clone(),
-            hub: self
-                .watch_hub
-                .get_or_init(|| {
-                    crate::server::watch_hub::WatchHub::start(
-                        self.state_machine.clone(),
-                        self.shutdown.clone(),
-                    )
-                })
-                .clone(),
-        };
-        Ok(Response::new(context.serve(request.into_inner())))
+        Ok(Response::new(self.watch_stream(request.into_inner())))
     }
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {

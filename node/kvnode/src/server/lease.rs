@@ -81,7 +81,7 @@ impl Renewals {
 
     /// Asks for lease `id` to be renewed; the receiver gets its TTL once
     /// the renewal applied.
-    fn renew(&self, id: u64) -> oneshot::Receiver<Result<u64, Status>> {
+    pub(crate) fn renew(&self, id: u64) -> oneshot::Receiver<Result<u64, Status>> {
         let (reply, answer) = oneshot::channel();
         if let Err(mpsc::error::TrySendError::Full((_, reply))) = self.queue.try_send((id, reply)) {
             let _ = reply.send(Err(Status::resource_exhausted(format!(

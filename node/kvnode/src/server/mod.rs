@@ -29,6 +29,8 @@
 //! - [`security`]: TLS material and the ports' TLS settings (mutual TLS on
 //!   the peer port), the client port's bearer-token check.
 //! - [`admin`]: the admin HTTP port: `/metrics`, `/health`, `/ready`.
+//! - [`etcd`]: the etcd v3 port: etcdctl and etcd's client libraries,
+//!   translated onto the native services and the same write path.
 //! - [`redis`]: the Redis (RESP) port: redis-cli, redis-benchmark and Redis
 //!   clients, translated onto the same write path and reads.
 //! - [`metrics`]: the Prometheus metrics of one member (`METRICS.md`).
@@ -36,6 +38,7 @@
 pub mod admin;
 pub mod cluster;
 pub mod convert;
+pub mod etcd;
 pub mod forward;
 pub mod kv;
 pub mod lease;

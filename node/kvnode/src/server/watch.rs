@@ -36,9 +36,9 @@ use kvstate::watch::{
 };
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Status, Streaming};
+use tokio_stream::{Stream, StreamExt as _};
+use tonic::Status;
 
 use crate::node::identity::Identity;
 use crate::raft::read_index::ReadRounds;
@@ -124,8 +124,12 @@ impl WatchContext {
         }
     }
 
-    /// Starts serving one watch stream.
-    pub(crate) fn serve(self, requests: Streaming<WatchRequest>) -> WatchStream {
+    /// Starts serving one watch stream: the client's messages as `Kv.Watch`
+    /// receives them, or as a front end translated them.
+    pub(crate) fn serve<S>(self, requests: S) -> WatchStream
+    where
+        S: Stream<Item = Result<WatchRequest, Status>> + Send + Unpin + 'static,
+    {
         let (out, responses) = mpsc::channel(WATCH_STREAM_RESPONSES_BUFFERED);
         tokio::spawn(self.run_stream(requests, out));
         Box::pin(ReceiverStream::new(responses))
@@ -134,7 +138,10 @@ impl WatchContext {
     /// Reads the client's messages until the client goes or the member
     /// stops; then stops every watch of the stream. (A client that closes
     /// its side keeps its watches, as etcd does.)
-    async fn run_stream(self, mut requests: Streaming<WatchRequest>, out: Out) {
+    async fn run_stream<S>(self, mut requests: S, out: Out)
+    where
+        S: Stream<Item = Result<WatchRequest, Status>> + Send + Unpin + 'static,
+    {
         let mut watches: HashMap<i64, JoinHandle<()>> = HashMap::new();
         // Ids the server picks only increase: a late cancel of an ended
         // watch never reaches a new one.
@@ -150,7 +157,7 @@ impl WatchContext {
         let mut reading = true;
         loop {
             let request = tokio::select! {
-                request = requests.message(), if reading => request,
+                request = requests.next(), if reading => request.transpose(),
                 () = out.closed() => break,
                 () = &mut stop => {
                     let status = Status::unavailable(format!(

@@ -10,6 +10,7 @@ mod conditions;
 mod corruption;
 mod data_compat;
 mod disk_full;
+mod etcd;
 mod faults;
 mod fsync_failure;
 mod fuzz;

@@ -2,8 +2,8 @@
 //! host (DESIGN §6).
 //!
 //! Node i (from 1) gets client port `port-base + i - 1`, peer port that
-//! `+ 100`, admin port that `+ 200`, Redis port that `+ 400` (DESIGN §6;
-//! `+ 300` is the etcd port's), and data directory `DIR/node<i>`, where
+//! `+ 100`, admin port that `+ 200`, etcd port that `+ 300`, Redis port
+//! that `+ 400` (DESIGN §6), and data directory `DIR/node<i>`, where
 //! its output goes to `kvnode.log` (appended) and its process id to
 //! `kvnode.pid`. Node 1 passes `--bootstrap`, which never re-initializes an
 //! existing directory, so running again on the same `DIR` restarts the same
@@ -33,6 +33,8 @@ pub const LOCAL_NODES_MAX: u16 = 9;
 pub const PEER_PORT_OFFSET: u16 = 100;
 /// Admin port = client port + this.
 pub const ADMIN_PORT_OFFSET: u16 = 200;
+/// etcd v3 port = client port + this.
+pub const ETCD_PORT_OFFSET: u16 = 300;
 /// Redis (RESP) port = client port + this (the highest offset: the port
 /// layout is checked against it).
 pub const REDIS_PORT_OFFSET: u16 = 400;
@@ -81,7 +83,7 @@ pub struct LocalArgs {
     #[arg(long, default_value = "127.0.0.1")]
     host: IpAddr,
     /// Client port of node 1; node i uses port-base + i - 1 (peer +100,
-    /// admin +200, Redis +400).
+    /// admin +200, etcd +300, Redis +400).
     #[arg(long, default_value_t = 7001, value_parser = clap::value_parser!(u16).range(1..))]
     port_base: u16,
     /// Runtime threads of each member (`kvnode run --worker-threads`);
@@ -108,6 +110,7 @@ struct Member {
     client: SocketAddr,
     peer: SocketAddr,
     admin: SocketAddr,
+    etcd: SocketAddr,
     redis: SocketAddr,
     data_dir: PathBuf,
 }
@@ -134,6 +137,7 @@ fn layout(args: &LocalArgs) -> anyhow::Result<Vec<Member>> {
                 client: SocketAddr::new(args.host, client_port),
                 peer: SocketAddr::new(args.host, client_port + PEER_PORT_OFFSET),
                 admin: SocketAddr::new(args.host, client_port + ADMIN_PORT_OFFSET),
+                etcd: SocketAddr::new(args.host, client_port + ETCD_PORT_OFFSET),
                 redis: SocketAddr::new(args.host, client_port + REDIS_PORT_OFFSET),
                 data_dir: args.dir.join(format!("node{}", i + 1)),
             }
@@ -210,6 +214,8 @@ impl Children {
                 .arg(member.admin.to_string())
                 .arg("--redis-addr")
                 .arg(member.redis.to_string())
+                .arg("--etcd-addr")
+                .arg(member.etcd.to_string())
                 .arg("--initial-cluster")
                 .arg(&initial_cluster)
                 .arg("--worker-threads")
@@ -239,19 +245,20 @@ impl Children {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(
             out,
-            "{:>3}  {:<21}  {:<21}  {:<21}  {:<21}  {:>8}  data dir",
-            "id", "client", "peer", "admin", "redis", "pid"
+            "{:>3}  {:<21}  {:<21}  {:<21}  {:<21}  {:<21}  {:>8}  data dir",
+            "id", "client", "peer", "admin", "etcd", "redis", "pid"
         );
         for slot in &self.slots {
             let m = &slot.member;
             let pid = slot.child.as_ref().map(Child::id).unwrap_or(0);
             let _ = writeln!(
                 out,
-                "{:>3}  {:<21}  {:<21}  {:<21}  {:<21}  {:>8}  {}",
+                "{:>3}  {:<21}  {:<21}  {:<21}  {:<21}  {:<21}  {:>8}  {}",
                 m.id,
                 m.client.to_string(),
                 m.peer.to_string(),
                 m.admin.to_string(),
+                m.etcd.to_string(),
                 m.redis.to_string(),
                 pid,
                 m.data_dir.display()
@@ -271,6 +278,16 @@ impl Children {
             out,
             "try: KVCTL_ENDPOINTS={} kvctl status",
             endpoints.join(",")
+        );
+        let etcd_endpoints: Vec<String> = self
+            .slots
+            .iter()
+            .map(|slot| slot.member.etcd.to_string())
+            .collect();
+        let _ = writeln!(
+            out,
+            "try: ETCDCTL_API=3 etcdctl --endpoints {} member list (any member takes writes)",
+            etcd_endpoints.join(",")
         );
         if let Some(first) = self.slots.first() {
             let redis = first.member.redis;
@@ -448,6 +465,7 @@ mod tests {
                     m.client.port(),
                     m.peer.port(),
                     m.admin.port(),
+                    m.etcd.port(),
                     m.redis.port(),
                 )
             })
@@ -455,9 +473,9 @@ mod tests {
         assert_eq!(
             ports,
             vec![
-                (1, 7001, 7101, 7201, 7401),
-                (2, 7002, 7102, 7202, 7402),
-                (3, 7003, 7103, 7203, 7403)
+                (1, 7001, 7101, 7201, 7301, 7401),
+                (2, 7002, 7102, 7202, 7302, 7402),
+                (3, 7003, 7103, 7203, 7303, 7403)
             ]
         );
         assert_eq!(members[2].data_dir, PathBuf::from("d/node3"));

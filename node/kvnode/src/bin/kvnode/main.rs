@@ -62,13 +62,16 @@ const DEFAULT_PEER_ADDR: &str = "127.0.0.1:7101";
 const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:7201";
 /// Redis (RESP) address of the no-argument single-node cluster.
 const DEFAULT_REDIS_ADDR: &str = "127.0.0.1:6379";
+/// etcd v3 address of the no-argument single-node cluster (etcd's own).
+const DEFAULT_ETCD_ADDR: &str = "127.0.0.1:2379";
 
 #[derive(Debug, Parser)]
 #[command(
     name = "kvnode",
     version = version_line(),
     about = "A raftcask member. Without a command: a single-node cluster on local defaults \
-             (data ./kvdata, client 127.0.0.1:7001, peer :7101, admin :7201, Redis :6379)."
+             (data ./kvdata, client 127.0.0.1:7001, peer :7101, admin :7201, Redis :6379, \
+             etcd :2379)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -119,6 +122,11 @@ struct RunArgs {
     /// set; TLS when the member has TLS); none if omitted.
     #[arg(long, env = "KVNODE_REDIS_ADDR")]
     redis_addr: Option<SocketAddr>,
+    /// etcd v3 gRPC address: etcdctl and etcd client libraries connect
+    /// here (the same TLS, client certificates and --auth-token-file token
+    /// as the client port); none if omitted.
+    #[arg(long, env = "KVNODE_ETCD_ADDR")]
+    etcd_addr: Option<SocketAddr>,
     /// The initial members: `1=<client>/<peer>,2=...`, each address
     /// host:port (an IP or a name, e.g. node1:7001 in a compose network).
     #[arg(long, env = "KVNODE_INITIAL_CLUSTER")]
@@ -335,6 +343,7 @@ fn run_config(args: RunArgs) -> anyhow::Result<NodeConfig> {
     args.test.apply(&mut config);
     config.admin_addr = args.admin_addr;
     config.redis_addr = args.redis_addr;
+    config.etcd_addr = args.etcd_addr;
     config.security = args.security.security()?;
     config.snapshot_log_keep = args.snapshot_log_keep;
     config.history_window = kvstate::history::HistoryWindow {
@@ -393,6 +402,7 @@ fn default_config() -> anyhow::Result<NodeConfig> {
     config.bootstrap = true;
     config.admin_addr = Some(DEFAULT_ADMIN_ADDR.parse()?);
     config.redis_addr = Some(DEFAULT_REDIS_ADDR.parse()?);
+    config.etcd_addr = Some(DEFAULT_ETCD_ADDR.parse()?);
     Ok(config)
 }
 
@@ -413,7 +423,7 @@ const FD_RESERVE: u64 = 1024;
 /// Raises the soft open-files limit to the hard one, so the connection caps
 /// are what limits connections (not EMFILE); warns if even the hard limit
 /// is below the caps plus [`FD_RESERVE`].
-fn raise_fd_limit(limits: &Limits, redis_port: bool) {
+fn raise_fd_limit(limits: &Limits, redis_port: bool, etcd_port: bool) {
     use rustix::process::{Resource, getrlimit, setrlimit};
     let limit = getrlimit(Resource::Nofile);
     if limit.maximum != limit.current {
@@ -430,8 +440,16 @@ fn raise_fd_limit(limits: &Limits, redis_port: bool) {
     } else {
         0
     };
-    let needed = (limits.client_connections_max + limits.peer_connections_max + redis_connections)
-        as u64
+    // The etcd port has the client port's connection cap.
+    let etcd_connections = if etcd_port {
+        limits.client_connections_max
+    } else {
+        0
+    };
+    let needed = (limits.client_connections_max
+        + limits.peer_connections_max
+        + redis_connections
+        + etcd_connections) as u64
         + FD_RESERVE;
     if let Some(current) = getrlimit(Resource::Nofile).current
         && current < needed
@@ -439,7 +457,8 @@ fn raise_fd_limit(limits: &Limits, redis_port: bool) {
         tracing::warn!(
             open_files_limit = current,
             needed,
-            "the open-files limit is below --max-connections plus the peer and Redis ports' caps \
+            "the open-files limit is below --max-connections plus the peer, Redis and etcd \
+             ports' caps \
              plus a reserve: a connection flood may exhaust file descriptors; lower --max-connections \
              or raise the limit (ulimit -n)"
         );
@@ -448,7 +467,11 @@ fn raise_fd_limit(limits: &Limits, redis_port: bool) {
 
 async fn run_member(config: NodeConfig) -> anyhow::Result<()> {
     local::follow_parent()?;
-    raise_fd_limit(&config.limits, config.redis_addr.is_some());
+    raise_fd_limit(
+        &config.limits,
+        config.redis_addr.is_some(),
+        config.etcd_addr.is_some(),
+    );
     let node = Node::start(config).await.context("starting the node")?;
     tokio::select! {
         signal = wait_for_signal() => signal?,

@@ -1,0 +1,400 @@
+#!/usr/bin/env python3
+"""The etcdctl differential test (issue 21): plays one etcdctl 3.4 session
+(Debian's etcd-client) against a fresh single-member etcd 3.4 (Debian's
+etcd-server) and against a fresh three-member raftcask (`kvnode local
+--nodes 3`, through member 2's etcd port, which may be a follower), and
+compares every command's output, error and exit code.
+
+Both stores start fresh, so both number their revisions alike (the first
+put is revision 2): revisions are compared as they are. The only
+normalisations are the ones etcd's own output forces on a comparison of
+two clusters: member and cluster ids, lease ids (each replaced by its
+order of appearance), raft terms and indexes, database sizes, server
+versions, URLs and ports, the remaining seconds of a lease (a timing), the
+leader flag of `endpoint status` (which member answers), client log lines,
+and `member list`, compared as the set of its line shapes (the reference
+has one member, raftcask three). Any other difference fails.
+
+Everything runs inside a private network namespace (`unshare -n`, loopback
+only; the script re-executes itself there), and every process it starts is
+stopped by its pid.
+
+Usage: deploy/etcd/compat.py [--kvnode PATH] [--keep]
+Needs etcd and etcdctl 3.4 (as root: apt-get install -y etcd-server
+etcd-client), unshare and ip; exits 2, loudly, when one is missing.
+Exit 0: no difference.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+# Every wait below gives up after this many seconds.
+DEADLINE_S = 60
+# How long a bounded `etcdctl watch` runs before it is stopped.
+WATCH_S = 4
+HOST = "127.0.0.1"
+ETCD_CLIENT_PORT = 2379
+ETCD_PEER_PORT = 2380
+# kvnode local: member i's client port is PORT_BASE + i - 1, its etcd port
+# that + ETCD_PORT_OFFSET (bin/kvnode/local.rs).
+PORT_BASE = 7001
+ETCD_PORT_OFFSET = 300
+# Set in the re-executed child: it runs inside the private namespace.
+IN_NAMESPACE_ENV = "RAFTCASK_ETCD_COMPAT_NETNS"
+
+# The session: (label, etcdctl arguments, stdin). `{lease}` is the id the
+# last `lease grant` printed on that system; `{compact}` the revision the
+# session compacts at.
+SESSION = [
+    ("put", ["put", "k1", "v1"], None),
+    ("put", ["put", "k2", "v2"], None),
+    ("put", ["put", "k3", "v3"], None),
+    ("put", ["put", "other", "x"], None),
+    ("put overwrite", ["put", "k1", "v1b"], None),
+    ("get", ["get", "k1"], None),
+    ("get json", ["get", "k1", "-w", "json"], None),
+    ("get missing", ["get", "nothing"], None),
+    ("get prefix", ["get", "k", "--prefix"], None),
+    ("get prefix limit", ["get", "k", "--prefix", "--limit", "2"], None),
+    ("get prefix limit json", ["get", "k", "--prefix", "--limit", "2", "-w", "json"], None),
+    ("get sort", ["get", "k", "--prefix", "--sort-by", "MODIFY", "--order", "DESCEND"], None),
+    ("get sort value", ["get", "k", "--prefix", "--sort-by", "VALUE", "--order", "ASCEND"], None),
+    ("get keys-only", ["get", "k", "--prefix", "--keys-only"], None),
+    ("get rev", ["get", "k1", "--rev", "2"], None),
+    ("get from key", ["get", "k2", "--from-key"], None),
+    ("get serializable", ["get", "k1", "--consistency", "s"], None),
+    ("get future rev", ["get", "k1", "--rev", "1000"], None),
+    ("del prev-kv", ["del", "k2", "--prev-kv"], None),
+    ("del missing", ["del", "k2"], None),
+    ("put prev-kv", ["put", "k3", "v3b", "--prev-kv"], None),
+    (
+        "txn success",
+        ["txn"],
+        'value("k1") = "v1b"\nversion("k1") = "2"\ncreate("k1") = "2"\nmod("k1") > "2"\n\n'
+        "put k4 v4\nget k1\n\nput k5 v5\n\n",
+    ),
+    (
+        "txn failure",
+        ["txn"],
+        'value("k1") = "nope"\n\nput k6 v6\n\nget k4\ndel k3\n\n',
+    ),
+    ("txn json", ["txn", "-w", "json"], 'value("k4") = "v4"\n\nget k4\n\n\n'),
+    ("watch from rev", ["watch", "k", "--prefix", "--rev", "2"], "WATCH"),
+    ("watch prev-kv", ["watch", "k1", "--rev", "6", "--prev-kv"], "WATCH"),
+    ("lease grant", ["lease", "grant", "30"], None),
+    ("put lease", ["put", "lk", "lv", "--lease={lease}"], None),
+    ("lease keep-alive once", ["lease", "keep-alive", "--once", "{lease}"], None),
+    ("lease timetolive", ["lease", "timetolive", "{lease}", "--keys"], None),
+    ("lease list", ["lease", "list"], None),
+    ("get lease key json", ["get", "lk", "-w", "json"], None),
+    ("lease revoke", ["lease", "revoke", "{lease}"], None),
+    ("get revoked key", ["get", "lk"], None),
+    ("lease timetolive revoked", ["lease", "timetolive", "{lease}"], None),
+    ("lease revoke again", ["lease", "revoke", "{lease}"], None),
+    ("put before compaction", ["put", "k7", "v7"], None),
+    ("compaction", ["compaction", "{compact}"], None),
+    ("get compacted rev", ["get", "k1", "--rev", "2"], None),
+    ("get at compact rev", ["get", "k", "--prefix", "--rev", "{compact}"], None),
+    ("compaction again", ["compaction", "3"], None),
+    ("watch compacted", ["watch", "k", "--prefix", "--rev", "2"], "WATCH"),
+    ("watch from compact rev", ["watch", "k", "--prefix", "--rev", "{compact}"], "WATCH"),
+    ("del prefix", ["del", "k", "--prefix", "--prev-kv"], None),
+    ("get all", ["get", "", "--prefix"], None),
+    ("member list", ["member", "list"], None),
+    ("endpoint status", ["endpoint", "status"], None),
+    ("endpoint health", ["endpoint", "health"], None),
+    ("alarm list", ["alarm", "list"], None),
+]
+
+
+def log(message):
+    print(f"== etcd compat: {message}", flush=True)
+
+
+def fail(message):
+    print(f"etcd compat: FAILED: {message}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def missing(tool, how):
+    print(
+        f"etcd compat: MISSING {tool}: {how}; nothing was tested",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.exit(2)
+
+
+def stop_processes(processes):
+    """Stops the processes this script started, newest first, each by its
+    pid: SIGTERM, then SIGKILL after 20 s."""
+    for child in reversed(list(processes)):
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
+def wait_for(what, check):
+    started = time.time()
+    while time.time() - started < DEADLINE_S:
+        if check():
+            return
+        time.sleep(0.2)
+    fail(f"{what} within {DEADLINE_S} s")
+
+
+def etcdctl(endpoint, args, stdin=None, timeout=DEADLINE_S):
+    env = dict(os.environ, ETCDCTL_API="3")
+    return subprocess.run(
+        ["etcdctl", "--endpoints", endpoint, "--command-timeout=20s", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def watch(endpoint, args):
+    """A bounded watch: what it printed in WATCH_S seconds."""
+    env = dict(os.environ, ETCDCTL_API="3")
+    child = subprocess.Popen(
+        ["etcdctl", "--endpoints", endpoint, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        out, err = child.communicate(timeout=WATCH_S)
+    except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate()
+        return out, err, "stopped"
+    return out, err, str(child.returncode)
+
+
+LEASE_ID = re.compile(r"\b[0-9a-f]{16}\b")
+
+
+class Normaliser:
+    """The named normalisations (see the module doc), with lease ids
+    numbered in order of appearance on each system."""
+
+    def __init__(self):
+        self.leases = {}
+
+    def lease(self, match):
+        text = match.group(0)
+        if text not in self.leases:
+            self.leases[text] = f"<lease{len(self.leases) + 1}>"
+        return self.leases[text]
+
+    def json_text(self, text, label):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return text
+        def walk(node):
+            if isinstance(node, dict):
+                out = {}
+                for key, item in node.items():
+                    if key in ("cluster_id", "member_id", "raft_term", "ID", "id"):
+                        out[key] = "<id>"
+                    elif key == "lease" and item:
+                        out[key] = self.lease_number(item)
+                    else:
+                        out[key] = walk(item)
+                return out
+            if isinstance(node, list):
+                return [walk(item) for item in node]
+            return node
+        return json.dumps(walk(value), sort_keys=True)
+
+    def lease_number(self, number):
+        return self.lease(re.match(r".*", format(int(number), "016x")))
+
+    def text(self, label, text):
+        lines = [
+            line for line in text.splitlines()
+            # clientv3's own log lines (retries, timestamps).
+            if not line.startswith('{"level"')
+        ]
+        text = "\n".join(lines)
+        if text.startswith("{"):
+            return self.json_text(text, label)
+        text = LEASE_ID.sub(self.lease, text)
+        text = re.sub(r"remaining\(\d+s\)", "remaining(<s>s)", text)
+        if label == "member list":
+            shapes = set()
+            for line in text.splitlines():
+                fields = [f.strip() for f in line.split(",")]
+                if len(fields) == 6:
+                    fields[0] = "<id>"
+                    fields[2] = "<name>"
+                    fields[3] = re.sub(r"\d+", "<n>", fields[3])
+                    fields[4] = re.sub(r"\d+", "<n>", fields[4])
+                shapes.add(", ".join(fields))
+            return "\n".join(sorted(shapes))
+        if label in ("endpoint status", "endpoint health"):
+            text = re.sub(r"127\.0\.0\.1:\d+", "<endpoint>", text)
+            text = re.sub(r"took = [0-9.]+[µmn]?s", "took = <t>", text)
+            fields = [f.strip() for f in text.split(",")]
+            if label == "endpoint status" and len(fields) >= 9:
+                # endpoint, id, version, db size, is leader, is learner,
+                # raft term, raft index, raft applied index, errors
+                fields[1] = "<id>"
+                fields[2] = "<version>"
+                fields[3] = "<size>"
+                fields[4] = "<leader?>"
+                fields[6] = "<term>"
+                fields[7] = "<index>"
+                fields[8] = "<applied>"
+            return ", ".join(fields)
+        return text
+
+
+def in_namespace(args):
+    """Re-executes this script in a private network namespace."""
+    for tool, how in (("unshare", "Debian util-linux"), ("ip", "Debian iproute2")):
+        if shutil.which(tool) is None:
+            missing(tool, f"install {how}")
+    command = ["unshare", "-n", sys.executable, os.path.abspath(__file__), *sys.argv[1:]]
+    env = dict(os.environ, **{IN_NAMESPACE_ENV: "1"})
+    sys.exit(subprocess.run(command, env=env).returncode)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kvnode", default=os.path.join(REPO, "target", "debug", "kvnode"))
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--show", action="store_true", help="print every normalised answer")
+    args = parser.parse_args()
+    for tool in ("etcd", "etcdctl"):
+        if shutil.which(tool) is None:
+            missing(tool, "as root: apt-get install -y etcd-server etcd-client (etcd 3.4)")
+    if not os.access(args.kvnode, os.X_OK):
+        fail(f"no kvnode at {args.kvnode} (cargo build -p kvnode)")
+    if os.environ.get(IN_NAMESPACE_ENV) != "1":
+        in_namespace(args)
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    version = subprocess.run(["etcd", "--version"], capture_output=True, text=True).stdout
+    log(f"reference: {version.splitlines()[0] if version else 'etcd'}")
+
+    work = tempfile.mkdtemp(prefix="raftcask-etcd-compat-")
+    children = []
+    try:
+        children.append(subprocess.Popen(
+            [
+                "etcd", "--name", "e1", "--data-dir", os.path.join(work, "etcd"),
+                "--listen-client-urls", f"http://{HOST}:{ETCD_CLIENT_PORT}",
+                "--advertise-client-urls", f"http://{HOST}:{ETCD_CLIENT_PORT}",
+                "--listen-peer-urls", f"http://{HOST}:{ETCD_PEER_PORT}",
+                "--initial-advertise-peer-urls", f"http://{HOST}:{ETCD_PEER_PORT}",
+                "--initial-cluster", f"e1=http://{HOST}:{ETCD_PEER_PORT}",
+                "--initial-cluster-state", "new",
+            ],
+            stdout=open(os.path.join(work, "etcd.log"), "w"),
+            stderr=subprocess.STDOUT,
+        ))
+        children.append(subprocess.Popen(
+            [
+                args.kvnode, "local", "--nodes", "3", "--dir", os.path.join(work, "kv"),
+                "--host", HOST, "--port-base", str(PORT_BASE),
+            ],
+            stdout=open(os.path.join(work, "local.log"), "w"),
+            stderr=subprocess.STDOUT,
+        ))
+        reference = f"{HOST}:{ETCD_CLIENT_PORT}"
+        raftcask = f"{HOST}:{PORT_BASE + 1 + ETCD_PORT_OFFSET}"
+        for name, endpoint in (("etcd", reference), ("raftcask", raftcask)):
+            wait_for(
+                f"{name} answering at {endpoint}",
+                lambda endpoint=endpoint: etcdctl(endpoint, ["endpoint", "health"], timeout=10)
+                .returncode == 0,
+            )
+        results = {
+            name: play_with_compaction(endpoint)
+            for name, endpoint in (("etcd", reference), ("raftcask", raftcask))
+        }
+        if args.show:
+            for row in results["raftcask"]:
+                print(f"--- {row[0]}: etcdctl {row[1]} (exit {row[4]})\n{row[2]}\n{row[3]}")
+        differences = []
+        for (a, b) in zip(results["etcd"], results["raftcask"]):
+            if a != b:
+                differences.append((a, b))
+        for a, b in differences:
+            print(f"--- {a[0]}: etcdctl {a[1]}", flush=True)
+            for what, x, y in (("stdout", a[2], b[2]), ("stderr", a[3], b[3]), ("exit", a[4], b[4])):
+                if x != y:
+                    print(f"  {what} etcd:     {x!r}\n  {what} raftcask: {y!r}", flush=True)
+        log(f"{len(SESSION)} commands compared; {len(differences)} difference(s)")
+        if differences:
+            fail(f"{len(differences)} difference(s) from etcd")
+        log("PASSED")
+    finally:
+        stop_processes(children)
+        if args.keep:
+            log(f"work directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def play_with_compaction(endpoint):
+    """Plays the session; the compaction revision is the store revision
+    right after "put before compaction", read on the same system (so it
+    is compared too: `get json` headers carry it)."""
+    split = next(i for i, (label, _, _) in enumerate(SESSION) if label == "compaction")
+    first = play_part(endpoint, SESSION[:split], None, Normaliser(), {})
+    done = etcdctl(endpoint, ["get", "k1", "-w", "json"])
+    revision = json.loads(done.stdout)["header"]["revision"]
+    second = play_part(endpoint, SESSION[split:], revision, first[1], first[2])
+    results = first[0] + second[0]
+    results.append(("compaction revision", "", str(revision), "", "0"))
+    return results
+
+
+def play_part(endpoint, part, compact_revision, normaliser, state):
+    results = []
+    for label, args, stdin in part:
+        args = [
+            arg.replace("{lease}", state.get("lease") or "0").replace(
+                "{compact}", str(compact_revision)
+            )
+            for arg in args
+        ]
+        if stdin == "WATCH":
+            out, err, code = watch(endpoint, args)
+        else:
+            done = etcdctl(endpoint, args, stdin)
+            out, err, code = done.stdout, done.stderr, str(done.returncode)
+        if label == "lease grant":
+            found = LEASE_ID.search(out)
+            state["lease"] = found.group(0) if found else None
+        results.append((
+            label,
+            " ".join(a for a in args if not LEASE_ID.fullmatch(a) and "--lease=" not in a),
+            normaliser.text(label, out.strip()),
+            normaliser.text(label, err.strip()),
+            code,
+        ))
+    return results, normaliser, state
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,343 @@
+//! etcd's `Watch` service over the native watch machinery
+//! (`server/watch.rs`): the client's messages are translated one by one
+//! into native watch requests and fed to one native watch stream; its
+//! answers are translated back. Three differences are bridged here:
+//!
+//! - A watch from the compact revision itself: etcd serves it (the
+//!   compacted state keeps that revision's writes), while the native
+//!   history's window starts above it. The watch is created natively from
+//!   the revision after, and the events of the compact revision itself —
+//!   the puts whose `mod_revision` it is, read at that revision — are sent
+//!   first, right after `created`. (etcd no longer has that revision's
+//!   deletes either.)
+//! - `fragment`: the native stream splits a revision larger than a page
+//!   over several messages; a watch created without `fragment` gets each
+//!   revision's events in one message, as etcd sends them.
+//! - Filters: etcd's `NOPUT` / `NODELETE` list becomes the native flags.
+
+use std::collections::{HashMap, VecDeque};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use kvproto::etcd::etcdserverpb::watch_server::Watch;
+use kvproto::etcd::etcdserverpb::{
+    WatchCreateRequest, WatchRequest, WatchResponse, watch_create_request, watch_request,
+};
+use kvproto::etcd::mvccpb;
+use kvproto::kv::v1 as native;
+use kvproto::kv::v1::kv_server::Kv as NativeKv;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt as _};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::kv::key_value;
+use super::{EtcdFrontEnd, non_negative, revision_i64};
+
+/// Translated requests waiting for the native stream.
+const WATCH_REQUESTS_BUFFERED: usize = 16;
+/// Translated answers buffered for the client.
+const WATCH_RESPONSES_BUFFERED: usize = 4;
+
+/// The response stream of `Watch.Watch`.
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
+
+/// What a create asked for that the native answers do not carry.
+#[derive(Clone, Debug)]
+struct Created {
+    /// Events split over messages are passed on as they are.
+    fragment: bool,
+    /// Send the compact revision's own events first: (revision, the native
+    /// range of the watch, whether puts are filtered out).
+    compact_start: Option<(u64, native::RangeRequest)>,
+}
+
+/// The native create of an etcd one, and what to remember of it.
+fn native_create(
+    create: WatchCreateRequest,
+    compact_revision: u64,
+) -> (native::WatchCreateRequest, Created) {
+    let no_put = create
+        .filters
+        .contains(&(watch_create_request::FilterType::Noput as i32));
+    let no_delete = create
+        .filters
+        .contains(&(watch_create_request::FilterType::Nodelete as i32));
+    let mut start = non_negative(create.start_revision);
+    let mut compact_start = None;
+    if start != 0 && start == compact_revision {
+        start += 1;
+        if !no_put {
+            compact_start = Some((
+                compact_revision,
+                native::RangeRequest {
+                    key: create.key.clone(),
+                    range_end: create.range_end.clone(),
+                    revision: compact_revision,
+                    min_mod_revision: compact_revision,
+                    max_mod_revision: compact_revision,
+                    consistency: native::Consistency::Stale as i32,
+                    ..Default::default()
+                },
+            ));
+        }
+    }
+    (
+        native::WatchCreateRequest {
+            key: create.key,
+            range_end: create.range_end,
+            start_revision: start,
+            progress_notify: create.progress_notify,
+            no_put,
+            no_delete,
+            prev_kv: create.prev_kv,
+            watch_id: create.watch_id,
+            consistency: native::Consistency::Linearizable as i32,
+        },
+        Created {
+            fragment: create.fragment,
+            compact_start,
+        },
+    )
+}
+
+fn event(event: native::Event) -> mvccpb::Event {
+    let kind = match native::EventType::try_from(event.r#type) {
+        Ok(native::EventType::Delete) => mvccpb::event::EventType::Delete,
+        _ => mvccpb::event::EventType::Put,
+    };
+    mvccpb::Event {
+        r#type: kind as i32,
+        kv: event.kv.map(key_value),
+        prev_kv: event.prev_kv.map(key_value),
+    }
+}
+
+impl EtcdFrontEnd {
+    /// Reads the client's messages, translated, into `native`; remembers
+    /// each create's extras in `creates` (in create order, as the native
+    /// stream answers them).
+    async fn translate_requests(
+        self,
+        mut requests: Streaming<WatchRequest>,
+        native: mpsc::Sender<Result<native::WatchRequest, Status>>,
+        creates: Arc<Mutex<VecDeque<Created>>>,
+    ) {
+        loop {
+            let request = match requests.message().await {
+                Ok(Some(request)) => request,
+                // The client closed its side: the native stream keeps its
+                // watches (as etcd does) until the client goes.
+                Ok(None) => {
+                    native.closed().await;
+                    return;
+                }
+                Err(_) => return,
+            };
+            let translated = match request.request_union {
+                Some(watch_request::RequestUnion::CreateRequest(create)) => {
+                    let compact_revision = self
+                        .kv
+                        .state_machine()
+                        .history()
+                        .read()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .compact_revision();
+                    let (create, created) = native_create(create, compact_revision);
+                    creates
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push_back(created);
+                    native::watch_request::Request::Create(create)
+                }
+                Some(watch_request::RequestUnion::CancelRequest(cancel)) => {
+                    native::watch_request::Request::Cancel(native::WatchCancelRequest {
+                        watch_id: cancel.watch_id,
+                    })
+                }
+                Some(watch_request::RequestUnion::ProgressRequest(_)) => {
+                    native::watch_request::Request::Progress(native::WatchProgressRequest {})
+                }
+                None => {
+                    let _ = native
+                        .send(Err(Status::invalid_argument(
+                            "WatchRequest.request_union is not set: one of create_request, \
+                             cancel_request, progress_request",
+                        )))
+                        .await;
+                    return;
+                }
+            };
+            let message = native::WatchRequest {
+                request: Some(translated),
+            };
+            if native.send(Ok(message)).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// The compact revision's own puts in a watch's range (see the module
+    /// doc), or why they could not be read.
+    async fn compact_revision_events(
+        &self,
+        range: native::RangeRequest,
+    ) -> Result<Vec<mvccpb::Event>, Status> {
+        let answer = NativeKv::range(&self.kv, Request::new(range))
+            .await?
+            .into_inner();
+        Ok(answer
+            .kvs
+            .into_iter()
+            .map(|kv| mvccpb::Event {
+                r#type: mvccpb::event::EventType::Put as i32,
+                kv: Some(key_value(kv)),
+                prev_kv: None,
+            })
+            .collect())
+    }
+
+    /// Translates the native answers for the client.
+    async fn translate_responses(
+        self,
+        mut answers: crate::server::watch::WatchStream,
+        out: mpsc::Sender<Result<WatchResponse, Status>>,
+        creates: Arc<Mutex<VecDeque<Created>>>,
+    ) {
+        let mut watches: HashMap<i64, Created> = HashMap::new();
+        // Fragments held back for watches that did not ask for them.
+        let mut held: HashMap<i64, Vec<mvccpb::Event>> = HashMap::new();
+        loop {
+            let answer = tokio::select! {
+                answer = answers.next() => answer,
+                () = out.closed() => return,
+            };
+            let answer = match answer {
+                Some(Ok(answer)) => answer,
+                Some(Err(status)) => {
+                    let _ = out.send(Err(super::errors::to_etcd(status))).await;
+                    return;
+                }
+                None => return,
+            };
+            let id = answer.watch_id;
+            let header = EtcdFrontEnd::header_of(answer.header);
+            let mut compact_start = None;
+            if answer.created {
+                let created = creates
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .pop_front();
+                if let Some(created) = created
+                    && !answer.canceled
+                {
+                    compact_start = created.compact_start.clone();
+                    watches.insert(id, created);
+                }
+            }
+            if answer.canceled {
+                watches.remove(&id);
+                held.remove(&id);
+            }
+            let fragment_allowed = watches.get(&id).is_some_and(|w| w.fragment);
+            let mut events: Vec<mvccpb::Event> = answer.events.into_iter().map(event).collect();
+            if !fragment_allowed && !answer.canceled {
+                if answer.fragment {
+                    held.entry(id).or_default().extend(events);
+                    continue;
+                }
+                if let Some(mut earlier) = held.remove(&id) {
+                    earlier.extend(events);
+                    events = earlier;
+                }
+            }
+            let message = WatchResponse {
+                header,
+                watch_id: id,
+                created: answer.created,
+                canceled: answer.canceled,
+                compact_revision: revision_i64(answer.compact_revision),
+                cancel_reason: answer.cancel_reason,
+                fragment: fragment_allowed && answer.fragment,
+                events,
+            };
+            if out.send(Ok(message)).await.is_err() {
+                return;
+            }
+            if let Some((revision, range)) = compact_start {
+                let message = match self.compact_revision_events(range).await {
+                    Ok(events) if events.is_empty() => continue,
+                    Ok(events) => WatchResponse {
+                        header: Some(self.header()),
+                        watch_id: id,
+                        events,
+                        ..Default::default()
+                    },
+                    // Not readable (compacted further meanwhile, or too
+                    // many keys): the watch is cancelled as compacted, so
+                    // the client re-reads and watches again.
+                    Err(status) => WatchResponse {
+                        header: Some(self.header()),
+                        watch_id: id,
+                        canceled: true,
+                        compact_revision: revision_i64(revision),
+                        cancel_reason: status.message().to_string(),
+                        ..Default::default()
+                    },
+                };
+                if out.send(Ok(message)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Watch for EtcdFrontEnd {
+    type WatchStream = WatchStream;
+
+    async fn watch(
+        &self,
+        request: Request<Streaming<WatchRequest>>,
+    ) -> Result<Response<WatchStream>, Status> {
+        let (native_requests, native_stream) = mpsc::channel(WATCH_REQUESTS_BUFFERED);
+        let (out, responses) = mpsc::channel(WATCH_RESPONSES_BUFFERED);
+        let creates = Arc::new(Mutex::new(VecDeque::new()));
+        let answers = self.kv.watch_stream(ReceiverStream::new(native_stream));
+        tokio::spawn(self.clone().translate_requests(
+            request.into_inner(),
+            native_requests,
+            creates.clone(),
+        ));
+        tokio::spawn(self.clone().translate_responses(answers, out, creates));
+        Ok(Response::new(Box::pin(ReceiverStream::new(responses))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_watch_from_the_compact_revision_starts_after_it_and_reads_it() {
+        let create = WatchCreateRequest {
+            key: "a".into(),
+            start_revision: 5,
+            filters: vec![watch_create_request::FilterType::Nodelete as i32],
+            ..Default::default()
+        };
+        let (native, created) = native_create(create.clone(), 5);
+        assert_eq!(native.start_revision, 6);
+        assert!(native.no_delete && !native.no_put);
+        let (revision, range) = created.compact_start.expect("reads revision 5");
+        assert_eq!(revision, 5);
+        assert_eq!((range.min_mod_revision, range.max_mod_revision), (5, 5));
+        // Below or above the compact revision: as asked.
+        let (native, created) = native_create(create.clone(), 4);
+        assert_eq!(native.start_revision, 5);
+        assert!(created.compact_start.is_none());
+        let (native, _) = native_create(create, 7);
+        assert_eq!(native.start_revision, 5);
+    }
+}
