@@ -67,8 +67,10 @@ use crate::revision::{KeyMeta, RevisionError, tombstone_revision};
 /// longer.
 pub const HISTORY_WINDOW_REVISIONS_DEFAULT: u64 = 100_000;
 /// The window's default size in records (a revision may write up to an
-/// entry's 65 535 keys): what bounds the index's memory, about 150 bytes
-/// per record plus the key, so some 200 MiB at most for keys of 50 bytes.
+/// entry's 65 535 keys): what bounds the index's memory, about 120 bytes
+/// per record (an 88-byte version, 16 bytes in the record order, vector
+/// slack) plus the key and some 60 bytes per key held, so some 220 MiB at
+/// most for keys of 50 bytes.
 pub const HISTORY_WINDOW_RECORDS_DEFAULT: u64 = 1_000_000;
 /// The window's default size in bytes of the records the history names
 /// (in-window records and each key's base, header, meta, key and value as
