@@ -279,6 +279,11 @@ pub struct Applier {
     /// The history's slot of each op's key in the entry being written
     /// (kept for its memory, like `locations`).
     history_slots: Vec<Option<KeySlot>>,
+    /// Whether the store may hold Redis hash expiry or dead records, the
+    /// per-entry housekeeping's work (`redis_entry.rs`): true until a
+    /// housekeeping pass finds none. An entry that writes one has it in its
+    /// overlay, where the housekeeping looks first.
+    hash_records: bool,
 }
 
 impl Default for Applier {
@@ -294,6 +299,7 @@ impl Default for Applier {
             history: Arc::default(),
             locations: Vec::new(),
             history_slots: Vec::new(),
+            hash_records: true,
         }
     }
 }
@@ -508,6 +514,7 @@ impl Applier {
             leases: std::mem::take(&mut self.leases),
             batch_bytes: (0, 0),
             compact_to: None,
+            hash_records: self.hash_records,
         };
         let applied = self.apply_commands(&mut entry, proposal);
         // Redis hashes: expired markers and dead hashes' fields, in the
@@ -523,10 +530,12 @@ impl Applier {
             expiries,
             leases,
             compact_to,
+            hash_records,
             ..
         } = entry;
         self.expiries = expiries;
         self.leases = leases;
+        self.hash_records = hash_records;
         let answers = applied?;
         // Leases: the keys this entry attached or detached, then the
         // records of the leases it changed.
@@ -923,6 +932,8 @@ struct EntryWrite<'a> {
     batch_bytes: (usize, usize),
     /// Where a [`Command::Compact`] moves the history's window.
     compact_to: Option<u64>,
+    /// The applier's `hash_records`, as the housekeeping leaves it.
+    hash_records: bool,
 }
 
 impl EntryWrite<'_> {

@@ -67,8 +67,10 @@ use crate::revision::{KeyMeta, RevisionError, tombstone_revision};
 /// longer.
 pub const HISTORY_WINDOW_REVISIONS_DEFAULT: u64 = 100_000;
 /// The window's default size in records (a revision may write up to an
-/// entry's 65 535 keys): what bounds the index's memory, about 150 bytes
-/// per record plus the key, so some 200 MiB at most for keys of 50 bytes.
+/// entry's 65 535 keys): what bounds the index's memory, about 120 bytes
+/// per record (an 88-byte version, 16 bytes in the record order, vector
+/// slack) plus the key and some 60 bytes per key held, so some 220 MiB at
+/// most for keys of 50 bytes.
 pub const HISTORY_WINDOW_RECORDS_DEFAULT: u64 = 1_000_000;
 /// The window's default size in bytes of the records the history names
 /// (in-window records and each key's base, header, meta, key and value as
@@ -169,9 +171,11 @@ pub struct History {
     slots: Vec<Slot>,
     /// Slots of keys compaction or a relocation forgot, for reuse.
     free: Vec<u32>,
-    /// In-window records by (revision, key), ascending, with their sizes:
-    /// what compaction walks, and what watchers will.
-    order: VecDeque<(u64, Arc<[u8]>, u32)>,
+    /// In-window records by revision, ascending, each naming its key by
+    /// slot, with its size: what compaction walks, and what watchers read.
+    /// A slot named here holds its key until the record leaves (see
+    /// [`History::relocate`]).
+    order: VecDeque<Record>,
     /// Bytes of every record the index names (in-window records and
     /// bases): what the history holds on disk beyond a merged store.
     bytes: u64,
@@ -182,6 +186,15 @@ pub struct History {
 struct Slot {
     key: Arc<[u8]>,
     versions: Vec<Version>,
+}
+
+/// An in-window record in the record order (see `History::order`): 16
+/// bytes, its key named by slot.
+#[derive(Clone, Copy, Debug)]
+struct Record {
+    revision: u64,
+    slot: u32,
+    len: u32,
 }
 
 /// Where the index keeps a key it holds: what [`History::slot`] gives the
@@ -264,16 +277,15 @@ impl History {
                         Some(slot) => KeySlot(*slot),
                         None => history.insert(view.key, Vec::new()),
                     };
-                    history.add(
-                        slot,
-                        Version {
-                            revision,
-                            kind: view.kind,
-                            meta,
-                            expiry_ms: view.expiry_ms,
-                            location,
-                        },
-                    );
+                    // The record order is built once every version is in.
+                    history.bytes += u64::from(location.len);
+                    history.slots[slot.0 as usize].versions.push(Version {
+                        revision,
+                        kind: view.kind,
+                        meta,
+                        expiry_ms: view.expiry_ms,
+                        location,
+                    });
                 }
                 Ok(_) => {}
                 Err(err) => failed = Some(err),
@@ -310,17 +322,30 @@ impl History {
         if let Some(err) = failed {
             return Err(err.into());
         }
+        // The record order: in-window records by revision, and within a
+        // revision in the order they were written (by sequence number).
+        let mut order = Vec::new();
         for (slot, Slot { versions, .. }) in history.slots.iter_mut().enumerate() {
             versions.sort_by_key(|v| (v.revision, v.location.seq));
+            order.extend(
+                versions
+                    .iter()
+                    .map(|v| (v.revision, v.location.seq, slot as u32, v.location.len)),
+            );
             if let Some((_, Some(base))) = bases.remove(&(slot as u32)) {
                 history.bytes += u64::from(base.location.len);
                 versions.insert(0, base);
             }
         }
-        history
-            .order
-            .make_contiguous()
-            .sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+        order.sort_unstable();
+        history.order = order
+            .into_iter()
+            .map(|(revision, _, slot, len)| Record {
+                revision,
+                slot,
+                len,
+            })
+            .collect();
         Ok(history)
     }
 
@@ -373,10 +398,12 @@ impl History {
     /// The in-window records from `revision` on, ascending by revision
     /// (within a revision, in no particular order): (revision, key).
     pub fn records_from(&self, revision: u64) -> impl Iterator<Item = (u64, &[u8])> {
-        let start = self.order.partition_point(|(at, _, _)| *at < revision);
+        let start = self
+            .order
+            .partition_point(|record| record.revision < revision);
         self.order
             .range(start..)
-            .map(|(at, key, _)| (*at, &key[..]))
+            .map(|record| (record.revision, &self.slots[record.slot as usize].key[..]))
     }
 
     /// `key`'s versions, ascending (the first may be its base), if the
@@ -424,7 +451,8 @@ impl History {
         KeySlot(slot)
     }
 
-    /// Forgets the key in `slot`, which has no versions left.
+    /// Forgets the key in `slot`, which has no versions left, and frees
+    /// the slot for reuse.
     fn remove(&mut self, slot: u32) {
         let Slot { key, versions } = std::mem::take(&mut self.slots[slot as usize]);
         debug_assert!(versions.is_empty());
@@ -436,11 +464,13 @@ impl History {
     /// Adds a record the apply wrote at `version.revision`, to the key
     /// [`History::slot`] gave it.
     pub(crate) fn add(&mut self, slot: KeySlot, version: Version) {
-        let Slot { key, versions } = &mut self.slots[slot.0 as usize];
         self.bytes += u64::from(version.location.len);
-        self.order
-            .push_back((version.revision, key.clone(), version.location.len));
-        versions.push(version);
+        self.order.push_back(Record {
+            revision: version.revision,
+            slot: slot.0,
+            len: version.location.len,
+        });
+        self.slots[slot.0 as usize].versions.push(version);
     }
 
     /// The store revision after an entry.
@@ -455,21 +485,17 @@ impl History {
             return;
         }
         self.compact_revision = compact_revision;
-        // Each key once, however many of its revisions leave the window.
-        let mut touched: Vec<Arc<[u8]>> = Vec::new();
-        while let Some((revision, _, _)) = self.order.front() {
-            if *revision > compact_revision {
-                break;
-            }
-            let (_, key, _) = self.order.pop_front().expect("a front was just seen");
-            touched.push(key);
-        }
+        // Each key once, however many of its revisions leave the window: a
+        // slot is one key's until the last of its records leaves the order
+        // (a slot compaction frees below has none left in it).
+        let leaving = self
+            .order
+            .partition_point(|record| record.revision <= compact_revision);
+        let mut touched: Vec<u32> = Vec::with_capacity(leaving);
+        touched.extend(self.order.drain(..leaving).map(|record| record.slot));
         touched.sort_unstable();
         touched.dedup();
-        for key in touched {
-            let Some(slot) = self.slot_of.get(&key).copied() else {
-                continue;
-            };
+        for slot in touched {
             let versions = &mut self.slots[slot as usize].versions;
             // The last version at or below the floor stays, as the base, if
             // it is a put and the key changed after the floor.
@@ -503,13 +529,13 @@ impl History {
             .max(self.revision.saturating_sub(window.revisions.max(1)));
         let mut bytes_over = self.bytes.saturating_sub(window.bytes);
         let mut records_over = (self.order.len() as u64).saturating_sub(window.records);
-        for (revision, _, len) in &self.order {
+        for record in &self.order {
             if bytes_over == 0 && records_over == 0 {
                 break;
             }
-            bytes_over = bytes_over.saturating_sub(u64::from(*len));
+            bytes_over = bytes_over.saturating_sub(u64::from(record.len));
             records_over = records_over.saturating_sub(1);
-            target = target.max(*revision);
+            target = target.max(record.revision);
         }
         (target > self.compact_revision).then_some(target.min(self.revision))
     }
@@ -585,11 +611,13 @@ impl History {
         moved: &HashMap<u64, RecordLocation>,
     ) -> Result<usize, String> {
         let inputs = file_ids(inputs)?;
+        let compact_revision = self.compact_revision;
         let mut forgotten = 0;
         let mut forgotten_bytes = 0;
         let mut emptied = Vec::new();
         for slot in self.keys.values() {
             let versions = &mut self.slots[*slot as usize].versions;
+            let mut in_order = false;
             versions.retain_mut(|version| {
                 if !inputs.contains(&version.location.file) {
                     return true;
@@ -602,16 +630,27 @@ impl History {
                     None => {
                         forgotten += 1;
                         forgotten_bytes += u64::from(version.location.len);
+                        in_order |= version.revision > compact_revision;
                         false
                     }
                 }
             });
             if versions.is_empty() {
-                emptied.push(*slot);
+                emptied.push((*slot, in_order));
             }
         }
-        for slot in emptied {
-            self.remove(slot);
+        for (slot, in_order) in emptied {
+            if in_order {
+                // Not expected (a merge keeps every in-window record), but
+                // the record order still names this slot: it keeps its key
+                // for the order (whose readers then find the record lost)
+                // and is never reused.
+                let key = self.slots[slot as usize].key.clone();
+                self.keys.remove(&key);
+                self.slot_of.remove(&key);
+            } else {
+                self.remove(slot);
+            }
         }
         self.bytes -= forgotten_bytes;
         Ok(forgotten)

@@ -20,6 +20,13 @@
 //! When the hub cannot list the changes cheaply (more than
 //! [`HUB_SCAN_RECORDS_MAX`] records, or the history was replaced by an
 //! install or compacted past what it examined), it wakes every watch.
+//!
+//! When no watch is armed (none open, or none caught up yet), the hub lists
+//! nothing: it only moves `processed` to the revision it was told of, under
+//! the registry's lock. A watch that arms after that with a cursor at or
+//! below it reads again (its own read of the history sees the changes); one
+//! with a cursor above it waits for the next examination, which starts
+//! there.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -130,7 +137,17 @@ impl WatchHub {
                 }
                 () = &mut stop => break,
             }
-            let processed = self.lock().processed;
+            // What the history holds now (sent after each applied batch).
+            let revision = *applied.borrow_and_update();
+            let processed = {
+                let mut registry = self.lock();
+                if registry.watches.values().all(|w| w.from == u64::MAX) {
+                    // No watch waits: nothing to list (see the module doc).
+                    registry.processed = registry.processed.max(revision);
+                    continue;
+                }
+                registry.processed
+            };
             let sm = state_machine.clone();
             let listed = match try_changes_after(&state_machine, processed) {
                 Some(listed) => listed,

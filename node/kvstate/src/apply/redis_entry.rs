@@ -100,7 +100,20 @@ impl EntryWrite<'_> {
     /// deletes the marker of each hash whose TTL ran out (in expiry
     /// order), then the fields of dead hashes (in id order). No revision:
     /// readers already see such a hash as absent.
+    ///
+    /// Skipped when the store holds no expiry or dead record: the last
+    /// pass found none (`hash_records` false) and this entry wrote none.
     pub(super) fn redis_cleanup(&mut self) -> Result<(), ApplyError> {
+        let expiries = [RESERVED_KEY_PREFIX, HASH_EXPIRY_TAG].concat();
+        let deads = [RESERVED_KEY_PREFIX, HASH_DEAD_TAG].concat();
+        if !self.hash_records
+            && !self.overlay_holds_prefix(&expiries)
+            && !self.overlay_holds_prefix(&deads)
+        {
+            return Ok(());
+        }
+        // Each loop says whether it stopped for want of records.
+        let (mut expiries_done, mut deads_done) = (false, false);
         let reserved = self.batch.ops.len()
             + self.leases.pending_records()
             + self.touched_sessions.len()
@@ -108,7 +121,6 @@ impl EntryWrite<'_> {
             + SESSION_EVICTIONS_PER_ENTRY_MAX;
         let mut budget =
             CLEANUP_RECORDS_PER_ENTRY_MAX.min(ENTRY_OPS_MAX.saturating_sub(reserved + 1));
-        let expiries = [RESERVED_KEY_PREFIX, HASH_EXPIRY_TAG].concat();
         let expiries_end = prefix_end(&expiries);
         // Each expired hash: its marker, its expiry record, a dead record.
         while budget >= 3 {
@@ -116,6 +128,7 @@ impl EntryWrite<'_> {
                 .merged_keys(&expiries, expiries_end.as_deref(), None, 1)?
                 .pop()
             else {
+                expiries_done = true;
                 break;
             };
             let Some((expiry_ms, key)) = record[expiries.len()..]
@@ -150,13 +163,13 @@ impl EntryWrite<'_> {
             budget -= 3;
         }
         // Dead hashes' fields, then their dead records.
-        let deads = [RESERVED_KEY_PREFIX, HASH_DEAD_TAG].concat();
         let deads_end = prefix_end(&deads);
         while budget >= 2 {
             let Some(record) = self
                 .merged_keys(&deads, deads_end.as_deref(), None, 1)?
                 .pop()
             else {
+                deads_done = true;
                 break;
             };
             let Ok(id) = <[u8; 8]>::try_from(&record[deads.len()..]).map(u64::from_be_bytes) else {
@@ -176,7 +189,16 @@ impl EntryWrite<'_> {
             self.write_staged(record, KeyState::Absent, self.revision)?;
             budget -= 1;
         }
+        self.hash_records = !(expiries_done && deads_done);
         Ok(())
+    }
+
+    /// Whether this entry wrote (or deleted) a key starting with `prefix`.
+    fn overlay_holds_prefix(&self, prefix: &[u8]) -> bool {
+        self.overlay
+            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
+            .next()
+            .is_some_and(|(key, _)| key.starts_with(prefix))
     }
 
     /// Puts a bookkeeping record (empty value, no TTL) at no revision.
