@@ -293,8 +293,8 @@ impl Children {
             let redis = first.member.redis;
             let _ = writeln!(
                 out,
-                "try: redis-cli -h {} -p {} (each member's Redis port is in the table; writes \
-                 go to the leader's)",
+                "try: redis-cli -h {} -p {} (each member's Redis port is in the table; any \
+                 member takes writes)",
                 redis.ip(),
                 redis.port()
             );
