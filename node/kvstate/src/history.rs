@@ -600,8 +600,10 @@ impl History {
     /// then [`History::moved_records`]). A version in an input that `moved`
     /// lacks is forgotten (a merge keeps every record the index named when
     /// it was captured and every live one, so only a record compaction let
-    /// go since can be missing). Returns how many versions were forgotten
-    /// that way; Err names a file name that is not a data file's. The
+    /// go since can be missing; a key that lost an in-window version is
+    /// forgotten whole, and its slot never reused). Returns how many versions
+    /// were forgotten that way; Err names a file name that is not a data
+    /// file's. The
     /// caller checks first that the index is the one the merge was
     /// captured with ([`History::generation`]): an install in between
     /// replaced it, and the merge's files are not its.
@@ -635,6 +637,21 @@ impl History {
                     }
                 }
             });
+            // A key that lost an in-window version (a merge that kept no
+            // history: not expected, a retaining merge keeps every in-window
+            // record) loses the rest of its versions too. Kept, they would
+            // let a later compaction free the slot while the order still
+            // names it, and the slot could then be reused for another key;
+            // emptied, the slot is detached below and never reused, and
+            // readers of the order find the key's history lost.
+            if in_order && !versions.is_empty() {
+                forgotten += versions.len();
+                forgotten_bytes += versions
+                    .iter()
+                    .map(|version| u64::from(version.location.len))
+                    .sum::<u64>();
+                versions.clear();
+            }
             if versions.is_empty() {
                 emptied.push((*slot, in_order));
             }

@@ -97,6 +97,20 @@ impl std::fmt::Debug for KvService {
     }
 }
 
+/// Whether a write must go through even while the disk is low on space:
+/// lease renewals and revokes (refusing them would keep or expire leases
+/// against their owners' will), as [`KvService::write_essential`] does for
+/// the native port's; the front ends' and forwarded writes ask here.
+fn essential(request: &Write) -> bool {
+    matches!(
+        request,
+        Write::Lease(kvstate::command::LeaseRequest {
+            op: kvstate::lease::LeaseOp::Renew { .. } | kvstate::lease::LeaseOp::Revoke { .. },
+            ..
+        })
+    )
+}
+
 impl KvService {
     /// The service for member `id`.
     pub fn new(
@@ -328,7 +342,8 @@ impl KvService {
         match &self.forwarder {
             Some(forwarder) if !self.leads() => forwarder.write(self, request).await,
             _ => {
-                let answer = self.write_checked(request, true).await?;
+                let check_space = !essential(&request);
+                let answer = self.write_checked(request, check_space).await?;
                 Ok((answer, self.applied_index()))
             }
         }
@@ -337,7 +352,8 @@ impl KvService {
     /// A write another member forwarded (peer `Forward`), or this member's
     /// own forwarder's once it leads: proposed here, never forwarded again.
     pub(crate) async fn write_forwarded(&self, request: Write) -> Result<Answer, Status> {
-        self.write_checked(request, true).await
+        let check_space = !essential(&request);
+        self.write_checked(request, check_space).await
     }
 
     /// Proposes `request` on the leader (refused while the disk is low on

@@ -30,7 +30,7 @@ use tonic::Code;
 
 use crate::common::free_port;
 use crate::common::private_loopback;
-use crate::limits::{kv, put_and_get, put_request, single_member};
+use crate::limits::{kv, put_and_get, put_request, single_member, single_member_configured};
 
 /// Deadline of any wait (a leader, an exit, a restart).
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -249,6 +249,60 @@ async fn below_the_watermark_writes_are_refused_and_reads_served() {
 
     std::fs::remove_file(&filler).unwrap();
     put_and_get(addr, "after", "space freed").await;
+    node.shutdown(Duration::from_secs(5)).await;
+}
+
+/// The etcd port below the watermark: a put is refused with etcd's
+/// "database space exceeded", but a lease revoke goes through (a front
+/// end's renewals and revokes are essential writes, as the native port's
+/// are: refusing them would keep or expire leases against their owners'
+/// will).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn below_the_watermark_the_etcd_port_still_revokes_leases() {
+    use kvproto::etcd::etcdserverpb::kv_client::KvClient as EtcdKv;
+    use kvproto::etcd::etcdserverpb::lease_client::LeaseClient;
+    use kvproto::etcd::etcdserverpb::{LeaseGrantRequest, LeaseRevokeRequest, PutRequest};
+    const SIZE: u64 = 96 * 1024 * 1024;
+    const WATERMARK: u64 = 32 * 1024 * 1024;
+    let mount = Mount::tmpfs(SIZE);
+    let data = mount.path().join("data");
+    let node = single_member_configured(
+        &data,
+        Limits {
+            disk_free_min_bytes: WATERMARK,
+            ..Limits::default()
+        },
+        |config| config.etcd_addr = Some(SocketAddr::new(config.client_addr.ip(), 0)),
+    )
+    .await;
+    let etcd = node.etcd_addr().expect("an etcd port");
+    let channel = tonic::transport::Channel::from_shared(format!("http://{etcd}"))
+        .unwrap()
+        .timeout(Duration::from_secs(15))
+        .connect()
+        .await
+        .expect("connect to the etcd port");
+    let mut leases = LeaseClient::new(channel.clone());
+    let mut kv = EtcdKv::new(channel);
+    let grant = |id| LeaseGrantRequest { ttl: 60, id };
+    leases.lease_grant(grant(7)).await.expect("grant lease 7");
+
+    let filler = fill(mount.path(), WATERMARK / 2);
+    tokio::time::sleep(FREE_SPACE_REFRESH * 2).await;
+    let status = kv
+        .put(PutRequest {
+            key: b"below".to_vec().into(),
+            value: b"x".to_vec().into(),
+            ..PutRequest::default()
+        })
+        .await
+        .expect_err("a put below the watermark must be refused");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    leases
+        .lease_revoke(LeaseRevokeRequest { id: 7 })
+        .await
+        .expect("a revoke below the watermark goes through");
+    std::fs::remove_file(&filler).unwrap();
     node.shutdown(Duration::from_secs(5)).await;
 }
 

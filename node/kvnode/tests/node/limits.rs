@@ -45,6 +45,15 @@ const OVERLOAD_REQUESTS: usize = 40;
 
 /// A bootstrapped one-member cluster with `limits`, in `dir`.
 pub async fn single_member(dir: &std::path::Path, limits: Limits) -> Node {
+    single_member_configured(dir, limits, |_| {}).await
+}
+
+/// [`single_member`], its configuration changed by `configure` last.
+pub async fn single_member_configured(
+    dir: &std::path::Path,
+    limits: Limits,
+    configure: impl FnOnce(&mut NodeConfig),
+) -> Node {
     let host = private_loopback();
     let client = tokio::net::TcpListener::bind((host, 0)).await.unwrap();
     let peer = tokio::net::TcpListener::bind((host, 0)).await.unwrap();
@@ -56,6 +65,7 @@ pub async fn single_member(dir: &std::path::Path, limits: Limits) -> Node {
     let mut config = NodeConfig::new(1, dir, client_addr, peer_addr, BTreeMap::from([(1, info)]));
     config.bootstrap = true;
     config.limits = limits;
+    configure(&mut config);
     Node::start_with_listeners(
         config,
         kvnode::Listeners {

@@ -142,17 +142,28 @@ fn native_compare(index: usize, compare: Compare) -> Result<native::Compare, Sta
     use compare::{CompareTarget, TargetUnion};
     use native::compare::Target;
     let union = compare.target_union;
+    // Stored versions, revisions and lease ids are never negative: a
+    // negative operand is refused (clamping it to 0 would turn `> -1` false
+    // and `= -1` true, where etcd answers the other way).
+    let operand = |field: &str, value: i64| {
+        u64::try_from(value).map_err(|_| {
+            Status::invalid_argument(format!(
+                "compare[{index}].{field} is {value}: raftcask compares only with values \
+                 of 0 or more (stored ones never are negative)"
+            ))
+        })
+    };
     let target = match CompareTarget::try_from(compare.target) {
         Ok(CompareTarget::Version) => Target::Version(match union {
-            Some(TargetUnion::Version(v)) => non_negative(v),
+            Some(TargetUnion::Version(v)) => operand("version", v)?,
             _ => 0,
         }),
         Ok(CompareTarget::Create) => Target::CreateRevision(match union {
-            Some(TargetUnion::CreateRevision(v)) => non_negative(v),
+            Some(TargetUnion::CreateRevision(v)) => operand("create_revision", v)?,
             _ => 0,
         }),
         Ok(CompareTarget::Mod) => Target::ModRevision(match union {
-            Some(TargetUnion::ModRevision(v)) => non_negative(v),
+            Some(TargetUnion::ModRevision(v)) => operand("mod_revision", v)?,
             _ => 0,
         }),
         Ok(CompareTarget::Value) => Target::Value(match union {
@@ -160,7 +171,7 @@ fn native_compare(index: usize, compare: Compare) -> Result<native::Compare, Sta
             _ => Default::default(),
         }),
         Ok(CompareTarget::Lease) => Target::Lease(match union {
-            Some(TargetUnion::Lease(v)) => non_negative(v),
+            Some(TargetUnion::Lease(v)) => operand("lease", v)?,
             _ => 0,
         }),
         Err(_) => {

@@ -158,15 +158,9 @@ impl EtcdFrontEnd {
                 Some(watch_request::RequestUnion::ProgressRequest(_)) => {
                     native::watch_request::Request::Progress(native::WatchProgressRequest {})
                 }
-                None => {
-                    let _ = native
-                        .send(Err(Status::invalid_argument(
-                            "WatchRequest.request_union is not set: one of create_request, \
-                             cancel_request, progress_request",
-                        )))
-                        .await;
-                    return;
-                }
+                // etcd 3.4 ignores a request with nothing set; so does this
+                // port (ending the stream would end its other watches).
+                None => continue,
             };
             let message = native::WatchRequest {
                 request: Some(translated),
