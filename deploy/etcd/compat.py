@@ -34,7 +34,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import procs  # noqa: E402  (deploy/procs.py: stop by pid, wait with a deadline)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -135,26 +137,9 @@ def missing(tool, how):
     sys.exit(2)
 
 
-def stop_processes(processes):
-    """Stops the processes this script started, newest first, each by its
-    pid: SIGTERM, then SIGKILL after 20 s."""
-    for child in reversed(list(processes)):
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-            try:
-                child.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-
-
 def wait_for(what, check):
-    started = time.time()
-    while time.time() - started < DEADLINE_S:
-        if check():
-            return
-        time.sleep(0.2)
-    fail(f"{what} within {DEADLINE_S} s")
+    if not procs.wait_until(check, DEADLINE_S):
+        fail(f"{what} within {DEADLINE_S} s")
 
 
 def etcdctl(endpoint, args, stdin=None, timeout=DEADLINE_S):
@@ -348,7 +333,7 @@ def main():
             fail(f"{len(differences)} difference(s) from etcd")
         log("PASSED")
     finally:
-        stop_processes(children)
+        procs.stop_processes(children)
         if args.keep:
             log(f"work directory kept: {work}")
         else:

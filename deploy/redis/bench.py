@@ -121,7 +121,7 @@ def main():
             print(f"| {test.upper()} | {pipeline} | {redis:,.0f} | {on_leader:,.0f} | "
                   f"{on_leader / redis:.2f} | {on_follower:,.0f} | {on_follower / redis:.2f} |")
     finally:
-        compat.stop_processes(children)
+        compat.procs.stop_processes(children)
         shutil.rmtree(work, ignore_errors=True)
 
 

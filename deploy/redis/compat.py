@@ -21,12 +21,13 @@ import argparse
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import procs  # noqa: E402  (deploy/procs.py: stop by pid, wait with a deadline)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -82,26 +83,9 @@ def cli(port, *args, stdin=None):
     )
 
 
-def stop_processes(processes):
-    """Stops the processes this script started, newest first, each by its
-    pid: SIGTERM, then SIGKILL after 20 s."""
-    for child in reversed(list(processes)):
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-            try:
-                child.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-
-
 def wait_for(what, check):
-    started = time.time()
-    while time.time() - started < DEADLINE_S:
-        if check():
-            return
-        time.sleep(0.2)
-    fail(f"{what} within {DEADLINE_S} s")
+    if not procs.wait_until(check, DEADLINE_S):
+        fail(f"{what} within {DEADLINE_S} s")
 
 
 def parse_sessions(path):
@@ -315,7 +299,7 @@ def main():
     children = []
 
     def stop_all():
-        stop_processes(child for _, child in children)
+        procs.stop_processes(child for _, child in children)
 
     try:
         offsets = [0, 1, 2, 100, 101, 102, 200, 201, 202, 400, 401, 402]
