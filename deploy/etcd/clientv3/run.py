@@ -43,7 +43,7 @@ DEADLINE_S = 60
 RUN_DEADLINE_S = 150
 # What each run does unless flags after `--` say otherwise: enough
 # contention to matter, small enough for CI.
-PROGRAM_FLAGS = ["-workers", "6", "-iterations", "12", "-accounts", "10"]
+PROGRAM_FLAGS = ["-workers", "8", "-iterations", "30", "-accounts", "10"]
 HOST = "127.0.0.1"
 # The reference etcd's members: (name, client port, peer port).
 ETCD_MEMBERS = [("e1", 2379, 2380), ("e2", 22379, 22380), ("e3", 32379, 32380)]
