@@ -106,7 +106,10 @@ pub fn read_txn(
                 at,
                 error: RangeError::Engine(bitcask::Error::LocationGone { .. }),
             }) => {
-                let revision = history.read().unwrap_or_else(PoisonError::into_inner).revision();
+                let revision = history
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .revision();
                 return Err(ReadTxnError {
                     at,
                     error: RangeError::HistoryUnstable { revision },
@@ -152,7 +155,11 @@ fn evaluate(
             break;
         }
     }
-    let ops = if succeeded { &txn.success } else { &txn.failure };
+    let ops = if succeeded {
+        &txn.success
+    } else {
+        &txn.failure
+    };
     let mut ranges = Vec::with_capacity(ops.len());
     for (index, op) in ops.iter().enumerate() {
         let at = TxnPlace::op(succeeded, index);

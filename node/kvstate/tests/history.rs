@@ -342,7 +342,10 @@ fn a_read_only_txn_judges_its_compares_and_reads_at_one_revision() {
     }
     let cluster = writer.join().unwrap();
     assert_eq!(cluster.applier.header().revision, writes + 1);
-    assert!(outcomes[1] > 0, "some transactions ran while k moved: {outcomes:?}");
+    assert!(
+        outcomes[1] > 0,
+        "some transactions ran while k moved: {outcomes:?}"
+    );
 }
 
 #[test]

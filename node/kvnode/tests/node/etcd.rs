@@ -456,10 +456,12 @@ fn txn_get_at(key: &str, revision: i64, serializable: bool) -> RequestOp {
 /// The value (and mod revision) a range op answered, `None` for no key.
 fn ranged(response: &kvproto::etcd::etcdserverpb::ResponseOp) -> Option<(String, i64)> {
     match &response.response {
-        Some(response_op::Response::ResponseRange(range)) => range
-            .kvs
-            .first()
-            .map(|kv| (String::from_utf8_lossy(&kv.value).into_owned(), kv.mod_revision)),
+        Some(response_op::Response::ResponseRange(range)) => range.kvs.first().map(|kv| {
+            (
+                String::from_utf8_lossy(&kv.value).into_owned(),
+                kv.mod_revision,
+            )
+        }),
         other => panic!("expected a range answer, got {other:?}"),
     }
 }
@@ -481,7 +483,12 @@ async fn read_only_txns_read_past_revisions_as_etcd() {
     let mut kv = KvClient::new(channel(&cluster, follower).await);
     let mut on_leader = KvClient::new(channel(&cluster, leader).await);
     let mut revisions = Vec::new();
-    for (key, value) in [("stm/a", "1"), ("stm/b", "x"), ("stm/a", "2"), ("stm/a", "3")] {
+    for (key, value) in [
+        ("stm/a", "1"),
+        ("stm/b", "x"),
+        ("stm/a", "2"),
+        ("stm/a", "3"),
+    ] {
         let answer = kv.put(put(key, value)).await.unwrap().into_inner();
         revisions.push(answer.header.unwrap().revision);
     }
@@ -529,7 +536,11 @@ async fn read_only_txns_read_past_revisions_as_etcd() {
     // prefetch): this member has applied r4 (the read above waited for it).
     let answer = kv
         .txn(TxnRequest {
-            compare: vec![compare_value("stm/a", compare::CompareResult::Equal, "nope")],
+            compare: vec![compare_value(
+                "stm/a",
+                compare::CompareResult::Equal,
+                "nope",
+            )],
             success: vec![txn_get("stm/b")],
             failure: vec![txn_get_at("stm/a", r3, true), txn_get_at("stm/b", r2, true)],
         })
@@ -570,7 +581,10 @@ async fn read_only_txns_read_past_revisions_as_etcd() {
     .expect("compaction through a follower");
     let compacted = kv
         .txn(TxnRequest {
-            success: vec![txn_get_at("stm/a", r3, false), txn_get_at("stm/a", r1, false)],
+            success: vec![
+                txn_get_at("stm/a", r3, false),
+                txn_get_at("stm/a", r1, false),
+            ],
             ..Default::default()
         })
         .await

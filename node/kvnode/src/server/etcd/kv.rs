@@ -295,7 +295,12 @@ impl EtcdFrontEnd {
         // Up to READ_TXN_KEYS_MAX keys under the history's read lock: off
         // the async workers.
         let answer = tokio::task::spawn_blocking(move || {
-            kvstate::read_txn::read_txn(|| state_machine.engine(), state_machine.history(), &txn, now)
+            kvstate::read_txn::read_txn(
+                || state_machine.engine(),
+                state_machine.history(),
+                &txn,
+                now,
+            )
         })
         .await
         .map_err(|err| Status::internal(format!("the transaction's read failed: {err}")))?
