@@ -573,6 +573,44 @@ mod tests {
     }
 
     #[test]
+    fn only_ranges_make_a_read_and_serializable_ones_a_local_read() {
+        let range = |serializable| RequestOp {
+            request: Some(request_op::Request::RequestRange(RangeRequest {
+                key: "k".into(),
+                revision: 3,
+                serializable,
+                ..Default::default()
+            })),
+        };
+        let put = RequestOp {
+            request: Some(request_op::Request::RequestPut(PutRequest {
+                key: "k".into(),
+                ..Default::default()
+            })),
+        };
+        let stm_prefetch = TxnRequest {
+            success: vec![range(true), range(true)],
+            ..Default::default()
+        };
+        assert!(is_read_only(&stm_prefetch) && is_serializable(&stm_prefetch));
+        let mixed = TxnRequest {
+            success: vec![range(true)],
+            failure: vec![range(false)],
+            ..Default::default()
+        };
+        assert!(is_read_only(&mixed) && !is_serializable(&mixed));
+        let writes = TxnRequest {
+            success: vec![range(true)],
+            failure: vec![put],
+            ..Default::default()
+        };
+        assert!(!is_read_only(&writes));
+        // As etcd: no ops at all is a serializable read.
+        assert!(is_read_only(&TxnRequest::default()));
+        assert!(is_serializable(&TxnRequest::default()));
+    }
+
+    #[test]
     fn a_compare_takes_the_value_its_target_names() {
         let compare = Compare {
             result: compare::CompareResult::Greater as i32,
