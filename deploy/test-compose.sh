@@ -5,7 +5,8 @@
 #  2. builds the runtime image from host-built `kvnode` and `kvctl`
 #     (deploy/Dockerfile.prebuilt);
 #  3. `up -d`, waits until all three members are healthy, puts and gets
-#     through the published ports with kvctl;
+#     through the published ports with kvctl, reads a key through every
+#     member's published Redis port (RESP) and etcd port (etcdctl);
 #  4. kills the leader's container: writes continue; restarts it: it
 #     catches up (its own replica serves every key, stale read);
 #  5. `down` then `up` with the volumes kept: every key is still there and
@@ -45,6 +46,7 @@ missing=()
 command -v dockerd >/dev/null || missing+=(docker.io)
 command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || missing+=(docker-compose)
 command -v iptables >/dev/null || missing+=(iptables)
+command -v etcdctl >/dev/null || missing+=(etcd-client)
 if [ ${#missing[@]} -gt 0 ]; then
     log "installing ${missing[*]}"
     apt-get -o DPkg::Lock::Timeout=600 install -y -qq "${missing[@]}" >/dev/null
@@ -222,6 +224,31 @@ first_cluster=$(cluster_id 1)
 log "healthy; leader is member $leader, cluster $first_cluster"
 put_keys a 20
 [ "$(ctl get a7)" = value-a7 ] || fail "get a7 through the published ports"
+# The front ends' published ports: every member serves a7 (a Redis GET on
+# a follower may read its own replica: retried until it caught up).
+for port in 6379 6380 6381; do
+    python3 - "$port" "$deadline_s" <<'PY' || fail "GET a7 through the Redis port 127.0.0.1:$port"
+import socket, sys, time
+port, deadline = int(sys.argv[1]), time.time() + int(sys.argv[2])
+while True:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"*2\r\n$3\r\nGET\r\n$2\r\na7\r\n")
+            got = s.recv(4096)
+    except OSError as err:
+        got = repr(err).encode()
+    if got == b"$8\r\nvalue-a7\r\n":
+        break
+    if time.time() > deadline:
+        sys.exit(f"port {port} answered {got!r}")
+    time.sleep(0.5)
+PY
+done
+for port in 2379 22379 32379; do
+    got=$(ETCDCTL_API=3 etcdctl --endpoints "127.0.0.1:$port" --command-timeout=30s get a7 --print-value-only 2>&1 || true)
+    [ "$got" = value-a7 ] || fail "etcdctl get a7 through the etcd port 127.0.0.1:$port answered '$got'"
+done
+log "a7 reads back through every member's Redis and etcd port"
 ctl status
 log "inside a container: docker compose exec node1 kvctl status"
 compose exec -T node1 kvctl status >/dev/null || fail "kvctl status inside node1"

@@ -224,6 +224,10 @@ pub enum ExpireCondition {
     /// LT: only if the new expiry is earlier than the current one (always
     /// on a key without a TTL).
     IfLess,
+    /// XX and LT together: only if the key has a TTL and the new expiry is
+    /// earlier than it. (Last, so the variants before keep their encoded
+    /// numbers in logs written before it existed.)
+    IfSomeAndLess,
 }
 
 /// One Redis command as apply runs it. Keys are Redis keys (a string is

@@ -543,7 +543,7 @@ fn counters_parse_and_overflow_as_redis_does() {
 
 #[test]
 fn expire_conditions_and_times_follow_redis_7() {
-    use ExpireCondition::{Always, IfGreater, IfLess, IfNone, IfSome};
+    use ExpireCondition::{Always, IfGreater, IfLess, IfNone, IfSome, IfSomeAndLess};
     let mut node = Node::new();
     assert_eq!(node.one(expire("p", 1_000, Always)), int(0), "absent");
     node.one(set("p", "v"));
@@ -565,6 +565,13 @@ fn expire_conditions_and_times_follow_redis_7() {
     assert_eq!(node.one(persist("p")), int(0));
     assert_eq!(node.one(persist("none")), int(0));
     assert_eq!(node.one(expire("p", 10_000, IfSome)), int(0));
+    // XX and LT: never on a key without a TTL; earlier only.
+    assert_eq!(node.one(expire("p", 10_000, IfSomeAndLess)), int(0));
+    assert_eq!(node.one(expire("p", 30_000, Always)), int(1));
+    assert_eq!(node.one(expire("p", 40_000, IfSomeAndLess)), int(0));
+    assert_eq!(node.one(expire("p", 20_000, IfSomeAndLess)), int(1));
+    assert_eq!(node.read(ttl("p")), int(20));
+    assert_eq!(node.one(persist("p")), int(1));
     // A time in the past deletes the key, and answers 1.
     assert_eq!(node.one(expire("p", -1, Always)), int(1));
     assert_eq!(node.read(exists(&["p"])), int(0));

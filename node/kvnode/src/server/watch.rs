@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use kvproto::kv::v1::{
@@ -104,6 +104,27 @@ pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> 
 
 type Out = mpsc::Sender<Result<WatchResponse, Status>>;
 
+/// Where a watch stands with its `created` message, which a cancel must
+/// not overtake: a client may cancel a watch it named (`watch_id` set)
+/// before its `created` went out, and etcd's clients pair each `created`
+/// with their creates in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Announced {
+    /// `created` has not gone out yet.
+    Pending,
+    /// It has: a cancel ends the task and answers at once.
+    Yes,
+    /// A cancel came first: the task sends `created`, then `canceled`, and
+    /// ends.
+    CancelAsked,
+}
+
+/// A live watch of a stream: its task and whether its `created` is out.
+struct LiveWatch {
+    task: JoinHandle<()>,
+    announced: Arc<Mutex<Announced>>,
+}
+
 impl WatchContext {
     /// A message's header. The metrics are cloned, not borrowed: building
     /// the header takes the apply lock (`StateMachine::applied`), and a
@@ -142,7 +163,7 @@ impl WatchContext {
     where
         S: Stream<Item = Result<WatchRequest, Status>> + Send + Unpin + 'static,
     {
-        let mut watches: HashMap<i64, JoinHandle<()>> = HashMap::new();
+        let mut watches: HashMap<i64, LiveWatch> = HashMap::new();
         // Ids the server picks only increase: a late cancel of an ended
         // watch never reaches a new one.
         let mut next_id: i64 = 0;
@@ -179,7 +200,7 @@ impl WatchContext {
                     break;
                 }
             };
-            watches.retain(|_, task| !task.is_finished());
+            watches.retain(|_, watch| !watch.task.is_finished());
             match request.request {
                 Some(watch_request::Request::Create(create)) => {
                     let (created, created_rx) = oneshot::channel();
@@ -234,11 +255,13 @@ impl WatchContext {
                             })
                         }
                         None => {
+                            let announced = Arc::new(Mutex::new(Announced::Pending));
                             let sending = Sending {
                                 out: out.clone(),
                                 pages: pages.clone(),
                                 after,
                                 created,
+                                announced: announced.clone(),
                             };
                             let task = tokio::spawn(self.clone().run_watch(
                                 id,
@@ -246,7 +269,7 @@ impl WatchContext {
                                 sending,
                                 progress.subscribe(),
                             ));
-                            watches.insert(id, task);
+                            watches.insert(id, LiveWatch { task, announced });
                             continue;
                         }
                     };
@@ -256,8 +279,20 @@ impl WatchContext {
                 }
                 Some(watch_request::Request::Cancel(cancel)) => {
                     let id = cancel.watch_id;
-                    if let Some(task) = watches.remove(&id) {
-                        task.abort();
+                    if let Some(watch) = watches.remove(&id) {
+                        {
+                            let mut announced = watch
+                                .announced
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner);
+                            if *announced == Announced::Pending {
+                                // Its task answers the cancel after its
+                                // `created`, in the order of the creates.
+                                *announced = Announced::CancelAsked;
+                                continue;
+                            }
+                        }
+                        watch.task.abort();
                         self.count_cancel("client");
                         let response = WatchResponse {
                             canceled: true,
@@ -280,8 +315,8 @@ impl WatchContext {
                 }
             }
         }
-        for (_, task) in watches {
-            task.abort();
+        for (_, watch) in watches {
+            watch.task.abort();
         }
     }
 
@@ -305,6 +340,7 @@ impl WatchContext {
             pages,
             after,
             created,
+            announced,
         } = sending;
         let mut watching = self.metrics.as_ref().map(Metrics::watcher);
         let start = self.start_revision(&create).await;
@@ -333,9 +369,24 @@ impl WatchContext {
             created: true,
             ..self.response(id, (start - 1).min(self.history_revision()))
         };
-        let sent = out.send(Ok(message)).await;
+        let mut sent = out.send(Ok(message)).await;
+        let cancel_asked = {
+            let mut announced = announced.lock().unwrap_or_else(PoisonError::into_inner);
+            let asked = *announced == Announced::CancelAsked;
+            *announced = Announced::Yes;
+            asked
+        };
+        if cancel_asked && sent.is_ok() {
+            // Before the next create's `created`: the cancel came before it.
+            self.count_cancel("client");
+            let response = WatchResponse {
+                canceled: true,
+                ..self.response(id, self.state_machine.revision())
+            };
+            sent = out.send(Ok(response)).await;
+        }
         let _ = created.send(());
-        if sent.is_err() {
+        if sent.is_err() || cancel_asked {
             return;
         }
         let spec = Arc::new(WatchSpec {
@@ -559,6 +610,9 @@ struct Sending {
     pages: Arc<Semaphore>,
     after: Option<oneshot::Receiver<()>>,
     created: oneshot::Sender<()>,
+    /// Shared with the stream's task, which may ask for a cancel before
+    /// `created` is out.
+    announced: Arc<Mutex<Announced>>,
 }
 
 fn kv_pb(kv: KeyValue) -> PbKeyValue {

@@ -54,7 +54,7 @@ use tonic::transport::Channel;
 /// How long a cluster may take to elect its first leader.
 const LEADER_WAIT: Duration = Duration::from_secs(30);
 /// How long any single answer may take (a loaded two-core machine).
-const ANSWER_WAIT: Duration = Duration::from_secs(30);
+pub(super) const ANSWER_WAIT: Duration = Duration::from_secs(30);
 /// How long a lease may take to expire once nothing renews it (its TTL,
 /// then the leader's expiry, commit and apply on a loaded machine).
 const EXPIRY_WAIT: Duration = Duration::from_secs(30);
@@ -67,7 +67,7 @@ const EXPIRY_WAIT: Duration = Duration::from_secs(30);
 const ETCD_PORT_OFFSET: u16 = 1;
 
 /// A three-member cluster with an etcd port each, its leader and a follower.
-async fn cluster(root: &std::path::Path) -> (LocalCluster, u64, u64) {
+pub(super) async fn cluster(root: &std::path::Path) -> (LocalCluster, u64, u64) {
     let cluster = LocalCluster::start_configured(root, 3, |config| {
         let port = config.client_addr.port().checked_add(ETCD_PORT_OFFSET);
         config.etcd_addr = Some(SocketAddr::new(
@@ -85,7 +85,7 @@ async fn cluster(root: &std::path::Path) -> (LocalCluster, u64, u64) {
     (cluster, leader, follower)
 }
 
-fn etcd_addr(cluster: &LocalCluster, id: u64) -> SocketAddr {
+pub(super) fn etcd_addr(cluster: &LocalCluster, id: u64) -> SocketAddr {
     cluster
         .node(id)
         .expect("a running member")
@@ -93,7 +93,7 @@ fn etcd_addr(cluster: &LocalCluster, id: u64) -> SocketAddr {
         .expect("an etcd port")
 }
 
-async fn channel(cluster: &LocalCluster, id: u64) -> Channel {
+pub(super) async fn channel(cluster: &LocalCluster, id: u64) -> Channel {
     Channel::from_shared(format!("http://{}", etcd_addr(cluster, id)))
         .unwrap()
         .timeout(ANSWER_WAIT)
@@ -102,7 +102,7 @@ async fn channel(cluster: &LocalCluster, id: u64) -> Channel {
         .expect("connect to the etcd port")
 }
 
-fn put(key: &str, value: &str) -> PutRequest {
+pub(super) fn put(key: &str, value: &str) -> PutRequest {
     PutRequest {
         key: key.as_bytes().to_vec().into(),
         value: value.as_bytes().to_vec().into(),
@@ -118,7 +118,7 @@ fn get(key: &str) -> RangeRequest {
 }
 
 /// Every key starting with `prefix`, as etcdctl's `--prefix` asks.
-fn prefix(prefix: &str) -> RangeRequest {
+pub(super) fn prefix(prefix: &str) -> RangeRequest {
     let mut end = prefix.as_bytes().to_vec();
     *end.last_mut().unwrap() += 1;
     RangeRequest {
@@ -830,13 +830,13 @@ async fn leases_keep_keys_alive_then_expire_them() {
 }
 
 /// A watch stream: its request sender and its answers.
-struct WatchStream {
-    requests: mpsc::Sender<WatchRequest>,
+pub(super) struct WatchStream {
+    pub(super) requests: mpsc::Sender<WatchRequest>,
     answers: tonic::Streaming<WatchResponse>,
 }
 
 impl WatchStream {
-    async fn open(channel: Channel) -> WatchStream {
+    pub(super) async fn open(channel: Channel) -> WatchStream {
         let (requests, stream) = mpsc::channel(4);
         let answers = WatchClient::new(channel)
             .watch(ReceiverStream::new(stream))
@@ -846,7 +846,7 @@ impl WatchStream {
         WatchStream { requests, answers }
     }
 
-    async fn create(&mut self, create: WatchCreateRequest) -> WatchResponse {
+    pub(super) async fn create(&mut self, create: WatchCreateRequest) -> WatchResponse {
         self.requests
             .send(WatchRequest {
                 request_union: Some(watch_request::RequestUnion::CreateRequest(create)),
@@ -858,7 +858,7 @@ impl WatchStream {
         created
     }
 
-    async fn next(&mut self) -> WatchResponse {
+    pub(super) async fn next(&mut self) -> WatchResponse {
         tokio::time::timeout(ANSWER_WAIT, self.answers.message())
             .await
             .expect("a watch answer in time")
@@ -887,7 +887,7 @@ impl WatchStream {
     }
 }
 
-fn watch_prefix(key: &str, start_revision: i64) -> WatchCreateRequest {
+pub(super) fn watch_prefix(key: &str, start_revision: i64) -> WatchCreateRequest {
     let range = prefix(key);
     WatchCreateRequest {
         key: range.key,

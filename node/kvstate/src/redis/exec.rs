@@ -616,6 +616,9 @@ fn run<S: Store>(store: &mut S, command: &RedisCommand) -> Result<RedisReply, Ou
                 ExpireCondition::IfLess => {
                     current_expiry_ms == 0 || new < i128::from(current_expiry_ms)
                 }
+                ExpireCondition::IfSomeAndLess => {
+                    current_expiry_ms != 0 && new < i128::from(current_expiry_ms)
+                }
             };
             if !holds {
                 return Ok(RedisReply::Integer(0));

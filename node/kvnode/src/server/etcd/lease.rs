@@ -12,7 +12,6 @@
 //! the leader as one renewal write. Answers come in request order; a
 //! renewal of a lease that no longer exists answers TTL 0, as etcd's.
 
-use std::collections::VecDeque;
 use std::pin::Pin;
 
 use kvproto::etcd::etcdserverpb::lease_server::Lease;
@@ -116,31 +115,30 @@ impl EtcdFrontEnd {
         let _ = answering.await;
     }
 
+    /// Answers a stream's renewals in request order. It takes the next
+    /// renewal off `renewals` only once the previous one is answered, so
+    /// the channel's capacity ([`LEASE_STREAM_IN_FLIGHT_MAX`]) is what one
+    /// stream has in flight at most: beyond it [`Self::run_keep_alive`]
+    /// reads no further keep-alive (on a follower each is a forwarded
+    /// renewal write, so this caps what one client can queue there).
     async fn answer_keep_alives(
         self,
         mut renewals: mpsc::Receiver<(i64, JoinHandle<Result<u64, Status>>)>,
         out: mpsc::Sender<Result<LeaseKeepAliveResponse, Status>>,
     ) {
-        let mut waiting = VecDeque::new();
-        while let Some(renewal) = renewals.recv().await {
-            waiting.push_back(renewal);
-            while let Some((id, renewal)) = waiting.pop_front() {
-                let answer = match renewal.await {
-                    Ok(Ok(ttl_ms)) => Ok(LeaseKeepAliveResponse {
-                        header: Some(self.header()),
-                        id,
-                        ttl: seconds(ttl_ms),
-                    }),
-                    Ok(Err(status)) => Err(status),
-                    Err(_) => Err(etcd_error(errors::STOPPED, "the renewal's task ended")),
-                };
-                let failed = answer.is_err();
-                if out.send(answer).await.is_err() || failed {
-                    return;
-                }
-                while let Ok(next) = renewals.try_recv() {
-                    waiting.push_back(next);
-                }
+        while let Some((id, renewal)) = renewals.recv().await {
+            let answer = match renewal.await {
+                Ok(Ok(ttl_ms)) => Ok(LeaseKeepAliveResponse {
+                    header: Some(self.header()),
+                    id,
+                    ttl: seconds(ttl_ms),
+                }),
+                Ok(Err(status)) => Err(status),
+                Err(_) => Err(etcd_error(errors::STOPPED, "the renewal's task ended")),
+            };
+            let failed = answer.is_err();
+            if out.send(answer).await.is_err() || failed {
+                return;
             }
         }
     }

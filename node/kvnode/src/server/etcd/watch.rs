@@ -12,7 +12,8 @@
 //!   deletes either.)
 //! - `fragment`: the native stream splits a revision larger than a page
 //!   over several messages; a watch created without `fragment` gets each
-//!   revision's events in one message, as etcd sends them.
+//!   revision's events in one message, as etcd sends them, up to
+//!   [`ETCD_WATCH_JOINED_BYTES_MAX`] (beyond it in several, see there).
 //! - Filters: etcd's `NOPUT` / `NODELETE` list becomes the native flags.
 
 use std::collections::{HashMap, VecDeque};
@@ -38,6 +39,17 @@ use super::{EtcdFrontEnd, non_negative, revision_i64};
 const WATCH_REQUESTS_BUFFERED: usize = 16;
 /// Translated answers buffered for the client.
 const WATCH_RESPONSES_BUFFERED: usize = 4;
+/// Bytes of one revision's events joined into one message at most, for a
+/// watch created without `fragment` (encoded events). A revision larger
+/// than this (thousands of large keys written by one transaction) reaches
+/// such a watch in several messages without the `fragment` flag, each at
+/// most this large or one native page (`WATCH_PAGE_BYTES_MAX` beyond its
+/// first event), instead of one message above the port's response limit
+/// ([`super::ETCD_RESPONSE_BYTES_MAX`], which would end the whole stream);
+/// it is also what one watcher holds in memory while joining. etcd sends
+/// such a revision whole whatever its size.
+pub const ETCD_WATCH_JOINED_BYTES_MAX: usize = 4 * 1024 * 1024;
+const _: () = assert!(ETCD_WATCH_JOINED_BYTES_MAX < super::ETCD_RESPONSE_BYTES_MAX);
 
 /// The response stream of `Watch.Watch`.
 pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
@@ -68,10 +80,18 @@ fn native_create(
     if start != 0 && start == compact_revision {
         start += 1;
         if !no_put {
+            // A range read needs a key: "" (every key, with range_end
+            // "\0", as etcd's watches take it) reads from "\0", the
+            // first possible key.
+            let key = if create.key.is_empty() {
+                vec![0u8].into()
+            } else {
+                create.key.clone()
+            };
             compact_start = Some((
                 compact_revision,
                 native::RangeRequest {
-                    key: create.key.clone(),
+                    key,
                     range_end: create.range_end.clone(),
                     revision: compact_revision,
                     min_mod_revision: compact_revision,
@@ -199,8 +219,9 @@ impl EtcdFrontEnd {
         creates: Arc<Mutex<VecDeque<Created>>>,
     ) {
         let mut watches: HashMap<i64, Created> = HashMap::new();
-        // Fragments held back for watches that did not ask for them.
-        let mut held: HashMap<i64, Vec<mvccpb::Event>> = HashMap::new();
+        // Fragments held back for watches that did not ask for them, and
+        // their encoded size.
+        let mut held: HashMap<i64, (Vec<mvccpb::Event>, usize)> = HashMap::new();
         loop {
             let answer = tokio::select! {
                 answer = answers.next() => answer,
@@ -235,15 +256,33 @@ impl EtcdFrontEnd {
             }
             let fragment_allowed = watches.get(&id).is_some_and(|w| w.fragment);
             let mut events: Vec<mvccpb::Event> = answer.events.into_iter().map(event).collect();
-            if !fragment_allowed && !answer.canceled {
+            if !fragment_allowed && !answer.canceled && (answer.fragment || held.contains_key(&id))
+            {
+                let bytes: usize = events.iter().map(prost::Message::encoded_len).sum();
+                let (joined, joined_bytes) = held.entry(id).or_default();
+                if *joined_bytes + bytes > ETCD_WATCH_JOINED_BYTES_MAX && !joined.is_empty() {
+                    // Too large to join: what is held goes out on its own.
+                    let message = WatchResponse {
+                        header: header.clone(),
+                        watch_id: id,
+                        events: std::mem::take(joined),
+                        ..Default::default()
+                    };
+                    *joined_bytes = 0;
+                    if out.send(Ok(message)).await.is_err() {
+                        return;
+                    }
+                }
+                let (joined, joined_bytes) = held.entry(id).or_default();
+                joined.extend(events);
+                *joined_bytes += bytes;
                 if answer.fragment {
-                    held.entry(id).or_default().extend(events);
                     continue;
                 }
-                if let Some(mut earlier) = held.remove(&id) {
-                    earlier.extend(events);
-                    events = earlier;
-                }
+                events = held
+                    .remove(&id)
+                    .map(|(joined, _)| joined)
+                    .unwrap_or_default();
             }
             let message = WatchResponse {
                 header,
@@ -333,5 +372,19 @@ mod tests {
         assert!(created.compact_start.is_none());
         let (native, _) = native_create(create, 7);
         assert_eq!(native.start_revision, 5);
+        // Every key ("" to "\0"): the compact revision's read starts at "\0".
+        let every = WatchCreateRequest {
+            key: Vec::new().into(),
+            range_end: vec![0u8].into(),
+            start_revision: 5,
+            ..Default::default()
+        };
+        let (native, created) = native_create(every, 5);
+        assert!(native.key.is_empty());
+        let (_, range) = created.compact_start.expect("reads revision 5");
+        assert_eq!(
+            (&range.key[..], &range.range_end[..]),
+            (&[0u8][..], &[0u8][..])
+        );
     }
 }

@@ -134,13 +134,8 @@ fn expire_condition(options: &[Vec<u8>]) -> Result<ExpireCondition, Reply> {
         (true, ..) => ExpireCondition::IfNone,
         // GT never holds for a key without a TTL, so XX adds nothing.
         (_, _, true, _) => ExpireCondition::IfGreater,
-        // LT holds for a key without a TTL and XX does not: the state
-        // machine has no condition for both yet.
-        (_, true, _, true) => {
-            return Err(Reply::err(
-                "raftcask does not support XX and LT together yet (each alone works)",
-            ));
-        }
+        // LT holds for a key without a TTL and XX does not: both.
+        (_, true, _, true) => ExpireCondition::IfSomeAndLess,
         (_, _, _, true) => ExpireCondition::IfLess,
         (_, true, ..) => ExpireCondition::IfSome,
         _ => ExpireCondition::Always,
