@@ -19,6 +19,9 @@
 //!   against the engine, outside the log ([`range::range`]), at a past
 //!   revision through the change history ([`range::range_at`]) or under an
 //!   entry's pending writes.
+//! - [`read_txn`]: read-only transactions answered outside the log: the
+//!   compares and every range judged at one store revision, ranges at past
+//!   revisions through the change history, under one hold of its lock.
 //! - [`history`]: the change history's index: which record holds each
 //!   key's state at each revision of the window, compaction, what merges
 //!   keep, rebuilt from the files at open.
@@ -64,7 +67,9 @@
 //!   housekeeping writes at most [`redis::CLEANUP_RECORDS_PER_ENTRY_MAX`]
 //!   (4096) records.
 //! - Per range read outside the log: [`range::RANGE_KEYS_MAX`] keys
-//!   (100 000) and [`range::RANGE_READ_BYTES_MAX`] bytes (6 MiB).
+//!   (100 000) and [`range::RANGE_READ_BYTES_MAX`] bytes (6 MiB); per
+//!   read-only transaction outside the log the same in all
+//!   ([`read_txn::READ_TXN_KEYS_MAX`], [`read_txn::READ_TXN_BYTES_MAX`]).
 //!
 //! ## Example
 //! ```
@@ -119,6 +124,7 @@ pub mod command;
 pub mod history;
 pub mod lease;
 pub mod range;
+pub mod read_txn;
 pub mod redis;
 pub mod revision;
 pub mod txn;

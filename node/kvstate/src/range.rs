@@ -272,6 +272,10 @@ pub enum RangeError {
         /// The key.
         key: Vec<u8>,
     },
+    /// A transaction read outside the log ([`crate::read_txn::read_txn`])
+    /// holds an op that writes.
+    #[error("the op writes: only a transaction whose ops are all ranges is read outside the log")]
+    NotARead,
     /// [`range`] found keys changing under it on every attempt.
     #[error(
         "entries kept applying under the read: {RANGE_READ_ATTEMPTS_MAX} attempts (the limit RANGE_READ_ATTEMPTS_MAX) saw a key change"

@@ -4,6 +4,9 @@
 //! keep the window, after a restart that rebuilds the index from the
 //! files, and after compactions; revisions below the window answer
 //! "compacted" naming the oldest one served, above it "future revision".
+//! A read-only transaction (`kvstate::read_txn`) reads each range at its
+//! own revision, and judges its compares and reads its ranges at one store
+//! revision while entries apply.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -13,7 +16,8 @@ use kvstate::apply::Applier;
 use kvstate::command::{Command, Op, Outcome, Proposal, Request};
 use kvstate::history::{History, HistoryError, HistoryWindow};
 use kvstate::range::{RangeError, RangeResult, RangeSpec, range, range_at};
-use kvstate::txn::{TxnOp, TxnRequest};
+use kvstate::read_txn::read_txn;
+use kvstate::txn::{Compare, CompareResult, CompareTarget, TxnOp, TxnRequest};
 use vfs::sim::SimFs;
 
 /// Small segments, so the workload seals many files for merges to take.
@@ -231,6 +235,124 @@ fn a_read_at_each_past_revision_returns_what_it_returned_then() {
     // A key's own revisions travel with it.
     let at_10 = &cluster.seen[&10];
     assert!(at_10.kvs.iter().all(|kv| kv.mod_revision <= 10));
+}
+
+/// A read-only transaction with `ranges` in both branches (no compare).
+fn read_only(ranges: Vec<RangeSpec>) -> TxnRequest {
+    TxnRequest {
+        session: None,
+        compares: Vec::new(),
+        success: ranges.iter().cloned().map(TxnOp::Range).collect(),
+        failure: ranges.into_iter().map(TxnOp::Range).collect(),
+    }
+}
+
+#[test]
+fn a_read_only_txn_reads_each_range_at_its_own_revision() {
+    let mut cluster = Cluster::new();
+    workload(&mut cluster, 30);
+    let current = cluster.applier.header().revision;
+    let revisions: Vec<u64> = cluster.seen.keys().copied().filter(|r| *r > 0).collect();
+    // Every past revision, the store revision and 0 in one transaction.
+    let mut ranges: Vec<RangeSpec> = revisions
+        .iter()
+        .map(|&revision| RangeSpec { revision, ..all() })
+        .collect();
+    ranges.push(all());
+    let engine = cluster.engine.clone();
+    let answer = read_txn(
+        move || engine.clone(),
+        &cluster.history(),
+        &read_only(ranges),
+        cluster.index,
+    )
+    .unwrap();
+    assert!(answer.succeeded);
+    assert_eq!(answer.revision, current);
+    for (range, revision) in answer.ranges.iter().zip(revisions.iter().chain([&current])) {
+        assert_eq!(range, &cluster.seen[revision], "revision {revision}");
+    }
+    // Compacted and future revisions: the history's errors, naming the op.
+    cluster.apply(Command::Compact {
+        revision: current - 10,
+    });
+    let engine = cluster.engine.clone();
+    for (revision, place) in [(current - 11, "success[1]"), (current + 1, "success[1]")] {
+        let txn = read_only(vec![all(), RangeSpec { revision, ..all() }]);
+        let err = read_txn(|| engine.clone(), &cluster.history(), &txn, 0).unwrap_err();
+        assert!(matches!(err.error, RangeError::History(_)), "{err}");
+        assert!(err.to_string().contains(place), "{err}");
+    }
+    // An op that writes is refused, not applied.
+    let txn = TxnRequest {
+        success: vec![TxnOp::DeleteRange {
+            key: b"k".to_vec(),
+            range_end: b"\0".to_vec(),
+            prev_kv: false,
+        }],
+        ..read_only(Vec::new())
+    };
+    let err = read_txn(|| engine.clone(), &cluster.history(), &txn, 0).unwrap_err();
+    assert!(matches!(err.error, RangeError::NotARead), "{err}");
+}
+
+#[test]
+fn a_read_only_txn_judges_its_compares_and_reads_at_one_revision() {
+    // One key rewritten entry after entry while transactions compare its
+    // mod revision with a moving bound and read it in either branch: the
+    // branch taken always matches the state the range returns.
+    let mut cluster = Cluster::new();
+    cluster.apply(Command::Writes(vec![put("k", "0")]));
+    let engine = cluster.engine.clone();
+    let history = cluster.history();
+    let writes = 400u64;
+    let writer = std::thread::spawn(move || {
+        for i in 1..=writes {
+            cluster.apply(Command::Writes(vec![put("k", &i.to_string())]));
+        }
+        cluster
+    });
+    let check = |bound: u64| {
+        let txn = TxnRequest {
+            session: None,
+            compares: vec![Compare {
+                key: b"k".to_vec(),
+                range_end: Vec::new(),
+                target: CompareTarget::ModRevision(bound),
+                result: CompareResult::Less,
+            }],
+            success: vec![TxnOp::Range(RangeSpec::key("k"))],
+            failure: vec![TxnOp::Range(RangeSpec::key("k"))],
+        };
+        let answer = read_txn(|| engine.clone(), &history, &txn, 0).unwrap();
+        let read = answer.ranges[0].kvs[0].mod_revision;
+        assert_eq!(
+            answer.succeeded,
+            read < bound,
+            "the compare and the range saw different states (bound {bound}, read {read}, \
+             revision {})",
+            answer.revision
+        );
+        assert_eq!(read, answer.revision, "k is the only key written");
+        answer.revision
+    };
+    let mut checked = 0;
+    let mut bound = 2;
+    loop {
+        // The next bound just above what was read: the race is close.
+        bound = check(bound) + 1;
+        checked += 1;
+        if writer.is_finished() {
+            break;
+        }
+    }
+    let cluster = writer.join().unwrap();
+    // The first put took revision 2, each later one the next.
+    let last = cluster.applier.header().revision;
+    assert_eq!(last, writes + 2);
+    assert!(checked > 0);
+    // Nothing applies now: the bound above the store revision holds.
+    assert_eq!(check(last + 1), last);
 }
 
 #[test]

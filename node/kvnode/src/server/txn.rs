@@ -83,7 +83,8 @@ pub fn range_error(err: RangeError) -> Status {
         RangeError::KeyEmpty
         | RangeError::ReservedKey { .. }
         | RangeError::TooManyKeys { .. }
-        | RangeError::TooManyBytes { .. } => Status::invalid_argument(err.to_string()),
+        | RangeError::TooManyBytes { .. }
+        | RangeError::NotARead => Status::invalid_argument(err.to_string()),
         RangeError::KeyChanged { .. }
         | RangeError::Unstable
         | RangeError::HistoryUnstable { .. } => Status::unavailable(err.to_string()),

@@ -9,6 +9,11 @@
 //! - Txn: both branches, compares on value, version, create and mod
 //!   revision, with the branch's ops' answers; etcd's errors for too many
 //!   ops, an empty key and a nested transaction;
+//! - read-only Txn (ranges only, as clientv3's STM sends): compares and
+//!   ranges at one revision through a follower's read index or
+//!   serializable, each range at its own past revision after later
+//!   writes, the header's store revision, no revision taken; compacted
+//!   and future revisions answer etcd's errors;
 //! - Range and Compact: a compacted revision and a future one answer
 //!   etcd's exact codes and messages; a follower's Compact reaches the leader;
 //! - Lease: grant on a follower, a key attached, keep-alives on the same
@@ -433,6 +438,188 @@ async fn txn_runs_either_branch() {
         nested.message().contains("success[0].request_txn"),
         "{nested:?}"
     );
+    cluster.shutdown().await;
+}
+
+/// A range op at `revision`, serializable or not, as clientv3's STM sends
+/// its prefetches (`OpGet(k, WithRev(R), WithSerializable())`).
+fn txn_get_at(key: &str, revision: i64, serializable: bool) -> RequestOp {
+    RequestOp {
+        request: Some(request_op::Request::RequestRange(RangeRequest {
+            revision,
+            serializable,
+            ..get(key)
+        })),
+    }
+}
+
+/// The value (and mod revision) a range op answered, `None` for no key.
+fn ranged(response: &kvproto::etcd::etcdserverpb::ResponseOp) -> Option<(String, i64)> {
+    match &response.response {
+        Some(response_op::Response::ResponseRange(range)) => range.kvs.first().map(|kv| {
+            (
+                String::from_utf8_lossy(&kv.value).into_owned(),
+                kv.mod_revision,
+            )
+        }),
+        other => panic!("expected a range answer, got {other:?}"),
+    }
+}
+
+fn compare_mod(key: &str, result: compare::CompareResult, revision: i64) -> Compare {
+    Compare {
+        result: result as i32,
+        target: compare::CompareTarget::Mod as i32,
+        key: key.as_bytes().to_vec().into(),
+        target_union: Some(compare::TargetUnion::ModRevision(revision)),
+        range_end: Default::default(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_txns_read_past_revisions_as_etcd() {
+    let root = tempfile::tempdir().unwrap();
+    let (cluster, leader, follower) = cluster(root.path()).await;
+    let mut kv = KvClient::new(channel(&cluster, follower).await);
+    let mut on_leader = KvClient::new(channel(&cluster, leader).await);
+    let mut revisions = Vec::new();
+    for (key, value) in [
+        ("stm/a", "1"),
+        ("stm/b", "x"),
+        ("stm/a", "2"),
+        ("stm/a", "3"),
+    ] {
+        let answer = kv.put(put(key, value)).await.unwrap().into_inner();
+        revisions.push(answer.header.unwrap().revision);
+    }
+    let [r1, r2, r3, r4] = revisions[..] else {
+        unreachable!()
+    };
+
+    // Linearizable on a follower, after later writes: the compares and the
+    // branch's ranges at one revision, each range at its own.
+    let answer = kv
+        .txn(TxnRequest {
+            compare: vec![compare_mod("stm/a", compare::CompareResult::Equal, r4)],
+            success: vec![
+                txn_get_at("stm/a", r1, false),
+                txn_get_at("stm/a", 0, false),
+                txn_get_at("stm/b", r1, false),
+                txn_get_at("stm/a", r3, false),
+                txn_get_at("stm/a", r4, false),
+            ],
+            failure: vec![txn_get("stm/a")],
+        })
+        .await
+        .expect("a read-only transaction at past revisions")
+        .into_inner();
+    assert!(answer.succeeded);
+    assert_eq!(answer.header.unwrap().revision, r4, "the store revision");
+    let values: Vec<_> = answer.responses.iter().map(ranged).collect();
+    assert_eq!(
+        values,
+        [
+            Some(("1".to_string(), r1)),
+            Some(("3".to_string(), r4)),
+            None,
+            Some(("2".to_string(), r3)),
+            Some(("3".to_string(), r4)),
+        ]
+    );
+    for response in &answer.responses {
+        let Some(response_op::Response::ResponseRange(range)) = &response.response else {
+            unreachable!()
+        };
+        assert_eq!(range.header.as_ref().unwrap().revision, r4);
+    }
+    // The failure branch, read at a past revision, serializable (STM's
+    // prefetch): this member has applied r4 (the read above waited for it).
+    let answer = kv
+        .txn(TxnRequest {
+            compare: vec![compare_value(
+                "stm/a",
+                compare::CompareResult::Equal,
+                "nope",
+            )],
+            success: vec![txn_get("stm/b")],
+            failure: vec![txn_get_at("stm/a", r3, true), txn_get_at("stm/b", r2, true)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!answer.succeeded);
+    assert_eq!(answer.header.unwrap().revision, r4);
+    let values: Vec<_> = answer.responses.iter().map(ranged).collect();
+    assert_eq!(
+        values,
+        [Some(("2".to_string(), r3)), Some(("x".to_string(), r2))]
+    );
+
+    // A read-only transaction takes no revision: the next write takes r4 + 1.
+    let next = on_leader.put(put("stm/a", "4")).await.unwrap().into_inner();
+    let r5 = next.header.unwrap().revision;
+    assert_eq!(r5, r4 + 1);
+    // Linearizable through the follower's read index: it sees the write
+    // the leader just acknowledged.
+    let answer = kv
+        .txn(TxnRequest {
+            success: vec![txn_get("stm/a")],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.header.unwrap().revision, r5);
+    assert_eq!(ranged(&answer.responses[0]), Some(("4".to_string(), r5)));
+
+    // Compacted and future revisions: etcd's errors.
+    kv.compact(CompactionRequest {
+        revision: r3,
+        physical: true,
+    })
+    .await
+    .expect("compaction through a follower");
+    let compacted = kv
+        .txn(TxnRequest {
+            success: vec![
+                txn_get_at("stm/a", r3, false),
+                txn_get_at("stm/a", r1, false),
+            ],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (compacted.code(), compacted.message()),
+        (
+            Code::OutOfRange,
+            "etcdserver: mvcc: required revision has been compacted"
+        )
+    );
+    let future = kv
+        .txn(TxnRequest {
+            success: vec![txn_get_at("stm/a", r5 + 1000, true)],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (future.code(), future.message()),
+        (
+            Code::OutOfRange,
+            "etcdserver: mvcc: required revision is a future revision"
+        )
+    );
+    // The compact revision itself is still served.
+    let answer = kv
+        .txn(TxnRequest {
+            success: vec![txn_get_at("stm/a", r3, false)],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ranged(&answer.responses[0]), Some(("2".to_string(), r3)));
     cluster.shutdown().await;
 }
 

@@ -2,9 +2,13 @@
 //!
 //! A Range is the native `Kv.Range` (`serializable` = a stale read of this
 //! member's applied state; otherwise linearizable through the read index,
-//! on a follower too). Put, DeleteRange and Txn each become one native
-//! transaction (`Write::Txn`: a put or a range delete is a transaction of
-//! one op, as etcd applies it) sent down
+//! on a follower too). A Txn whose branches hold only ranges is a read, as
+//! etcd serves it: after the read index unless every range is
+//! `serializable`, its compares and ranges judged at one store revision
+//! under the change history's read lock (`kvstate::read_txn`; a range's own
+//! `revision` read through the history). Put, DeleteRange and any other
+//! Txn each become one native transaction (`Write::Txn`: a put or a range
+//! delete is a transaction of one op, as etcd applies it) sent down
 //! [`KvService::write_from_front_end`]: a follower forwards it to the
 //! leader exactly once. Compact is the native compaction, proposed by the
 //! leader (a follower asks the leader's client port).
@@ -17,6 +21,7 @@ use kvproto::etcd::etcdserverpb::{
 };
 use kvproto::etcd::mvccpb;
 use kvproto::kv::v1 as native;
+use kvproto::kv::v1::Consistency;
 use kvproto::kv::v1::kv_server::Kv as NativeKv;
 use kvstate::command::Outcome;
 use tonic::{Request, Response, Status};
@@ -246,7 +251,76 @@ fn native_txn(request: TxnRequest) -> Result<native::TxnRequest, Status> {
     })
 }
 
+/// Whether etcd serves the transaction as a read: every op of both
+/// branches is a range (etcd's `isTxnReadonly`).
+fn is_read_only(request: &TxnRequest) -> bool {
+    request
+        .success
+        .iter()
+        .chain(&request.failure)
+        .all(|op| matches!(op.request, Some(request_op::Request::RequestRange(_))))
+}
+
+/// Whether a read-only transaction may be answered from this member's
+/// applied state: every range is `serializable` (etcd's
+/// `isTxnSerializable`; a transaction without ops is).
+fn is_serializable(request: &TxnRequest) -> bool {
+    request.success.iter().chain(&request.failure).all(|op| {
+        matches!(&op.request, Some(request_op::Request::RequestRange(range)) if range.serializable)
+    })
+}
+
 impl EtcdFrontEnd {
+    /// A read-only transaction (see [`is_read_only`]) answered as a read:
+    /// linearizable through the read index (on a follower too) unless
+    /// every range is serializable, then judged and read at one store
+    /// revision (`kvstate::read_txn`): whether it succeeded, one range
+    /// result per op of the branch read, and that revision.
+    async fn read_txn(
+        &self,
+        request: TxnRequest,
+    ) -> Result<(bool, Vec<native::TxnOpResult>, u64), Status> {
+        let consistency = if is_serializable(&request) {
+            Consistency::Stale
+        } else {
+            Consistency::Linearizable
+        };
+        let txn = crate::server::txn::txn_request(native_txn(request)?).map_err(to_etcd)?;
+        self.kv
+            .prepare_read(consistency, 0)
+            .await
+            .map_err(to_etcd)?;
+        let state_machine = self.kv.state_machine().clone();
+        let now = state_machine.cluster_time_ms();
+        // Up to READ_TXN_KEYS_MAX keys under the history's read lock: off
+        // the async workers.
+        let answer = tokio::task::spawn_blocking(move || {
+            kvstate::read_txn::read_txn(
+                || state_machine.engine(),
+                state_machine.history(),
+                &txn,
+                now,
+            )
+        })
+        .await
+        .map_err(|err| Status::internal(format!("the transaction's read failed: {err}")))?
+        .map_err(|err| {
+            let message = err.to_string();
+            let code = crate::server::txn::range_error(err.error).code();
+            to_etcd(Status::new(code, message))
+        })?;
+        let results = answer
+            .ranges
+            .into_iter()
+            .map(|range| native::TxnOpResult {
+                result: Some(native::txn_op_result::Result::Range(
+                    crate::server::txn::range_response(range, None),
+                )),
+            })
+            .collect();
+        Ok((answer.succeeded, results, answer.revision))
+    }
+
     /// Runs a native transaction down the front ends' write path: whether
     /// it succeeded, what its ops answered, and its revision.
     async fn run_txn(
@@ -366,8 +440,11 @@ impl Kv for EtcdFrontEnd {
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
         let request = request.into_inner();
         check_size(&request, "transaction")?;
-        let txn = native_txn(request)?;
-        let (succeeded, results, revision) = self.run_txn(txn).await?;
+        let (succeeded, results, revision) = if is_read_only(&request) {
+            self.read_txn(request).await?
+        } else {
+            self.run_txn(native_txn(request)?).await?
+        };
         Ok(Response::new(TxnResponse {
             header: Some(self.write_header(revision)),
             succeeded,
@@ -493,6 +570,44 @@ mod tests {
             status.message().contains("failure[0].request_txn"),
             "{status:?}"
         );
+    }
+
+    #[test]
+    fn only_ranges_make_a_read_and_serializable_ones_a_local_read() {
+        let range = |serializable| RequestOp {
+            request: Some(request_op::Request::RequestRange(RangeRequest {
+                key: "k".into(),
+                revision: 3,
+                serializable,
+                ..Default::default()
+            })),
+        };
+        let put = RequestOp {
+            request: Some(request_op::Request::RequestPut(PutRequest {
+                key: "k".into(),
+                ..Default::default()
+            })),
+        };
+        let stm_prefetch = TxnRequest {
+            success: vec![range(true), range(true)],
+            ..Default::default()
+        };
+        assert!(is_read_only(&stm_prefetch) && is_serializable(&stm_prefetch));
+        let mixed = TxnRequest {
+            success: vec![range(true)],
+            failure: vec![range(false)],
+            ..Default::default()
+        };
+        assert!(is_read_only(&mixed) && !is_serializable(&mixed));
+        let writes = TxnRequest {
+            success: vec![range(true)],
+            failure: vec![put],
+            ..Default::default()
+        };
+        assert!(!is_read_only(&writes));
+        // As etcd: no ops at all is a serializable read.
+        assert!(is_read_only(&TxnRequest::default()));
+        assert!(is_serializable(&TxnRequest::default()));
     }
 
     #[test]
