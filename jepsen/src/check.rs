@@ -2,7 +2,9 @@
 //! together, with the exit code of `jepsen check`.
 //!
 //! - `cas-register`, `kv`: per-key linearizability (plus, for `kv`, lost
-//!   appends when the history ends with final reads);
+//!   appends when the history ends with final reads; for `cas-register`,
+//!   the revision checks when the history carries revisions: the
+//!   etcd-register workload's);
 //! - `register` (raftcask's own histories): linearizability, the cheap index
 //!   checks, the revision checks (when the history carries revisions) and
 //!   lost acknowledged writes;
@@ -53,8 +55,9 @@ pub struct CheckReport {
     pub linearizability: Option<linearizability::Report>,
     /// The cheap index checks (`register` only).
     pub anomalies: Vec<Anomaly>,
-    /// The revision checks (`register` histories that carry revisions;
-    /// left out of the JSON otherwise, so older reports read the same).
+    /// The revision checks (`register` and `cas-register` histories that
+    /// carry revisions; left out of the JSON otherwise, so older reports
+    /// read the same).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub revisions: Option<RevisionReport>,
     /// Lost acknowledged writes (`register`, `kv`).
@@ -198,6 +201,9 @@ pub fn check(model: ModelName, events: &[Event], settings: Settings) -> Result<C
         ModelName::CasRegister => {
             report.linearizability =
                 Some(linearizability::check(&CasRegister, &operations, settings)?);
+            // None for a history without revisions (Jepsen's, Redis's).
+            report.revisions = revision_checks::check(&operations);
+            invalid |= report.revisions.as_ref().is_some_and(|r| !r.valid());
         }
         ModelName::Kv => {
             report.linearizability = Some(linearizability::check(&Kv, &operations, settings)?);

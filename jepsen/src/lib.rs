@@ -39,9 +39,10 @@
 //!   (exited, or never applied the run's highest answered index); any one
 //!   makes the verdict `not-durable`.
 //! - [`workload`]: the `register`, `set`, `ttl`, `exactly-once`, `watch`,
-//!   `lease` and `redis-register` (the register workload through the
-//!   members' Redis ports) workloads and their operation records (JSON
-//!   lines), well-formedness.
+//!   `lease`, `redis-register` (the register workload through the
+//!   members' Redis ports) and `etcd-register` (the same through their
+//!   etcd v3 ports) workloads and their operation records (JSON lines),
+//!   well-formedness.
 //! - [`report`]: the summary table (ops, faults, anomalies by kind, lost
 //!   writes) and `latency.svg` (every operation, fault windows shaded).
 //! - [`ttl_check`]: the `ttl` workload's checker — early expiry (by more
@@ -60,7 +61,8 @@
 //!   lists themselves are in `suite::scenarios`.
 //! - [`verdict`]: a run's records as the checkers' history, and the
 //!   workload's checker (register: linearizability + version checks;
-//!   redis-register: linearizability by value; set).
+//!   redis-register: linearizability by value; etcd-register: by value
+//!   plus the revision checks; set).
 //!
 //! The binary `jepsen check --model cas-register|kv|register|set FILE` runs
 //! [`check::check`] (exit 0 valid, 1 not, 2 error or undecided).

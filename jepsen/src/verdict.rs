@@ -9,6 +9,10 @@
 //! - `redis-register`: reads, writes and compare-and-sets by value (the
 //!   Redis port returns no versions) map one to one onto the
 //!   `cas-register` model: linearizability per key, final reads included.
+//! - `etcd-register`: the same by value (etcd's Txn compares the value),
+//!   and the completions carry etcd's revisions (a read's header revision
+//!   and `mod_revision`, an ok write's applied revision), so the
+//!   `cas-register` checks add the revision checks.
 //! - `set`: every element is its own key in the cluster, but the checker
 //!   sees one set: each add is an `add` of the element to the set, the final
 //!   prefix scan (`read-all`) is the set's final read with the elements it
@@ -44,6 +48,8 @@ pub fn model_of(workload: WorkloadKind) -> ModelName {
         WorkloadKind::Lease => ModelName::Register,
         // No versions on the Redis port: by value (every value is unique).
         WorkloadKind::RedisRegister => ModelName::CasRegister,
+        // A cas by value, as Jepsen's etcd test; revisions checked too.
+        WorkloadKind::EtcdRegister => ModelName::CasRegister,
     }
 }
 
@@ -65,6 +71,9 @@ fn events_of(op: &Op, workload: WorkloadKind) -> Option<[(u64, u8, Event); 2]> {
         (WorkloadKind::RedisRegister, Function::Read) => (CheckFunction::Read, op.key.as_str()),
         (WorkloadKind::RedisRegister, Function::Write) => (CheckFunction::Write, op.key.as_str()),
         (WorkloadKind::RedisRegister, Function::Cas) => (CheckFunction::Cas, op.key.as_str()),
+        (WorkloadKind::EtcdRegister, Function::Read) => (CheckFunction::Read, op.key.as_str()),
+        (WorkloadKind::EtcdRegister, Function::Write) => (CheckFunction::Write, op.key.as_str()),
+        (WorkloadKind::EtcdRegister, Function::Cas) => (CheckFunction::Cas, op.key.as_str()),
         (WorkloadKind::Set, Function::Add) => (CheckFunction::Add, SET_KEY),
         (WorkloadKind::Set, Function::ReadAll) => (CheckFunction::Read, SET_KEY),
         _ => return None,

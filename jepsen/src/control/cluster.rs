@@ -1,7 +1,7 @@
 //! The cluster under test: N real `kvnode run` child processes, member i
 //! on its own loopback address 127.0.0.(10+i) (client port
 //! [`CLIENT_PORT`], peer port [`PEER_PORT`], Redis (RESP) port
-//! [`REDIS_PORT`]), data in `DIR/node<i>/data`,
+//! [`REDIS_PORT`], etcd v3 port [`ETCD_PORT`]), data in `DIR/node<i>/data`,
 //! output appended to `DIR/node<i>/kvnode.log`.
 //!
 //! Faults on processes go through here: SIGKILL and restart (same data
@@ -35,6 +35,9 @@ pub const PEER_PORT: u16 = 7101;
 /// --redis-addr`), on the member's own address like the others (7201 is the
 /// no-root mode's peer proxy).
 pub const REDIS_PORT: u16 = 7301;
+/// Port of every member's etcd v3 gRPC front end (`kvnode run
+/// --etcd-addr`), on the member's own address like the others.
+pub const ETCD_PORT: u16 = 7401;
 /// Most members a run starts (addresses 127.0.0.11 ..= 127.0.0.19).
 pub const NODES_MAX: u64 = 9;
 /// Where Debian's libfaketime lives (package `libfaketime`).
@@ -65,6 +68,11 @@ pub fn peer_addr(id: u64) -> String {
 /// The Redis (RESP) address (`ip:port`) of member `id`.
 pub fn redis_addr(id: u64) -> String {
     format!("{}:{REDIS_PORT}", node_ip(id))
+}
+
+/// The etcd v3 address (`ip:port`) of member `id`.
+pub fn etcd_addr(id: u64) -> String {
+    format!("{}:{ETCD_PORT}", node_ip(id))
 }
 
 /// How to start the cluster.
@@ -195,6 +203,12 @@ impl Cluster {
     /// [`Cluster::client_addrs`].
     pub fn redis_addrs(&self) -> Vec<String> {
         self.members.iter().map(|m| redis_addr(m.id)).collect()
+    }
+
+    /// Every slot's etcd v3 address, in slot order like
+    /// [`Cluster::client_addrs`].
+    pub fn etcd_addrs(&self) -> Vec<String> {
+        self.members.iter().map(|m| etcd_addr(m.id)).collect()
     }
 
     /// Adds `count` spare slots after the last one (at most [`NODES_MAX`]
@@ -421,6 +435,7 @@ impl Cluster {
             .args(["--client-addr", &client_addr(id)])
             .args(["--peer-addr", &peer_addr(id)])
             .args(["--redis-addr", &redis_addr(id)])
+            .args(["--etcd-addr", &etcd_addr(id)])
             .args(["--initial-cluster", &initial_cluster])
             .env(PARENT_PID_ENV, std::process::id().to_string())
             .env("RUST_LOG", "info,openraft=warn")

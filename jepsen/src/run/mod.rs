@@ -73,6 +73,12 @@ pub enum WorkloadKind {
     /// by value, one connection per client process; checked as a
     /// cas-register (by value) with the same linearizability checker.
     RedisRegister,
+    /// The register workload through each member's etcd v3 port (the
+    /// workload of Jepsen's etcd test): Range, Put, and a Txn comparing
+    /// the value as a compare-and-set, one gRPC channel per client
+    /// process; checked as a cas-register (by value) with the same
+    /// linearizability checker, and by the revision checks.
+    EtcdRegister,
 }
 
 /// Flags of `jepsen run`.
@@ -369,10 +375,13 @@ async fn run_inside(checked: Checked) -> anyhow::Result<ExitCode> {
     prepare_out(&args.out)?;
     let (firewall, cluster) = start_cluster(&args, nodes, kvnode_bin, proxy_mode)?;
     let endpoints = cluster.client_addrs();
-    let redis_endpoints = cluster.redis_addrs();
+    let front_ends = FrontEnds {
+        redis: cluster.redis_addrs(),
+        etcd: cluster.etcd_addrs(),
+    };
     wait_ready(&endpoints).await?;
-    let ran = run_workload_and_faults(&args, seed, cluster, firewall, &endpoints, &redis_endpoints)
-        .await?;
+    let ran =
+        run_workload_and_faults(&args, seed, cluster, firewall, &endpoints, &front_ends).await?;
 
     let records = ran.history.records();
     let mut problems = run_problems(&args, &records, &ran);
@@ -453,6 +462,15 @@ fn start_cluster(
     Ok((firewall, cluster))
 }
 
+/// The members' other front ends, in slot order like the client
+/// endpoints.
+struct FrontEnds {
+    /// Redis (RESP) addresses.
+    redis: Vec<String>,
+    /// etcd v3 addresses.
+    etcd: Vec<String>,
+}
+
 /// What the run phase leaves for the checks.
 struct Ran {
     /// The run's history (flushed).
@@ -465,7 +483,8 @@ struct Ran {
     /// the final read of the store revision; lease: the final read of
     /// every lease).
     final_read_ok: Option<bool>,
-    /// Keys whose final read never succeeded (register, redis-register).
+    /// Keys whose final read never succeeded (register, redis-register,
+    /// etcd-register).
     unread: Vec<String>,
 }
 
@@ -478,7 +497,7 @@ async fn run_workload_and_faults(
     cluster: Cluster,
     firewall: Firewall,
     endpoints: &[String],
-    redis_endpoints: &[String],
+    front_ends: &FrontEnds,
 ) -> anyhow::Result<Ran> {
     let history = History::create(&args.out.join("history.jsonl"))?;
     let deadline = Instant::now() + args.time;
@@ -487,7 +506,8 @@ async fn run_workload_and_faults(
     nemesis.set_idle(gate.clone(), args.idle, args.ttl_max);
     let config = WorkloadConfig {
         endpoints: endpoints.to_vec(),
-        redis_endpoints: redis_endpoints.to_vec(),
+        redis_endpoints: front_ends.redis.clone(),
+        etcd_endpoints: front_ends.etcd.clone(),
         concurrency: args.concurrency,
         rate_per_second: args.rate,
         deadline,
@@ -517,6 +537,9 @@ async fn run_workload_and_faults(
             WorkloadKind::RedisRegister => {
                 workload::redis_register::run(config, history.clone()).await
             }
+            WorkloadKind::EtcdRegister => {
+                workload::etcd_register::run(config, history.clone()).await
+            }
         }
     };
     let (worked, nemesis_ran) = tokio::join!(
@@ -536,12 +559,18 @@ async fn run_workload_and_faults(
         WorkloadKind::Lease => {
             Some(workload::lease::finish(endpoints, &history, &watchers, args.ttl_max).await?)
         }
-        WorkloadKind::Register | WorkloadKind::Ttl | WorkloadKind::RedisRegister => None,
+        WorkloadKind::Register
+        | WorkloadKind::Ttl
+        | WorkloadKind::RedisRegister
+        | WorkloadKind::EtcdRegister => None,
     };
     let unread = match args.workload {
         WorkloadKind::Register => workload::register::final_reads(endpoints, &history).await?,
         WorkloadKind::RedisRegister => {
-            workload::redis_register::final_reads(redis_endpoints, &history).await?
+            workload::redis_register::final_reads(&front_ends.redis, &history).await?
+        }
+        WorkloadKind::EtcdRegister => {
+            workload::etcd_register::final_reads(&front_ends.etcd, &history).await?
         }
         WorkloadKind::Set
         | WorkloadKind::Ttl

@@ -9,8 +9,9 @@
 //!   `exactly-once` (lost replies, leader kills, a short session idle
 //!   window), `watch` (watchers on every member under partitions and
 //!   kills), `lease` (leases kept alive and let go under leader
-//!   partitions and kills) and `redis-register` (the register workload
+//!   partitions and kills), `redis-register` (the register workload
 //!   through the members' Redis ports under leader partitions and kills)
+//!   and `etcd-register` (the same through the members' etcd v3 ports)
 //!   against the real kvnode, and power loss against a
 //!   `lazy-disk` build. A scenario passes when its run passes.
 //! - `jepsen controls [--only NAME]`: each negative control is a kvnode
@@ -43,12 +44,12 @@ use anyhow::{Context as _, bail};
 
 mod scenarios;
 pub use scenarios::{
-    Build, DROP_REPLY_ENV, DROP_REPLY_PERCENT, EXACTLY_ONCE_SESSION_IDLE_MS, LEASE_FAULT_HOLD,
-    LEASE_NEMESIS, LEASE_TTL_MAX, LEASE_TTL_MIN, REDIS_REGISTER_CONCURRENCY,
-    REDIS_REGISTER_NEMESIS, SNAPSHOT_EVERY_ENTRIES_CONTROL, SNAPSHOT_EVERY_ENTRIES_ENV,
-    SNAPSHOT_LOG_KEEP_ENV, STALE_BUILD_ENV, Scenario, TTL_LEADER_CHANGE_IDLE,
-    TTL_LEADER_CHANGE_TTL_MAX, TTL_LEADER_CHANGE_TTL_MIN, WATCH_NEMESIS, control_scenarios,
-    suite_scenarios,
+    Build, DROP_REPLY_ENV, DROP_REPLY_PERCENT, ETCD_REGISTER_CONCURRENCY, ETCD_REGISTER_NEMESIS,
+    ETCD_REGISTER_SHORT_SECONDS, EXACTLY_ONCE_SESSION_IDLE_MS, LEASE_FAULT_HOLD, LEASE_NEMESIS,
+    LEASE_TTL_MAX, LEASE_TTL_MIN, REDIS_REGISTER_CONCURRENCY, REDIS_REGISTER_NEMESIS,
+    SNAPSHOT_EVERY_ENTRIES_CONTROL, SNAPSHOT_EVERY_ENTRIES_ENV, SNAPSHOT_LOG_KEEP_ENV,
+    STALE_BUILD_ENV, Scenario, TTL_LEADER_CHANGE_IDLE, TTL_LEADER_CHANGE_TTL_MAX,
+    TTL_LEADER_CHANGE_TTL_MIN, WATCH_NEMESIS, control_scenarios, suite_scenarios,
 };
 
 /// Extra time a scenario's run may take beyond its `--time` (start-up,

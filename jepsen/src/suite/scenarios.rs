@@ -241,6 +241,34 @@ fn redis_register(name: &'static str, seconds: u64) -> Scenario {
     }
 }
 
+/// The faults of the `etcd-register` scenario: those of `redis-register`
+/// (the leader cut off: its clients' puts and transactions end unknown,
+/// its reads fail, while the majority elects another; leader kills:
+/// channels break mid-request, a restarted member comes back a follower).
+pub const ETCD_REGISTER_NEMESIS: &str = "partition-leader,kill-leader";
+/// Client processes of the `etcd-register` scenario: two per member of
+/// three, so every member takes reads, puts and transactions at once.
+pub const ETCD_REGISTER_CONCURRENCY: &str = "6";
+/// `--time` of the `etcd-register` scenario in the short suite: with
+/// start-up, the heal and the final reads it adds about a minute.
+pub const ETCD_REGISTER_SHORT_SECONDS: u64 = 40;
+
+/// `etcd-register`: the register workload through every member's etcd
+/// port (Range, Put, a Txn comparing the value), checked by value and by
+/// the revision checks, under leader partitions and kills.
+fn etcd_register(name: &'static str, seconds: u64) -> Scenario {
+    Scenario {
+        name,
+        workload: "etcd-register",
+        nemesis: ETCD_REGISTER_NEMESIS,
+        seconds,
+        build: Build::Real,
+        env: Vec::new(),
+        args: vec!["--concurrency", ETCD_REGISTER_CONCURRENCY],
+        expect_caught: false,
+    }
+}
+
 /// [`EXACTLY_ONCE_SESSION_IDLE_MS`] as the flag's text.
 const EXACTLY_ONCE_SESSION_IDLE_MS_ARG: &str = "3000";
 
@@ -290,6 +318,7 @@ pub fn suite_scenarios(short: bool) -> Vec<Scenario> {
         watch("watch", time(40)),
         lease("lease", time(40)),
         redis_register("redis-register", time(40)),
+        etcd_register("etcd-register", time(ETCD_REGISTER_SHORT_SECONDS)),
     ];
     if !short {
         scenarios.push(scenario("membership", "membership", 0, Build::Real));
@@ -484,6 +513,7 @@ mod tests {
         assert!(short.contains(&"watch"), "{short:?}");
         assert!(short.contains(&"lease"), "{short:?}");
         assert!(short.contains(&"redis-register"), "{short:?}");
+        assert!(short.contains(&"etcd-register"), "{short:?}");
         let controls: Vec<_> = control_scenarios(false).iter().map(|s| s.name).collect();
         for name in [
             "nc-old-clock",
@@ -523,6 +553,7 @@ mod tests {
         assert_eq!(label(suite_scenarios(true), "partition-leader"), "real");
         assert_eq!(label(suite_scenarios(true), "power-loss"), "lazy-disk");
         assert_eq!(label(suite_scenarios(true), "redis-register"), "real");
+        assert_eq!(label(suite_scenarios(true), "etcd-register"), "real");
         assert_eq!(
             label(control_scenarios(false), "nc-snapshot-by-counter"),
             "lazy-disk+nc-snapshot-by-counter+testing"

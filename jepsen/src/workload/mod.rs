@@ -8,14 +8,16 @@
 //! worker continues as a new process), as in Jepsen.
 //!
 //! Workloads ([`register`], [`set`], [`ttl`], [`exactly_once`], [`watch`],
-//! [`lease`], [`redis_register`]) run a bounded number of concurrent
-//! workers, each one kvclient session (`redis_register`: one connection
-//! to a member's Redis port), paced to a total rate sized for two cores,
+//! [`lease`], [`redis_register`], [`etcd_register`]) run a bounded number
+//! of concurrent workers, each one kvclient session (`redis_register`: one
+//! connection to a member's Redis port; `etcd_register`: one gRPC channel
+//! to a member's etcd port), paced to a total rate sized for two cores,
 //! until a deadline.
 //!
 //! This record type is the harness's own until it is mapped onto the
 //! checker's history type.
 
+pub mod etcd_register;
 pub mod exactly_once;
 pub mod lease;
 pub mod redis_register;
@@ -155,7 +157,8 @@ pub struct Op {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stale_min_index: Option<u64>,
     /// The member a read was sent to, when pinned to one (the
-    /// `redis-register` workload: every operation's member).
+    /// `redis-register` and `etcd-register` workloads: every operation's
+    /// member).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member: Option<u64>,
     /// Versions a `read-all` returned, one per element in `values` (the
@@ -178,8 +181,8 @@ pub struct Op {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<LeaseRecord>,
     /// The value a `cas` compared with, by value (the `redis-register`
-    /// workload: WATCH, GET, MULTI / SET / EXEC); absent for a cas by
-    /// revision.
+    /// workload: WATCH, GET, MULTI / SET / EXEC; `etcd-register`: a Txn
+    /// comparing the value); absent for a cas by revision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expected: Option<String>,
 }
@@ -565,6 +568,9 @@ pub struct WorkloadConfig {
     /// Member Redis (RESP) addresses, in the same slot order (the
     /// `redis-register` workload).
     pub redis_endpoints: Vec<String>,
+    /// Member etcd v3 addresses, in the same slot order (the
+    /// `etcd-register` workload).
+    pub etcd_endpoints: Vec<String>,
     /// Concurrent workers.
     pub concurrency: usize,
     /// Total operations per second, all workers together (at most).

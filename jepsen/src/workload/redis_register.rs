@@ -47,7 +47,7 @@
 //! operation's [`OPERATION_TIMEOUT`]); every loop ends by the run's deadline
 //! or a fixed count.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -60,8 +60,7 @@ use super::register::{
     FINAL_READ_ATTEMPTS_MAX, FINAL_READ_PAUSE, Keys, READ_PERCENT, WRITE_PERCENT,
 };
 use super::{
-    CONNECT_TIMEOUT, Function, History, OPERATION_TIMEOUT, Outcome, REQUEST_TIMEOUT, Record,
-    WorkloadConfig,
+    CONNECT_TIMEOUT, Function, History, OPERATION_TIMEOUT, Outcome, REQUEST_TIMEOUT, WorkloadConfig,
 };
 
 /// The shortest socket timeout a request is given (a zero timeout means
@@ -492,14 +491,7 @@ pub async fn final_reads(
     if redis_endpoints.is_empty() {
         anyhow::bail!("no Redis address to read from");
     }
-    let written: BTreeSet<String> = history
-        .records()
-        .into_iter()
-        .filter_map(|record| match record {
-            Record::Op(op) if op.f.is_write() => Some(op.key),
-            _ => None,
-        })
-        .collect();
+    let written = super::register::written_keys(history);
     let mut process = history.new_process();
     let mut slot = 0_usize;
     let mut connection: Option<redis::Connection> = None;

@@ -96,8 +96,8 @@ pub(super) fn next_pick(
 }
 
 /// Runs `config.concurrency` workers of `worker_loop` over one shared
-/// [`Keys`] until each returns (the register workloads, native and
-/// Redis); the first error ends the run.
+/// [`Keys`] until each returns (the register workloads: native, Redis
+/// and etcd); the first error ends the run.
 pub(super) async fn run_workers<F, Fut>(
     config: WorkloadConfig,
     history: Arc<History>,
@@ -209,20 +209,26 @@ fn record_read(op: &mut Op, read: Read) -> u64 {
     mod_revision
 }
 
-/// The final reads: once every fault is healed, one linearizable read of
-/// each key any write was invoked on, retried (bounded) until it succeeds.
-/// Each read is recorded like any other, so the linearizability checker
-/// sees it and the lost-write checker judges the key by it. Returns the
-/// keys whose read never succeeded.
-pub async fn final_reads(endpoints: &[String], history: &History) -> anyhow::Result<Vec<String>> {
-    let written: BTreeSet<String> = history
+/// Every key a write was invoked on so far, in order (the keys the final
+/// reads of the register workloads read).
+pub(super) fn written_keys(history: &History) -> BTreeSet<String> {
+    history
         .records()
         .into_iter()
         .filter_map(|record| match record {
             Record::Op(op) if op.f.is_write() => Some(op.key),
             _ => None,
         })
-        .collect();
+        .collect()
+}
+
+/// The final reads: once every fault is healed, one linearizable read of
+/// each key any write was invoked on, retried (bounded) until it succeeds.
+/// Each read is recorded like any other, so the linearizability checker
+/// sees it and the lost-write checker judges the key by it. Returns the
+/// keys whose read never succeeded.
+pub async fn final_reads(endpoints: &[String], history: &History) -> anyhow::Result<Vec<String>> {
+    let written = written_keys(history);
     let client = client(endpoints)?;
     let mut process = history.new_process();
     let mut unread = Vec::new();

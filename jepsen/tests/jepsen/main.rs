@@ -3,6 +3,7 @@
 mod cli;
 mod common;
 mod controls;
+mod etcd_register_recording;
 mod harness_checks;
 mod harness_register;
 mod injected_anomalies;
