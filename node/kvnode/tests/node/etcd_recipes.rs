@@ -231,10 +231,7 @@ async fn a_second_locker_waits_until_the_first_unlocks() {
         "answered at {} before the unlock at {unlocked}",
         granted_header.revision
     );
-    assert_eq!(
-        keys_under(&mut kv, "jobs/").await,
-        [key_of("jobs", second)]
-    );
+    assert_eq!(keys_under(&mut kv, "jobs/").await, [key_of("jobs", second)]);
     cluster.shutdown().await;
 }
 
@@ -351,9 +348,7 @@ async fn an_election_is_won_observed_proclaimed_and_handed_over() {
     let (first, second) = (grant(&mut lease).await, grant(&mut lease).await);
 
     // No candidate: etcd's "no leader".
-    let none = answer(election.leader(leader_of("svc")))
-        .await
-        .unwrap_err();
+    let none = answer(election.leader(leader_of("svc"))).await.unwrap_err();
     assert_eq!(
         (none.code(), none.message()),
         (Code::Unknown, "election: no leader")
@@ -384,7 +379,10 @@ async fn an_election_is_won_observed_proclaimed_and_handed_over() {
         .into_inner()
         .kv
         .unwrap();
-    assert_eq!((text(&now.key), text(&now.value)), (key_of("svc", first), "a".into()));
+    assert_eq!(
+        (text(&now.key), text(&now.value)),
+        (key_of("svc", first), "a".into())
+    );
     assert_eq!(now.create_revision, first_key.rev);
 
     // A second candidate waits.
@@ -473,7 +471,10 @@ async fn an_election_is_won_observed_proclaimed_and_handed_over() {
         .into_inner()
         .leader
         .unwrap();
-    assert_eq!((again.key.clone(), again.rev), (second_key.key.clone(), second_key.rev));
+    assert_eq!(
+        (again.key.clone(), again.rev),
+        (second_key.key.clone(), second_key.rev)
+    );
     assert_eq!(
         observed(&mut observing).await,
         (key_of("svc", second), "b2".to_string())
@@ -484,12 +485,13 @@ async fn an_election_is_won_observed_proclaimed_and_handed_over() {
         .into_inner()
         .kv
         .unwrap();
-    assert_eq!((text(&now.key), text(&now.value)), (key_of("svc", second), "b2".into()));
+    assert_eq!(
+        (text(&now.key), text(&now.value)),
+        (key_of("svc", second), "b2".into())
+    );
     // Its lease revoked, the election is empty again.
     revoke(&mut lease, second).await;
-    let none = answer(election.leader(leader_of("svc")))
-        .await
-        .unwrap_err();
+    let none = answer(election.leader(leader_of("svc"))).await.unwrap_err();
     assert_eq!(none.message(), "election: no leader");
     cluster.shutdown().await;
 }

@@ -224,9 +224,7 @@ impl Election for EtcdFrontEnd {
         request: Request<ResignRequest>,
     ) -> Result<Response<ResignResponse>, Status> {
         let leader = leader_given(request.into_inner().leader, "Resign")?;
-        let answer = self
-            .recipe_txn(resign_txn(&leader.key, leader.rev))
-            .await?;
+        let answer = self.recipe_txn(resign_txn(&leader.key, leader.rev)).await?;
         Ok(Response::new(ResignResponse {
             header: answer.header,
         }))

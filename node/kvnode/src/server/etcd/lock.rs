@@ -40,10 +40,7 @@ impl Lock for EtcdFrontEnd {
         let key = own_key(&prefix, lease);
         let txn = TxnRequest {
             compare: vec![created_at(&key, 0)],
-            success: vec![
-                put_op(&key, Bytes::new(), lease),
-                first_created_op(&prefix),
-            ],
+            success: vec![put_op(&key, Bytes::new(), lease), first_created_op(&prefix)],
             failure: vec![get_op(&key), first_created_op(&prefix)],
         };
         let answer = self.recipe_txn(txn).await?;
@@ -62,7 +59,10 @@ impl Lock for EtcdFrontEnd {
             }
         };
         let first = range_kvs(answer.responses.get(1).and_then(|r| r.response.as_ref()));
-        if first.first().is_none_or(|kv| kv.create_revision == own_revision) {
+        if first
+            .first()
+            .is_none_or(|kv| kv.create_revision == own_revision)
+        {
             return Ok(Response::new(LockResponse {
                 header: Some(header),
                 key,

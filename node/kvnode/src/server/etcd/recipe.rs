@@ -190,10 +190,12 @@ pub(crate) fn get_op(key: &Bytes) -> RequestOp {
 
 pub(crate) fn delete_op(key: &Bytes) -> RequestOp {
     RequestOp {
-        request: Some(request_op::Request::RequestDeleteRange(DeleteRangeRequest {
-            key: key.clone(),
-            ..Default::default()
-        })),
+        request: Some(request_op::Request::RequestDeleteRange(
+            DeleteRangeRequest {
+                key: key.clone(),
+                ..Default::default()
+            },
+        )),
     }
 }
 
