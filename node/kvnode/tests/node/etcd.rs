@@ -26,26 +26,26 @@
 //!   one from the compact revision itself gets that revision's put;
 //! - MemberList (client URLs are the members' etcd ports) and Status
 //!   (the leader, version, raft index and term);
-//! - a call not served (Lock) answers UNIMPLEMENTED at once.
+//! - a call not served (Auth.UserList) answers UNIMPLEMENTED at once.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use kvnode::testing::LocalCluster;
+use kvproto::etcd::etcdserverpb::auth_client::AuthClient;
 use kvproto::etcd::etcdserverpb::cluster_client::ClusterClient;
 use kvproto::etcd::etcdserverpb::kv_client::KvClient;
 use kvproto::etcd::etcdserverpb::lease_client::LeaseClient;
 use kvproto::etcd::etcdserverpb::maintenance_client::MaintenanceClient;
 use kvproto::etcd::etcdserverpb::watch_client::WatchClient;
 use kvproto::etcd::etcdserverpb::{
-    CompactionRequest, Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseKeepAliveRequest,
-    LeaseLeasesRequest, LeaseRevokeRequest, LeaseTimeToLiveRequest, MemberListRequest, PutRequest,
-    RangeRequest, RequestOp, StatusRequest, TxnRequest, WatchCreateRequest, WatchRequest,
-    WatchResponse, compare, range_request, request_op, response_op, watch_request,
+    AuthUserListRequest, CompactionRequest, Compare, DeleteRangeRequest, LeaseGrantRequest,
+    LeaseKeepAliveRequest, LeaseLeasesRequest, LeaseRevokeRequest, LeaseTimeToLiveRequest,
+    MemberListRequest, PutRequest, RangeRequest, RequestOp, StatusRequest, TxnRequest,
+    WatchCreateRequest, WatchRequest, WatchResponse, compare, range_request, request_op,
+    response_op, watch_request,
 };
 use kvproto::etcd::mvccpb::event::EventType;
-use kvproto::etcd::v3lockpb::LockRequest;
-use kvproto::etcd::v3lockpb::lock_client::LockClient;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
@@ -1016,17 +1016,14 @@ async fn member_list_and_status_describe_the_cluster() {
     assert!(!status.is_learner);
     assert_eq!(status.header.unwrap().member_id, follower);
 
-    let lock = tokio::time::timeout(
+    let users = tokio::time::timeout(
         ANSWER_WAIT,
-        LockClient::new(channel).lock(LockRequest {
-            name: b"l".to_vec().into(),
-            lease: 0,
-        }),
+        AuthClient::new(channel).user_list(AuthUserListRequest {}),
     )
     .await
     .expect("an answer, not a hang")
     .unwrap_err();
-    assert_eq!(lock.code(), Code::Unimplemented);
-    assert!(lock.message().contains("not served"), "{lock:?}");
+    assert_eq!(users.code(), Code::Unimplemented);
+    assert!(users.message().contains("not served"), "{users:?}");
     cluster.shutdown().await;
 }

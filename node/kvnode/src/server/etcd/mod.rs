@@ -19,14 +19,22 @@
 //! - [`cluster`]: the `Cluster` service (membership).
 //! - [`maintenance`]: the `Maintenance` service (Status, Alarm, MoveLeader,
 //!   and the rest answered or refused with a message).
-//! - [`unserved`]: `Auth`, `Lock` and `Election`: UNIMPLEMENTED with a
-//!   message naming what is not served (auth status answers "disabled").
+//! - [`lock`]: the `Lock` service (Lock, Unlock) and [`election`]: the
+//!   `Election` service (Campaign, Proclaim, Leader, Observe, Resign), as
+//!   etcd's server builds them on its `concurrency` package; [`recipe`]:
+//!   what they share (the session's key, the wait for the keys created
+//!   before it over the native watch, the limits, their errors).
+//! - [`unserved`]: `Auth`: UNIMPLEMENTED with a message naming what is
+//!   not served (AuthDisable answers "not enabled").
 
 pub mod cluster;
+pub mod election;
 pub mod errors;
 pub mod kv;
 pub mod lease;
+pub mod lock;
 pub mod maintenance;
+pub mod recipe;
 pub mod unserved;
 pub mod watch;
 
@@ -90,6 +98,8 @@ pub struct EtcdFrontEnd {
     pub(crate) token: Option<AuthToken>,
     /// Whether the ports speak TLS.
     pub(crate) tls: bool,
+    /// The `Lock` and `Election` services' limits (waiters, observers).
+    pub(crate) recipes: std::sync::Arc<recipe::RecipeLimits>,
 }
 
 impl EtcdFrontEnd {
@@ -110,6 +120,7 @@ impl EtcdFrontEnd {
             client_addr,
             token: security.auth_token.clone(),
             tls: security.tls.is_some(),
+            recipes: std::sync::Arc::new(recipe::RecipeLimits::new()),
         }
     }
 

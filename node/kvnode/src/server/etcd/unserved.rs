@@ -1,23 +1,11 @@
-//! The services the etcd port does not serve yet: `Auth` (users and
-//! roles), `Lock` (`v3lockpb`) and `Election` (`v3electionpb`). Each call
-//! answers UNIMPLEMENTED at once with a message naming what is missing, so
-//! a client never waits; `AuthDisable` answers etcd's "authentication is
-//! not enabled", which is what a client that checks auth expects of a
-//! cluster without it. clientv3's `concurrency` package builds locks and
-//! elections from KV, Lease and Watch, which are served.
-
-use std::pin::Pin;
+//! The service the etcd port does not serve yet: `Auth` (users and
+//! roles). Each call answers UNIMPLEMENTED at once with a message naming
+//! what is missing, so a client never waits; `AuthDisable` answers etcd's
+//! "authentication is not enabled", which is what a client that checks
+//! auth expects of a cluster without it.
 
 use kvproto::etcd::etcdserverpb::auth_server::Auth;
 use kvproto::etcd::etcdserverpb::*;
-use kvproto::etcd::v3electionpb::election_server::Election;
-use kvproto::etcd::v3electionpb::{
-    CampaignRequest, CampaignResponse, LeaderRequest, LeaderResponse, ProclaimRequest,
-    ProclaimResponse, ResignRequest, ResignResponse,
-};
-use kvproto::etcd::v3lockpb::lock_server::Lock;
-use kvproto::etcd::v3lockpb::{LockRequest, LockResponse, UnlockRequest, UnlockResponse};
-use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use super::EtcdFrontEnd;
@@ -28,13 +16,6 @@ fn auth_unserved(call: &str) -> Status {
         "Auth.{call} is not served by raftcask's etcd port: it has no users or roles \
          (authentication is not enabled; the client port's token, --auth-token-file, guards \
          the etcd port too)"
-    ))
-}
-
-fn recipe_unserved(call: &str) -> Status {
-    Status::unimplemented(format!(
-        "{call} is not served by raftcask's etcd port yet; clientv3's concurrency package \
-         (Mutex, Election) works, built on KV, Lease and Watch"
     ))
 }
 
@@ -153,62 +134,5 @@ impl Auth for EtcdFrontEnd {
         _request: Request<AuthRoleRevokePermissionRequest>,
     ) -> Result<Response<AuthRoleRevokePermissionResponse>, Status> {
         Err(auth_unserved("RoleRevokePermission"))
-    }
-}
-
-#[tonic::async_trait]
-impl Lock for EtcdFrontEnd {
-    async fn lock(&self, _request: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
-        Err(recipe_unserved("Lock.Lock"))
-    }
-
-    async fn unlock(
-        &self,
-        _request: Request<UnlockRequest>,
-    ) -> Result<Response<UnlockResponse>, Status> {
-        Err(recipe_unserved("Lock.Unlock"))
-    }
-}
-
-/// The response stream of `Election.Observe`.
-pub type ObserveStream = Pin<Box<dyn Stream<Item = Result<LeaderResponse, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl Election for EtcdFrontEnd {
-    async fn campaign(
-        &self,
-        _request: Request<CampaignRequest>,
-    ) -> Result<Response<CampaignResponse>, Status> {
-        Err(recipe_unserved("Election.Campaign"))
-    }
-
-    async fn proclaim(
-        &self,
-        _request: Request<ProclaimRequest>,
-    ) -> Result<Response<ProclaimResponse>, Status> {
-        Err(recipe_unserved("Election.Proclaim"))
-    }
-
-    async fn leader(
-        &self,
-        _request: Request<LeaderRequest>,
-    ) -> Result<Response<LeaderResponse>, Status> {
-        Err(recipe_unserved("Election.Leader"))
-    }
-
-    type ObserveStream = ObserveStream;
-
-    async fn observe(
-        &self,
-        _request: Request<LeaderRequest>,
-    ) -> Result<Response<ObserveStream>, Status> {
-        Err(recipe_unserved("Election.Observe"))
-    }
-
-    async fn resign(
-        &self,
-        _request: Request<ResignRequest>,
-    ) -> Result<Response<ResignResponse>, Status> {
-        Err(recipe_unserved("Election.Resign"))
     }
 }
