@@ -350,8 +350,16 @@ async fn defragment_merges_everywhere_and_snapshot_streams_a_restorable_archive(
     }
     let all = kv.range(everything()).await.expect("range").into_inner();
     assert_eq!(all.count, 30);
-    assert!(all.kvs.iter().all(|kv| kv.value[0] == b'd' && kv.version == 4));
-    assert_eq!(agreed_hash(&cluster, 0, last).await, before, "a merge changed the hash");
+    assert!(
+        all.kvs
+            .iter()
+            .all(|kv| kv.value[0] == b'd' && kv.version == 4)
+    );
+    assert_eq!(
+        agreed_hash(&cluster, 0, last).await,
+        before,
+        "a merge changed the hash"
+    );
 
     // Snapshot on the leader.
     let mut maintenance = MaintenanceClient::new(channel(&cluster, leader).await);
@@ -483,7 +491,10 @@ async fn authenticate_as_root_with_the_cluster_token() {
         .await
         .expect("the client port's bearer form");
     let bad_bearer = kv
-        .range(with(("authorization", "Bearer some-other-token-of-enough-length")))
+        .range(with((
+            "authorization",
+            "Bearer some-other-token-of-enough-length",
+        )))
         .await
         .expect_err("a wrong bearer");
     assert_eq!(bad_bearer.code(), Code::Unauthenticated);

@@ -124,8 +124,8 @@ pub fn state_digest(state_machine: &StateMachine, revision: u64) -> Result<u32, 
             ..RangeSpec::default()
         };
         let page: RangeResult = if revision == 0 {
-            let (result, current) = state_machine
-                .read_exact(|engine| kvstate::range::range(engine, &spec, 0, 0));
+            let (result, current) =
+                state_machine.read_exact(|engine| kvstate::range::range(engine, &spec, 0, 0));
             if current != 0 {
                 return Err(Status::unavailable(
                     "the store applied its first revision during the hash: retry",
@@ -270,14 +270,17 @@ async fn stream_archive(
         })
         .collect();
     let pending = Pending::default();
-    let mut writer =
-        match kvarchive::ArchiveWriter::new(pending.clone(), &manifest.encoded, files) {
-            Ok(writer) => writer,
-            Err(err) => {
-                return fail(&out, Status::internal(format!("the snapshot archive: {err}")))
-                    .await;
-            }
-        };
+    let mut writer = match kvarchive::ArchiveWriter::new(pending.clone(), &manifest.encoded, files)
+    {
+        Ok(writer) => writer,
+        Err(err) => {
+            return fail(
+                &out,
+                Status::internal(format!("the snapshot archive: {err}")),
+            )
+            .await;
+        }
+    };
     let mut sender = Sender {
         out: out.clone(),
         pending,
@@ -300,7 +303,11 @@ async fn stream_archive(
             Err(status) => return fail(&out, status).await,
         };
         if let Err(err) = writer.write_chunk(&chunk.file_name, chunk.offset_bytes, &chunk.data) {
-            return fail(&out, Status::internal(format!("the snapshot archive: {err}"))).await;
+            return fail(
+                &out,
+                Status::internal(format!("the snapshot archive: {err}")),
+            )
+            .await;
         }
         if !sender.flush(false).await {
             return;
@@ -309,10 +316,19 @@ async fn stream_archive(
     let archive = match writer.finish() {
         Ok(pending) => pending,
         Err(err) => {
-            return fail(&out, Status::internal(format!("the snapshot archive: {err}"))).await;
+            return fail(
+                &out,
+                Status::internal(format!("the snapshot archive: {err}")),
+            )
+            .await;
         }
     };
-    let archive_len = sender.sent + archive.0.lock().unwrap_or_else(PoisonError::into_inner).len() as u64;
+    let archive_len = sender.sent
+        + archive
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len() as u64;
     let padding = aligned(archive_len) - archive_len;
     archive
         .0
@@ -382,7 +398,12 @@ impl EtcdFrontEnd {
 
     /// Waits until this member has merged away `inputs` (none of them is
     /// sealed any more) or its merge count has passed `merges`.
-    async fn merged(&self, inputs: &[String], merges: u64, deadline: Instant) -> Result<(), Status> {
+    async fn merged(
+        &self,
+        inputs: &[String],
+        merges: u64,
+        deadline: Instant,
+    ) -> Result<(), Status> {
         loop {
             let (sealed, now) = self.merge_state();
             if now > merges || !sealed.iter().any(|f| inputs.contains(f)) {
@@ -421,11 +442,16 @@ impl EtcdFrontEnd {
         }
         let etcd_addr = self.etcd_addr_of(leader, &addr);
         let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{etcd_addr}"))
-            .map_err(|err| Status::internal(format!("the leader's etcd address {etcd_addr}: {err}")))?
+            .map_err(|err| {
+                Status::internal(format!("the leader's etcd address {etcd_addr}: {err}"))
+            })?
             .connect_timeout(DEFRAGMENT_CONNECT_TIMEOUT)
             .timeout(DEFRAGMENT_WAIT_MAX);
         let channel = endpoint.connect().await.map_err(|err| {
-            etcd_error(errors::NO_LEADER, &format!("the leader's etcd port {etcd_addr}: {err}"))
+            etcd_error(
+                errors::NO_LEADER,
+                &format!("the leader's etcd port {etcd_addr}: {err}"),
+            )
         })?;
         let mut request = Request::new(DefragmentRequest {});
         if let Some(token) = &self.token {

@@ -196,10 +196,15 @@ pub(crate) fn non_negative(value: i64) -> u64 {
 }
 
 /// etcd's answer to a request without a token when the port demands one.
-const USER_EMPTY: (tonic::Code, &str) = (tonic::Code::InvalidArgument, "etcdserver: user name is empty");
+const USER_EMPTY: (tonic::Code, &str) = (
+    tonic::Code::InvalidArgument,
+    "etcdserver: user name is empty",
+);
 /// etcd's answer to a `token` that is not valid.
-const INVALID_AUTH_TOKEN: (tonic::Code, &str) =
-    (tonic::Code::Unauthenticated, "etcdserver: invalid auth token");
+const INVALID_AUTH_TOKEN: (tonic::Code, &str) = (
+    tonic::Code::Unauthenticated,
+    "etcdserver: invalid auth token",
+);
 
 /// Whether a request may pass the port's token check: every request when
 /// the port demands no token, the [`OPEN_PATHS`] always, otherwise a
