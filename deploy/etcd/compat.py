@@ -10,8 +10,9 @@ put is revision 2): revisions are compared as they are. The only
 normalisations are the ones etcd's own output forces on a comparison of
 two clusters: member and cluster ids, lease ids (each replaced by its
 order of appearance), raft terms and indexes, database sizes, server
-versions, URLs and ports, the remaining seconds of a lease (a timing), the
-leader flag of `endpoint status` (which member answers), client log lines,
+versions (the server release in `GET /version` too), URLs and ports, the
+remaining seconds of a lease (a timing), the leader flag of `endpoint
+status` (which member answers), client log lines,
 and `member list`, compared as the set of its line shapes (the reference
 has one member, raftcask three). Any other difference fails.
 
@@ -34,6 +35,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import procs  # noqa: E402  (deploy/procs.py: stop by pid, wait with a deadline)
@@ -116,6 +119,11 @@ SESSION = [
     ("endpoint status", ["endpoint", "status"], None),
     ("endpoint health", ["endpoint", "health"], None),
     ("alarm list", ["alarm", "list"], None),
+    ("defrag", ["defrag"], None),
+    ("get after defrag", ["get", "", "--prefix", "-w", "json"], None),
+    # Plain HTTP GETs on the client (etcd) port, not etcdctl: status and body.
+    ("http version", ["/version"], "HTTP"),
+    ("http health", ["/health"], "HTTP"),
 ]
 
 
@@ -173,6 +181,15 @@ def watch(endpoint, args):
     return out, err, str(child.returncode)
 
 
+def http_get(endpoint, path):
+    """One HTTP/1.1 GET: the body, no error text, the status code."""
+    try:
+        with urllib.request.urlopen(f"http://{endpoint}{path}", timeout=DEADLINE_S) as answer:
+            return answer.read().decode(), "", str(answer.status)
+    except urllib.error.HTTPError as err:
+        return err.read().decode(), "", str(err.code)
+
+
 LEASE_ID = re.compile(r"\b[0-9a-f]{16}\b")
 
 
@@ -220,6 +237,10 @@ class Normaliser:
             if not line.startswith('{"level"')
         ]
         text = "\n".join(lines)
+        if label == "http version":
+            # The server's own release (etcd: 3.4.x); the cluster version
+            # is compared as it is.
+            return re.sub(r'"etcdserver":"[^"]*"', '"etcdserver":"<version>"', text)
         if text.startswith("{"):
             return self.json_text(text, label)
         text = LEASE_ID.sub(self.lease, text)
@@ -235,7 +256,7 @@ class Normaliser:
                     fields[4] = re.sub(r"\d+", "<n>", fields[4])
                 shapes.add(", ".join(fields))
             return "\n".join(sorted(shapes))
-        if label in ("endpoint status", "endpoint health"):
+        if label in ("endpoint status", "endpoint health", "defrag"):
             text = re.sub(r"127\.0\.0\.1:\d+", "<endpoint>", text)
             text = re.sub(r"took = [0-9.]+[µmn]?s", "took = <t>", text)
             fields = [f.strip() for f in text.split(",")]
@@ -365,6 +386,8 @@ def play_part(endpoint, part, compact_revision, normaliser, state):
         ]
         if stdin == "WATCH":
             out, err, code = watch(endpoint, args)
+        elif stdin == "HTTP":
+            out, err, code = http_get(endpoint, args[0])
         else:
             done = etcdctl(endpoint, args, stdin)
             out, err, code = done.stdout, done.stderr, str(done.returncode)

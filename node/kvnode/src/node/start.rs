@@ -338,7 +338,8 @@ impl Member<'_> {
                 listen_addr,
                 client_bound,
                 security,
-            );
+            )
+            .with_merge(propose_merge_fn(raft.clone(), clock.clone()));
             servers.push(tokio::spawn(crate::server::etcd::serve(
                 listener,
                 front_end,

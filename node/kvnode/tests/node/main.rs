@@ -11,6 +11,7 @@ mod corruption;
 mod data_compat;
 mod disk_full;
 mod etcd;
+mod etcd_maintenance;
 mod etcd_recipes;
 mod etcd_watch;
 mod faults;

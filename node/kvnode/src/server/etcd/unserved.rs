@@ -1,8 +1,16 @@
-//! The service the etcd port does not serve yet: `Auth` (users and
-//! roles). Each call answers UNIMPLEMENTED at once with a message naming
-//! what is missing, so a client never waits; `AuthDisable` answers etcd's
-//! "authentication is not enabled", which is what a client that checks
-//! auth expects of a cluster without it.
+//! The service the etcd port serves little of: `Auth`.
+//!
+//! `Auth` has one user: with the client port's token on
+//! (`--auth-token-file`), `Authenticate` takes the name `root` and the
+//! cluster token as the password and answers with the cluster token itself,
+//! which the client then sends as etcd's `token` metadata (the port's check,
+//! `super::check_token`, takes it there as well as in `authorization:
+//! Bearer`); it is valid on every member and does not expire. A wrong name
+//! or password gets etcd's "authentication failed"; without a token on the
+//! port, Authenticate and AuthDisable get etcd's "authentication is not
+//! enabled", as from an etcd without auth. Users and roles are not served:
+//! every other call answers UNIMPLEMENTED at once with a message naming
+//! what is missing, so a client never waits.
 
 use kvproto::etcd::etcdserverpb::auth_server::Auth;
 use kvproto::etcd::etcdserverpb::*;
@@ -11,11 +19,19 @@ use tonic::{Request, Response, Status};
 use super::EtcdFrontEnd;
 use super::errors::{self, etcd_error};
 
+/// The one user Authenticate knows (etcd's superuser name).
+pub const AUTH_USER: &str = "root";
+/// etcd's answer to a wrong name or password.
+const AUTH_FAILED: (tonic::Code, &str) = (
+    tonic::Code::InvalidArgument,
+    "etcdserver: authentication failed, invalid user ID or password",
+);
+
 fn auth_unserved(call: &str) -> Status {
     Status::unimplemented(format!(
-        "Auth.{call} is not served by raftcask's etcd port: it has no users or roles \
-         (authentication is not enabled; the client port's token, --auth-token-file, guards \
-         the etcd port too)"
+        "Auth.{call} is not served by raftcask's etcd port: it has no users or roles (the \
+         client port's token, --auth-token-file, guards the etcd port too: Authenticate as \
+         root with it)"
     ))
 }
 
@@ -40,9 +56,25 @@ impl Auth for EtcdFrontEnd {
 
     async fn authenticate(
         &self,
-        _request: Request<AuthenticateRequest>,
+        request: Request<AuthenticateRequest>,
     ) -> Result<Response<AuthenticateResponse>, Status> {
-        Err(auth_unserved("Authenticate"))
+        let Some(token) = &self.token else {
+            return Err(etcd_error(
+                errors::AUTH_NOT_ENABLED,
+                "this member's client port demands no token (--auth-token-file)",
+            ));
+        };
+        let request = request.into_inner();
+        if request.name != AUTH_USER || !token.matches(request.password.as_bytes()) {
+            return Err(etcd_error(
+                AUTH_FAILED,
+                "the etcd port knows one user, root, whose password is the cluster token",
+            ));
+        }
+        Ok(Response::new(AuthenticateResponse {
+            header: Some(self.header()),
+            token: token.expose().to_string(),
+        }))
     }
 
     async fn user_add(
