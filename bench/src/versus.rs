@@ -123,7 +123,11 @@ pub enum Contender {
 
 impl Contender {
     /// Every contender, in the order the first cell runs them.
-    pub const ALL: [Contender; 3] = [Contender::Raftcask, Contender::RaftcaskEtcd, Contender::Etcd];
+    pub const ALL: [Contender; 3] = [
+        Contender::Raftcask,
+        Contender::RaftcaskEtcd,
+        Contender::Etcd,
+    ];
 
     /// Its name in the table and the plot's legend.
     pub fn name(self) -> &'static str {
@@ -639,7 +643,11 @@ mod tests {
         let cells = [cell(
             "put 256 B",
             64,
-            [Contender::Etcd, Contender::Raftcask, Contender::RaftcaskEtcd],
+            [
+                Contender::Etcd,
+                Contender::Raftcask,
+                Contender::RaftcaskEtcd,
+            ],
         )];
         let markdown = table("t", &cells).to_markdown();
         for row in [
@@ -731,7 +739,11 @@ mod tests {
             cell(
                 "get linearizable",
                 64,
-                [Contender::RaftcaskEtcd, Contender::Etcd, Contender::Raftcask],
+                [
+                    Contender::RaftcaskEtcd,
+                    Contender::Etcd,
+                    Contender::Raftcask,
+                ],
             ),
         ];
         write_svg(&path, "raftcask vs etcd", &cells).expect("svg");

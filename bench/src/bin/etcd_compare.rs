@@ -126,7 +126,12 @@ async fn main() -> Result<()> {
             .iter()
             .map(|&c| {
                 let s = cell.summary(c);
-                format!("{} {:.0} ops/s p99 {:.2} ms", c.name(), s.ops_per_second, s.p99_ms)
+                format!(
+                    "{} {:.0} ops/s p99 {:.2} ms",
+                    c.name(),
+                    s.ops_per_second,
+                    s.p99_ms
+                )
             })
             .collect();
         eprintln!(
