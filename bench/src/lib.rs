@@ -28,8 +28,9 @@
 //!   counter and a bounded latency-over-time sample); `kvctl bench` runs on
 //!   it too. With feature `etcd` (which enables `kvload/etcd`) the same loop
 //!   drives etcd's v3 API ([`load::System`]).
-//! - `versus` (feature `etcd`): the raftcask-vs-etcd matrix, its table and
-//!   its SVG.
+//! - `versus` (feature `etcd`): the raftcask-vs-etcd matrix (raftcask
+//!   native, raftcask through its etcd port, etcd), its table (with the
+//!   members' CPU per operation) and its SVG.
 //!
 //! ## Binaries (default build)
 //! - `cluster-load`: drives a running cluster with [`load`] and prints a
@@ -43,8 +44,8 @@
 //!   system allocator).
 //!
 //! ## Binaries (feature `etcd`)
-//! - `etcd-compare`: raftcask vs etcd on running clusters, one table and
-//!   an SVG; `deploy/bench/compare-etcd.sh` starts both clusters and runs it.
+//! - `etcd-compare`: raftcask (native and through its etcd port) vs etcd
+//!   on running clusters, one table and an SVG; `deploy/bench/compare-etcd.sh` starts both clusters and runs it.
 //!
 //! Build and run (release profile):
 //! `cargo build --release -p kvbench --features compare` then

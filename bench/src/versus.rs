@@ -1,16 +1,28 @@
 //! raftcask vs etcd (feature `etcd`): the matrix `etcd-compare` runs
-//! (workload × clients, the two systems alternating inside each cell so
-//! drift hits both), its one comparison table and its SVG (throughput and
-//! p99 latency per cell, one bar per system).
+//! (workload × clients, the three [`Contender`]s taking turns inside each
+//! cell, the order rotating from cell to cell so drift hits all), its one
+//! comparison table and its SVG (throughput, p99 latency and the members'
+//! CPU per operation per cell, one bar per contender).
 //!
-//! Both systems run the same [`crate::load`] loop with the same
-//! [`LoadConfig`] (only the endpoints differ): same keys, values, clients,
-//! connections and duration. Writes go to the leader (found once for
-//! etcd, by redirects for raftcask). Linearizable reads run twice: all to
-//! the leader, and spread over the three members as both systems' clients
-//! do by default (a follower confirms a read index with the leader: etcd's
+//! The contenders: raftcask through its native gRPC API, raftcask through
+//! its etcd v3 port (`raftcask-etcd`: the etcd backend of the load loop,
+//! the same `etcd-client` code that drives etcd, dialling raftcask's etcd
+//! ports), and etcd. All run the same [`crate::load`] loop with the same
+//! [`LoadConfig`] (only the endpoints and the backend differ): same keys,
+//! values, clients, connections and duration. Writes go to the leader
+//! (found once with the etcd `Status` call for both etcd-API contenders,
+//! by redirects for native raftcask). Linearizable reads run twice: all to
+//! the leader, and spread over the three members as the clients do by
+//! default (a follower confirms a read index with the leader: etcd's
 //! ReadIndex, raftcask's `ReadIndex` RPC, then reads its own state). Stale
 //! reads (etcd: serializable) are spread over the three members.
+//!
+//! CPU per operation: when the matrix knows the member processes' ids, the
+//! user + system CPU time they used over a run (`/proc/PID/stat`, all
+//! three members together, connection setup included) divided by the
+//! operations acknowledged in it. raftcask-etcd's minus raftcask's is what
+//! the etcd translation costs per operation (same server processes, same
+//! load); the load generator's own CPU is not in it.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -31,7 +43,9 @@ pub const CLIENTS_QUICK: [usize; 2] = [1, 64];
 /// Longest measured run of one system in one cell.
 pub const CELL_DURATION_MAX: Duration = Duration::from_secs(300);
 /// Size of the SVG in pixels (width, height).
-pub const PLOT_SIZE_PIXELS: (u32, u32) = (1200, 900);
+pub const PLOT_SIZE_PIXELS: (u32, u32) = (1200, 1200);
+/// Width of one contender's bar in the SVG, in cells (three per cell).
+pub const BAR_WIDTH: f64 = 0.27;
 
 /// One workload of the matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,16 +109,69 @@ pub const WORKLOADS: [Workload; 5] = [
     },
 ];
 
+/// One system of the comparison: which cluster answers and which API the
+/// load speaks to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Contender {
+    /// raftcask through its native gRPC API.
+    Raftcask,
+    /// raftcask through its etcd v3 port, driven by the etcd backend.
+    RaftcaskEtcd,
+    /// etcd.
+    Etcd,
+}
+
+impl Contender {
+    /// Every contender, in the order the first cell runs them.
+    pub const ALL: [Contender; 3] = [
+        Contender::Raftcask,
+        Contender::RaftcaskEtcd,
+        Contender::Etcd,
+    ];
+
+    /// Its name in the table and the plot's legend.
+    pub fn name(self) -> &'static str {
+        match self {
+            Contender::Raftcask => "raftcask",
+            Contender::RaftcaskEtcd => "raftcask-etcd",
+            Contender::Etcd => "etcd",
+        }
+    }
+
+    /// The load loop's backend for it.
+    pub fn system(self) -> System {
+        match self {
+            Contender::Raftcask => System::Raftcask,
+            Contender::RaftcaskEtcd | Contender::Etcd => System::Etcd,
+        }
+    }
+
+    /// Its colour in the plot.
+    fn color(self) -> RGBColor {
+        match self {
+            Contender::Raftcask => RGBColor(31, 119, 180),
+            Contender::RaftcaskEtcd => RGBColor(44, 160, 44),
+            Contender::Etcd => RGBColor(230, 120, 0),
+        }
+    }
+}
+
 /// The settings shared by every cell.
 #[derive(Clone, Debug)]
 pub struct MatrixConfig {
-    /// raftcask's client addresses.
+    /// raftcask's client (native gRPC) addresses.
     pub raftcask: Vec<String>,
+    /// raftcask's etcd port addresses (the same members).
+    pub raftcask_etcd: Vec<String>,
     /// etcd's client addresses.
     pub etcd: Vec<String>,
+    /// raftcask's member process ids (empty: CPU per operation not measured).
+    pub raftcask_pids: Vec<u32>,
+    /// etcd's member process ids (empty: CPU per operation not measured).
+    pub etcd_pids: Vec<u32>,
     /// Client counts.
     pub clients: Vec<usize>,
-    /// Measured time of one system in one cell.
+    /// Measured time of one contender in one cell.
     pub duration: Duration,
     /// Connections per endpoint.
     pub connections: usize,
@@ -112,8 +179,27 @@ pub struct MatrixConfig {
     pub key_size_bytes: usize,
     /// Keys drawn from `0..key_space`.
     pub key_space: u64,
-    /// Seed of keys and values (the same for both systems in a cell).
+    /// Seed of keys and values (the same for every contender in a cell).
     pub seed: u64,
+}
+
+impl MatrixConfig {
+    /// The endpoints `contender` is driven at.
+    pub fn endpoints(&self, contender: Contender) -> &[String] {
+        match contender {
+            Contender::Raftcask => &self.raftcask,
+            Contender::RaftcaskEtcd => &self.raftcask_etcd,
+            Contender::Etcd => &self.etcd,
+        }
+    }
+
+    /// The server processes whose CPU `contender`'s runs are charged.
+    pub fn pids(&self, contender: Contender) -> &[u32] {
+        match contender {
+            Contender::Raftcask | Contender::RaftcaskEtcd => &self.raftcask_pids,
+            Contender::Etcd => &self.etcd_pids,
+        }
+    }
 }
 
 /// What the table shows of one run.
@@ -129,11 +215,15 @@ pub struct Summary {
     pub p999_ms: f64,
     /// Failed operations.
     pub errors: u64,
+    /// The members' CPU time (user + system, all members) per successful
+    /// operation, µs; None when not measured or nothing succeeded.
+    pub cpu_us_per_op: Option<f64>,
 }
 
 impl Summary {
-    /// The figures of `report`.
-    pub fn of(report: &LoadReport) -> Summary {
+    /// The figures of `report`; `cpu_seconds` is what the members used
+    /// over it, when measured.
+    pub fn of(report: &LoadReport, cpu_seconds: Option<f64>) -> Summary {
         let ms = |q: f64| report.latency_us.value_at_quantile(q) as f64 / 1000.0;
         Summary {
             ops_per_second: report.ops_per_second(),
@@ -141,6 +231,9 @@ impl Summary {
             p99_ms: ms(0.99),
             p999_ms: ms(0.999),
             errors: report.errors_total(),
+            cpu_us_per_op: cpu_seconds
+                .filter(|_| report.ops_ok > 0)
+                .map(|seconds| seconds * 1e6 / report.ops_ok as f64),
         }
     }
 }
@@ -152,12 +245,14 @@ pub struct Cell {
     pub workload: &'static str,
     /// Concurrent clients.
     pub clients: usize,
-    /// raftcask's figures.
+    /// Native raftcask's figures.
     pub raftcask: Summary,
+    /// raftcask-through-the-etcd-API's figures.
+    pub raftcask_etcd: Summary,
     /// etcd's figures.
     pub etcd: Summary,
-    /// Which system ran first.
-    pub first: System,
+    /// The order the contenders ran in.
+    pub order: [Contender; 3],
 }
 
 impl Cell {
@@ -173,6 +268,25 @@ impl Cell {
             .find(|w| w.name == self.workload)
             .map_or(self.workload, |w| w.short);
         format!("{short} x{}", self.clients)
+    }
+
+    /// `contender`'s figures.
+    pub fn summary(&self, contender: Contender) -> &Summary {
+        match contender {
+            Contender::Raftcask => &self.raftcask,
+            Contender::RaftcaskEtcd => &self.raftcask_etcd,
+            Contender::Etcd => &self.etcd,
+        }
+    }
+
+    /// The contender that ran first.
+    pub fn first(&self) -> Contender {
+        self.order[0]
+    }
+
+    /// Where `contender` ran in the cell, from 1.
+    pub fn position(&self, contender: Contender) -> usize {
+        self.order.iter().position(|c| *c == contender).unwrap_or(0) + 1
     }
 }
 
@@ -199,6 +313,37 @@ pub fn cell_config(
     }
 }
 
+/// The user + system CPU time the processes `pids` have used so far, in
+/// seconds (fields 14 and 15 of `/proc/PID/stat`, every thread included).
+/// An error names the process that could not be read (it exited).
+pub fn cpu_seconds(pids: &[u32]) -> std::io::Result<f64> {
+    let ticks_per_second = rustix::param::clock_ticks_per_second().max(1) as f64;
+    let mut ticks = 0u64;
+    for pid in pids {
+        let path = format!("/proc/{pid}/stat");
+        let stat = std::fs::read_to_string(&path)
+            .map_err(|err| std::io::Error::new(err.kind(), format!("{path}: {err}")))?;
+        ticks += stat_cpu_ticks(&stat).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{path}: no utime and stime fields"),
+            )
+        })?;
+    }
+    Ok(ticks as f64 / ticks_per_second)
+}
+
+/// utime + stime of one `/proc/PID/stat` line, in clock ticks. The command
+/// name (field 2) may hold spaces and parentheses, so fields are counted
+/// after its last `)`: the state is field 3 there, utime 14, stime 15.
+fn stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(14 - 3);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
 /// Checks the matrix settings (each cell's load settings are checked by
 /// the load generator).
 pub fn validate(matrix: &MatrixConfig) -> Result<(), ConfigError> {
@@ -213,17 +358,33 @@ pub fn validate(matrix: &MatrixConfig) -> Result<(), ConfigError> {
     if matrix.clients.is_empty() {
         return err("clients", String::new(), "at least one client count".into());
     }
-    for (field, endpoints) in [("raftcask", &matrix.raftcask), ("etcd", &matrix.etcd)] {
+    for (field, endpoints) in [
+        ("raftcask", &matrix.raftcask),
+        ("raftcask_etcd", &matrix.raftcask_etcd),
+        ("etcd", &matrix.etcd),
+    ] {
         if endpoints.is_empty() {
             return err(field, String::new(), "at least one endpoint".into());
+        }
+    }
+    for (field, pids) in [
+        ("raftcask_pids", &matrix.raftcask_pids),
+        ("etcd_pids", &matrix.etcd_pids),
+    ] {
+        if let Err(e) = cpu_seconds(pids) {
+            return err(
+                field,
+                format!("{pids:?}"),
+                format!("ids of running processes whose /proc/PID/stat is readable ({e})"),
+            );
         }
     }
     Ok(())
 }
 
-/// Runs every cell: for each workload and client count, both systems one
-/// after the other, the first alternating from cell to cell. `on_cell` sees
-/// each cell as it finishes (for progress output).
+/// Runs every cell: for each workload and client count, the three
+/// contenders one after the other, the order rotating by one from cell to
+/// cell. `on_cell` sees each cell as it finishes (for progress output).
 pub async fn run_matrix(
     matrix: &MatrixConfig,
     mut on_cell: impl FnMut(&Cell),
@@ -232,33 +393,35 @@ pub async fn run_matrix(
     let mut cells = Vec::new();
     for workload in &WORKLOADS {
         for &clients in &matrix.clients {
-            let order = if cells.len() % 2 == 0 {
-                [System::Raftcask, System::Etcd]
-            } else {
-                [System::Etcd, System::Raftcask]
-            };
-            let mut raftcask = None;
-            let mut etcd = None;
-            for system in order {
-                let endpoints = match system {
-                    System::Raftcask => &matrix.raftcask,
-                    System::Etcd => &matrix.etcd,
-                };
-                let config = cell_config(matrix, workload, clients, endpoints);
-                let report = run_system(config, system, Arc::new(Progress::default())).await?;
-                let summary = Summary::of(&report);
-                match system {
-                    System::Raftcask => raftcask = Some(summary),
-                    System::Etcd => etcd = Some(summary),
+            let mut order = Contender::ALL;
+            order.rotate_left(cells.len() % Contender::ALL.len());
+            let mut summaries = [None; 3];
+            for contender in order {
+                let config = cell_config(matrix, workload, clients, matrix.endpoints(contender));
+                let pids = matrix.pids(contender);
+                // A member that exited mid-matrix leaves the figure empty
+                // (its errors show in the row) rather than ending the run.
+                let cpu_before = (!pids.is_empty()).then(|| cpu_seconds(pids).ok()).flatten();
+                let report =
+                    run_system(config, contender.system(), Arc::new(Progress::default())).await?;
+                let cpu = cpu_before.and_then(|before| {
+                    cpu_seconds(pids)
+                        .ok()
+                        .map(|after| (after - before).max(0.0))
+                });
+                let slot = Contender::ALL.iter().position(|c| *c == contender);
+                if let Some(slot) = slot {
+                    summaries[slot] = Some(Summary::of(&report, cpu));
                 }
             }
-            if let (Some(raftcask), Some(etcd)) = (raftcask, etcd) {
+            if let [Some(raftcask), Some(raftcask_etcd), Some(etcd)] = summaries {
                 let cell = Cell {
                     workload: workload.name,
                     clients,
                     raftcask,
+                    raftcask_etcd,
                     etcd,
-                    first: order[0],
+                    order,
                 };
                 on_cell(&cell);
                 cells.push(cell);
@@ -277,63 +440,101 @@ fn ratio(a: f64, b: f64) -> String {
     }
 }
 
+/// A figure with two decimals, or `n/a`.
+fn decimals(value: Option<f64>) -> String {
+    value.map_or_else(|| "n/a".into(), |v| format!("{v:.2}"))
+}
+
+/// What a ratio column shows on the row of the contender it is relative to.
+const SELF_RATIO: &str = "-";
+
 /// The headers of [`table`].
 pub const HEADERS: [&str; 15] = [
     "workload",
     "clients",
-    "raftcask ops/s",
-    "etcd ops/s",
-    "ops/s ratio",
-    "raftcask p50 ms",
-    "etcd p50 ms",
-    "raftcask p99 ms",
-    "etcd p99 ms",
-    "p99 ratio",
-    "raftcask p99.9 ms",
-    "etcd p99.9 ms",
-    "raftcask errors",
-    "etcd errors",
-    "first",
+    "system",
+    "ops/s",
+    "p50 ms",
+    "p99 ms",
+    "p99.9 ms",
+    "errors",
+    "ops/s / etcd",
+    "p99 / etcd",
+    "ops/s / native",
+    "p99 / native",
+    "CPU µs/op",
+    "CPU µs/op - native",
+    "ran",
 ];
 
-/// The comparison table: one row per cell; ratios are raftcask / etcd (so
-/// above 1 is better for ops/s, below 1 better for p99).
+/// The comparison table: one row per contender and cell. Ratios are the
+/// row's figure over etcd's and over native raftcask's in the same cell
+/// (ops/s above 1 and p99 below 1 are better); the CPU difference to
+/// native raftcask is, on the raftcask-etcd row, the etcd translation's
+/// cost per operation.
 pub fn table(title: &str, cells: &[Cell]) -> Table {
     let mut table = Table::new(title, &HEADERS);
     for cell in cells {
-        let (r, e) = (&cell.raftcask, &cell.etcd);
-        table.row(vec![
-            cell.workload.to_string(),
-            cell.clients.to_string(),
-            count(r.ops_per_second),
-            count(e.ops_per_second),
-            ratio(r.ops_per_second, e.ops_per_second),
-            format!("{:.2}", r.p50_ms),
-            format!("{:.2}", e.p50_ms),
-            format!("{:.2}", r.p99_ms),
-            format!("{:.2}", e.p99_ms),
-            ratio(r.p99_ms, e.p99_ms),
-            format!("{:.2}", r.p999_ms),
-            format!("{:.2}", e.p999_ms),
-            count(r.errors as f64),
-            count(e.errors as f64),
-            cell.first.name().to_string(),
-        ]);
+        let (native, etcd) = (&cell.raftcask, &cell.etcd);
+        for contender in Contender::ALL {
+            let s = cell.summary(contender);
+            let versus = |other: &Summary, is_self: bool| {
+                if is_self {
+                    [SELF_RATIO.to_string(), SELF_RATIO.to_string()]
+                } else {
+                    [
+                        ratio(s.ops_per_second, other.ops_per_second),
+                        ratio(s.p99_ms, other.p99_ms),
+                    ]
+                }
+            };
+            let [ops_etcd, p99_etcd] = versus(etcd, contender == Contender::Etcd);
+            let [ops_native, p99_native] = match contender {
+                Contender::RaftcaskEtcd => versus(native, false),
+                _ => [SELF_RATIO.to_string(), SELF_RATIO.to_string()],
+            };
+            let cpu_minus_native = match contender {
+                Contender::RaftcaskEtcd => decimals(
+                    s.cpu_us_per_op
+                        .zip(native.cpu_us_per_op)
+                        .map(|(a, b)| a - b),
+                ),
+                _ => SELF_RATIO.to_string(),
+            };
+            table.row(vec![
+                cell.workload.to_string(),
+                cell.clients.to_string(),
+                contender.name().to_string(),
+                count(s.ops_per_second),
+                format!("{:.2}", s.p50_ms),
+                format!("{:.2}", s.p99_ms),
+                format!("{:.2}", s.p999_ms),
+                count(s.errors as f64),
+                ops_etcd,
+                p99_etcd,
+                ops_native,
+                p99_native,
+                decimals(s.cpu_us_per_op),
+                cpu_minus_native,
+                cell.position(contender).to_string(),
+            ]);
+        }
     }
-    table.note("ratios are raftcask / etcd: ops/s above 1 and p99 below 1 favour raftcask; latency per successful operation as the client sees it; `first` = the system that ran first in the cell");
+    table.note(
+        "systems: raftcask = native gRPC API; raftcask-etcd = raftcask's etcd v3 port driven by \
+         the same etcd-client load code as etcd; etcd = etcd 3.4. Ratios are the row's figure over \
+         etcd's / native raftcask's in the same cell: ops/s above 1 and p99 below 1 favour the row. \
+         Latency per successful operation as the client sees it. CPU µs/op = the three members' \
+         user+system CPU over the run (/proc/PID/stat) / operations acknowledged (n/a: not \
+         measured); `- native` on the raftcask-etcd row is the etcd translation's CPU per \
+         operation. `ran` = the contender's place in the cell's order (rotating cell to cell).",
+    );
     table
 }
 
-/// Colour of each system in the plot.
-fn color(system: System) -> RGBColor {
-    match system {
-        System::Raftcask => RGBColor(31, 119, 180),
-        System::Etcd => RGBColor(230, 120, 0),
-    }
-}
-
-/// Writes the comparison SVG: ops/s per cell above p99 latency per cell,
-/// one bar per system.
+/// Writes the comparison SVG: ops/s, p99 latency and the members' CPU per
+/// operation per cell, one bar per contender (a CPU figure not measured
+/// draws no bar).
 pub fn write_svg(
     path: &Path,
     title: &str,
@@ -341,27 +542,33 @@ pub fn write_svg(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let root = SVGBackend::new(path, PLOT_SIZE_PIXELS).into_drawing_area();
     root.fill(&WHITE)?;
-    let (upper, lower) = root.split_vertically(PLOT_SIZE_PIXELS.1 / 2);
+    let areas = root.split_evenly((3, 1));
     let labels: Vec<String> = cells.iter().map(Cell::short_label).collect();
-    type Pick = fn(&Summary) -> f64;
-    let panels: [(_, String, &str, Pick); 2] = [
-        (upper, format!("{title}: throughput"), "ops/s", |s| {
-            s.ops_per_second
+    type Pick = fn(&Summary) -> Option<f64>;
+    let panels: [(String, &str, Pick); 3] = [
+        (format!("{title}: throughput"), "ops/s", |s| {
+            Some(s.ops_per_second)
         }),
-        (lower, "p99 latency".to_string(), "p99 ms", |s| s.p99_ms),
+        ("p99 latency".to_string(), "p99 ms", |s| Some(s.p99_ms)),
+        (
+            "members' CPU per operation (all three members)".to_string(),
+            "CPU µs/op",
+            |s| s.cpu_us_per_op,
+        ),
     ];
     let n = cells.len().max(1);
-    for (area, caption, y_desc, pick) in panels {
+    let bar = BAR_WIDTH;
+    for (area, (caption, y_desc, pick)) in areas.iter().zip(panels) {
         let top = cells
             .iter()
-            .flat_map(|c| [pick(&c.raftcask), pick(&c.etcd)])
+            .flat_map(|c| Contender::ALL.map(|k| pick(c.summary(k)).unwrap_or(0.0)))
             .fold(0.0f64, f64::max)
             .max(f64::MIN_POSITIVE)
             * 1.15;
-        let mut chart = ChartBuilder::on(&area)
+        let mut chart = ChartBuilder::on(area)
             .caption(caption, ("sans-serif", 20))
             .margin(15)
-            .x_label_area_size(70)
+            .x_label_area_size(50)
             .y_label_area_size(70)
             .build_cartesian_2d(0.0..n as f64, 0.0..top)?;
         let labels = labels.clone();
@@ -370,7 +577,7 @@ pub fn write_svg(
             .disable_x_mesh()
             .x_labels(n * 2 + 1)
             .x_label_formatter(&move |x: &f64| {
-                // Labels sit at the middle of each cell's pair of bars.
+                // Labels sit at the middle of each cell's group of bars.
                 let slot = (x - 0.5).round();
                 if (x - 0.5 - slot).abs() < 1e-6 && slot >= 0.0 {
                     labels.get(slot as usize).cloned().unwrap_or_default()
@@ -382,18 +589,16 @@ pub fn write_svg(
             .y_label_formatter(&|y: &f64| format!("{y:.0}"))
             .y_desc(y_desc)
             .draw()?;
-        for (offset, system) in [(0.1, System::Raftcask), (0.5, System::Etcd)] {
-            let fill = color(system).filled();
+        for (index, contender) in Contender::ALL.into_iter().enumerate() {
+            let fill = contender.color().filled();
+            let offset = (1.0 - bar * 3.0) / 2.0 + bar * index as f64;
             chart
-                .draw_series(cells.iter().enumerate().map(|(i, cell)| {
-                    let summary = match system {
-                        System::Raftcask => &cell.raftcask,
-                        System::Etcd => &cell.etcd,
-                    };
+                .draw_series(cells.iter().enumerate().filter_map(|(i, cell)| {
+                    let value = pick(cell.summary(contender))?;
                     let x = i as f64 + offset;
-                    Rectangle::new([(x, 0.0), (x + 0.4, pick(summary))], fill)
+                    Some(Rectangle::new([(x, 0.0), (x + bar, value)], fill))
                 }))?
-                .label(system.name())
+                .label(contender.name())
                 .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], fill));
         }
         chart
@@ -411,41 +616,89 @@ pub fn write_svg(
 mod tests {
     use super::*;
 
-    fn summary(ops: f64, p99: f64) -> Summary {
+    fn summary(ops: f64, p99: f64, cpu: Option<f64>) -> Summary {
         Summary {
             ops_per_second: ops,
             p50_ms: 1.0,
             p99_ms: p99,
             p999_ms: 9.0,
             errors: 0,
+            cpu_us_per_op: cpu,
+        }
+    }
+
+    fn cell(workload: &'static str, clients: usize, order: [Contender; 3]) -> Cell {
+        Cell {
+            workload,
+            clients,
+            raftcask: summary(8000.0, 5.0, Some(100.0)),
+            raftcask_etcd: summary(6000.0, 6.0, Some(130.0)),
+            etcd: summary(4000.0, 10.0, None),
+            order,
         }
     }
 
     #[test]
-    fn table_ratios_are_raftcask_over_etcd() {
-        let cells = [Cell {
-            workload: "put 256 B",
-            clients: 64,
-            raftcask: summary(8000.0, 5.0),
-            etcd: summary(4000.0, 10.0),
-            first: System::Etcd,
-        }];
+    fn table_rows_carry_ratios_to_etcd_and_to_native() {
+        let cells = [cell(
+            "put 256 B",
+            64,
+            [
+                Contender::Etcd,
+                Contender::Raftcask,
+                Contender::RaftcaskEtcd,
+            ],
+        )];
         let markdown = table("t", &cells).to_markdown();
-        assert!(
-            markdown.contains(
-                "| put 256 B | 64 | 8 000 | 4 000 | 2.00 | 1.00 | 1.00 | 5.00 | 10.00 | 0.50 |"
-            ),
-            "{markdown}"
-        );
-        assert!(markdown.contains("| etcd |"), "{markdown}");
+        for row in [
+            "| put 256 B | 64 | raftcask | 8 000 | 1.00 | 5.00 | 9.00 | 0 | 2.00 | 0.50 | - | - | 100.00 | - | 2 |",
+            "| put 256 B | 64 | raftcask-etcd | 6 000 | 1.00 | 6.00 | 9.00 | 0 | 1.50 | 0.60 | 0.75 | 1.20 | 130.00 | 30.00 | 3 |",
+            "| put 256 B | 64 | etcd | 4 000 | 1.00 | 10.00 | 9.00 | 0 | - | - | - | - | n/a | - | 1 |",
+        ] {
+            assert!(markdown.contains(row), "{row} missing from\n{markdown}");
+        }
         assert_eq!(ratio(1.0, 0.0), "n/a");
+    }
+
+    #[test]
+    fn cpu_per_op_needs_a_measure_and_a_success() {
+        let mut report = LoadReport {
+            ops_ok: 0,
+            errors: Default::default(),
+            redirects: 0,
+            elapsed: Duration::from_secs(1),
+            latency_us: hdrhistogram::Histogram::new(3).expect("histogram"),
+            writes_acked: 0,
+            write_entries: 0,
+            timeline: Vec::new(),
+        };
+        assert_eq!(Summary::of(&report, Some(1.0)).cpu_us_per_op, None);
+        report.ops_ok = 4000;
+        assert_eq!(Summary::of(&report, None).cpu_us_per_op, None);
+        assert_eq!(Summary::of(&report, Some(0.5)).cpu_us_per_op, Some(125.0));
+    }
+
+    #[test]
+    fn stat_fields_count_after_the_command_name() {
+        // A command name with a space and a parenthesis, then state (3)
+        // ... utime (14) = 250, stime (15) = 50.
+        let stat = "42 (tokio (x) y) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0";
+        assert_eq!(stat_cpu_ticks(stat), Some(300));
+        assert_eq!(stat_cpu_ticks("42 (cut) S 1"), None);
+        // This process has used some CPU by now, and is readable.
+        let me = cpu_seconds(&[std::process::id()]).expect("own stat");
+        assert!(me >= 0.0);
+        assert_eq!(cpu_seconds(&[]).expect("no process"), 0.0);
     }
 
     #[test]
     fn bounds_name_the_setting() {
         let matrix = MatrixConfig {
             raftcask: vec!["a:1".into()],
+            raftcask_etcd: vec!["a:2".into()],
             etcd: vec!["b:1".into()],
+            raftcask_pids: Vec::new(),
+            etcd_pids: Vec::new(),
             clients: vec![1],
             duration: Duration::ZERO,
             connections: 1,
@@ -456,35 +709,53 @@ mod tests {
         assert_eq!(validate(&matrix).unwrap_err().field, "duration");
         let matrix = MatrixConfig {
             duration: Duration::from_secs(1),
-            etcd: Vec::new(),
             ..matrix
         };
-        assert_eq!(validate(&matrix).unwrap_err().field, "etcd");
+        assert_eq!(validate(&matrix), Ok(()));
+        let missing = MatrixConfig {
+            raftcask_etcd: Vec::new(),
+            ..matrix.clone()
+        };
+        assert_eq!(validate(&missing).unwrap_err().field, "raftcask_etcd");
+        let missing = MatrixConfig {
+            etcd: Vec::new(),
+            ..matrix.clone()
+        };
+        assert_eq!(validate(&missing).unwrap_err().field, "etcd");
+        // No process has id u32::MAX (pid_max is at most 2^22).
+        let gone = MatrixConfig {
+            raftcask_pids: vec![std::process::id(), u32::MAX],
+            ..matrix.clone()
+        };
+        assert_eq!(validate(&gone).unwrap_err().field, "raftcask_pids");
     }
 
     #[test]
-    fn the_svg_names_both_systems_and_every_cell() {
+    fn the_svg_names_every_contender_and_every_cell() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("c.svg");
         let cells = [
-            Cell {
-                workload: "put 256 B",
-                clients: 1,
-                raftcask: summary(500.0, 2.0),
-                etcd: summary(400.0, 3.0),
-                first: System::Raftcask,
-            },
-            Cell {
-                workload: "get linearizable",
-                clients: 64,
-                raftcask: summary(30000.0, 4.0),
-                etcd: summary(7000.0, 12.0),
-                first: System::Etcd,
-            },
+            cell("put 256 B", 1, Contender::ALL),
+            cell(
+                "get linearizable",
+                64,
+                [
+                    Contender::RaftcaskEtcd,
+                    Contender::Etcd,
+                    Contender::Raftcask,
+                ],
+            ),
         ];
         write_svg(&path, "raftcask vs etcd", &cells).expect("svg");
         let svg = std::fs::read_to_string(&path).expect("read svg");
-        for text in ["raftcask", "etcd", "put 256B x1", "get lin x64"] {
+        for text in [
+            "raftcask",
+            "raftcask-etcd",
+            "etcd",
+            "put 256B x1",
+            "get lin x64",
+            "CPU",
+        ] {
             assert!(svg.contains(text), "{text} missing");
         }
     }

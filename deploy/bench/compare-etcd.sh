@@ -9,9 +9,12 @@
 # before acknowledging too), each in its own data directories under one
 # temporary directory, runs etcd-compare (put 256 B, put 4 KiB, linearizable
 # get at the leader and at any member, stale/serializable get x 1, 16, 64
-# clients; the two systems
-# alternating inside each cell), prints one table, writes an SVG, and stops
-# everything it started (by PID, on any exit) and removes the data.
+# clients) on three systems taking turns inside each cell (the order
+# rotating from cell to cell): raftcask through its native gRPC API,
+# raftcask through its etcd v3 ports (`raftcask-etcd`: the same etcd-client
+# load code as etcd) and etcd; prints one table (with each system's
+# members' CPU per operation, from /proc/PID/stat), writes an SVG, and
+# stops everything it started (by PID, on any exit) and removes the data.
 #
 # Usage (as root, from anywhere in a clone):
 #   deploy/bench/compare-etcd.sh [--quick] [--seconds N] [--clients 1,16,64]
@@ -20,23 +23,27 @@
 #   --seconds N  measured seconds per system and cell (default 15, quick 4)
 #   --clients L  client counts, comma-separated
 #   --out DIR    where the table (compare-etcd.md) and the SVG
-#                (compare-etcd.svg) go (default: target/compare-etcd)
-#   --no-build   use the binaries already in target/release
+#                (compare-etcd.svg) go (default: TARGET/compare-etcd)
+#   --no-build   use the binaries already in TARGET/release
 #   --keep-data  leave the temporary data directory (its path is printed)
 # Environment: CARGO_LOCK=FILE wraps the build in `flock FILE` (shared
-# build machines); KVNODE=PATH runs another kvnode binary (A/B experiments).
+# build machines); KVNODE=PATH runs another kvnode binary (A/B experiments);
+# CARGO_TARGET_DIR (TARGET above; default: the clone's target/) is where
+# the build goes and the binaries are taken from.
 set -euo pipefail
 
 # Bounds of the waits below.
 READY_WAIT_S=60           # each cluster to elect a leader and answer
 STOP_WAIT_S=15            # each process to exit after SIGTERM before SIGKILL
 RUN_SLACK_S=300           # etcd-compare's own bound = its load time x 2 + this
+SYSTEMS=3                 # raftcask, raftcask-etcd, etcd: each runs once per cell
 ETCD_QUOTA_BYTES=8589934592 # etcd's backend size limit (default 2 GiB would fill on long runs)
 ETCD_HOSTS=(127.0.77.1 127.0.77.2 127.0.77.3)
 ETCD_CLIENT_PORT=2379
 ETCD_PEER_PORT=2380
 RAFTCASK_HOST=127.0.78.1
-RAFTCASK_PORT_BASE=27001  # client ports 27001-27003, peer +100, admin +200
+RAFTCASK_PORT_BASE=27001  # client ports 27001-27003, peer +100, admin +200, etcd +300
+RAFTCASK_ETCD_OFFSET=300  # `kvnode local`'s etcd port = client port + this
 
 die() { echo "compare-etcd: $*" >&2; exit 1; }
 
@@ -54,7 +61,7 @@ while [ $# -gt 0 ]; do
         --out) [ $# -ge 2 ] || die "--out needs a value"; OUT="$2"; shift ;;
         --no-build) BUILD=0 ;;
         --keep-data) KEEP=1 ;;
-        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
         *) die "unknown argument $1 (see --help)" ;;
     esac
     shift
@@ -62,7 +69,8 @@ done
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
-OUT=${OUT:-$REPO/target/compare-etcd}
+TARGET=${CARGO_TARGET_DIR:-$REPO/target}
+OUT=${OUT:-$TARGET/compare-etcd}
 mkdir -p "$OUT"
 
 [ "$(id -u)" = 0 ] || die "run as root: it installs Debian packages when missing"
@@ -92,8 +100,8 @@ if [ "$BUILD" = 1 ]; then
         "${BUILD_CMD[@]}"
     fi
 fi
-KVNODE=${KVNODE:-$REPO/target/release/kvnode}
-COMPARE=$REPO/target/release/etcd-compare
+KVNODE=${KVNODE:-$TARGET/release/kvnode}
+COMPARE=$TARGET/release/etcd-compare
 [ -x "$KVNODE" ] && [ -x "$COMPARE" ] || die "missing $KVNODE or $COMPARE (build without --no-build)"
 
 # --- processes ---------------------------------------------------------------
@@ -153,9 +161,12 @@ mkdir -p "$WORK/raftcask"
     --port-base "$RAFTCASK_PORT_BASE" >"$WORK/raftcask/local.log" 2>&1 &
 PIDS+=($!)
 RAFTCASK_ENDPOINTS=""
+RAFTCASK_ETCD_ENDPOINTS=""
 for i in 0 1 2; do
     RAFTCASK_ENDPOINTS+="${RAFTCASK_ENDPOINTS:+,}$RAFTCASK_HOST:$((RAFTCASK_PORT_BASE + i))"
+    RAFTCASK_ETCD_ENDPOINTS+="${RAFTCASK_ETCD_ENDPOINTS:+,}$RAFTCASK_HOST:$((RAFTCASK_PORT_BASE + RAFTCASK_ETCD_OFFSET + i))"
 done
+ETCD_PIDS=$(IFS=,; echo "${PIDS[*]:0:3}")
 
 wait_until() { # description, command...
     local what=$1; shift
@@ -171,8 +182,19 @@ raftcask_ready() {
         curl -sf "http://$RAFTCASK_HOST:$((RAFTCASK_PORT_BASE + 200 + i))/ready" || return 1
     done
 }
+raftcask_etcd_ready() {
+    ETCDCTL_API=3 etcdctl --endpoints "$RAFTCASK_ETCD_ENDPOINTS" endpoint health
+}
 wait_until "etcd" etcd_ready
 wait_until "raftcask" raftcask_ready
+wait_until "raftcask's etcd ports" raftcask_etcd_ready
+# The members' process ids (`kvnode local` writes one pid file each), for
+# the CPU per operation of the raftcask rows.
+RAFTCASK_PIDS=""
+for i in 1 2 3; do
+    pid=$(cat "$WORK/raftcask/node$i/kvnode.pid" 2>/dev/null) || die "no pid file for raftcask member $i"
+    RAFTCASK_PIDS+="${RAFTCASK_PIDS:+,}$pid"
+done
 
 # --- the run -------------------------------------------------------------------
 if [ "$QUICK" = 1 ]; then
@@ -182,9 +204,9 @@ else
 fi
 [ ${#SECONDS_ARG[@]} -gt 0 ] && PER_RUN=${SECONDS_ARG[1]}
 [ ${#CLIENTS_ARG[@]} -gt 0 ] && CELLS=$((5 * $(tr ',' '\n' <<<"${CLIENTS_ARG[1]}" | wc -l)))
-BOUND_S=$((CELLS * 2 * PER_RUN * 2 + RUN_SLACK_S))
+BOUND_S=$((CELLS * SYSTEMS * PER_RUN * 2 + RUN_SLACK_S))
 
-echo "## raftcask vs etcd ($(date -u '+%Y-%m-%d %H:%M UTC'))"
+echo "## raftcask (native and through its etcd port) vs etcd ($(date -u '+%Y-%m-%d %H:%M UTC'))"
 echo
 echo "- command: deploy/bench/compare-etcd.sh $([ "$QUICK" = 1 ] && echo --quick) ${SECONDS_ARG[*]} ${CLIENTS_ARG[*]}"
 echo "- raftcask: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown) ($(rustc --version 2>/dev/null || echo rustc unknown)), release build"
@@ -195,7 +217,8 @@ echo
 # In the background and waited for, so SIGINT/SIGTERM run the trap at once
 # (bash defers traps until a foreground child exits); cleanup stops it too.
 timeout --signal=TERM --kill-after=10 "$BOUND_S" "$COMPARE" \
-    --raftcask "$RAFTCASK_ENDPOINTS" --etcd "$ETCD_ENDPOINTS" \
+    --raftcask "$RAFTCASK_ENDPOINTS" --raftcask-etcd "$RAFTCASK_ETCD_ENDPOINTS" \
+    --etcd "$ETCD_ENDPOINTS" --raftcask-pids "$RAFTCASK_PIDS" --etcd-pids "$ETCD_PIDS" \
     "${QUICK_ARG[@]}" "${SECONDS_ARG[@]}" "${CLIENTS_ARG[@]}" \
     --svg "$OUT/compare-etcd.svg" --markdown "$OUT/compare-etcd.md" &
 PIDS+=($!)

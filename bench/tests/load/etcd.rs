@@ -1,9 +1,12 @@
-//! Proves that one load loop drives both systems: the raftcask-vs-etcd
-//! matrix (`kvbench::versus`) against a real single-member etcd (child
-//! process on a private loopback address) and an in-process three-member
-//! raftcask cluster completes every cell on both with no errors, the
-//! systems alternate, etcd's leader is found (by its `Status` answer), and an etcd backend pointed at nothing counts every
-//! failure (so "no errors" means etcd answered).
+//! Proves that one load loop drives all three contenders: the
+//! raftcask-vs-etcd matrix (`kvbench::versus`) against a real single-member
+//! etcd (child process on a private loopback address) and an in-process
+//! three-member raftcask cluster, driven both natively and through its
+//! etcd ports, completes every cell on each with no errors, the order
+//! rotates, CPU per operation is measured for the process ids given (this
+//! process, which hosts the raftcask members, and etcd's), etcd's leader is
+//! found (by its `Status` answer), and an etcd backend pointed at nothing
+//! counts every failure (so "no errors" means etcd answered).
 //!
 //! Needs `etcd` on PATH: panics with a clear message when it is missing.
 
@@ -14,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvbench::load::{LoadConfig, OpKind, Progress, ReadTarget, System, etcd_leader, run_system};
-use kvbench::versus::{MatrixConfig, WORKLOADS, run_matrix};
+use kvbench::versus::{Contender, MatrixConfig, WORKLOADS, run_matrix};
 use kvnode::testing::{LocalCluster, private_loopback};
 use kvproto::kv::v1::Consistency;
 
@@ -108,9 +111,12 @@ async fn wait_for_writes(system: System, endpoints: &[String]) {
 async fn one_matrix_runs_against_etcd_and_raftcask() {
     let dir = tempfile::tempdir().expect("temp dir");
     let etcd = Etcd::start(private_loopback(), dir.path());
-    let raftcask = LocalCluster::start(&dir.path().join("raftcask"), 3)
-        .await
-        .expect("raftcask cluster");
+    // Every member with an etcd port on its own address (port 0: any free).
+    let raftcask = LocalCluster::start_configured(&dir.path().join("raftcask"), 3, |config| {
+        config.etcd_addr = Some(std::net::SocketAddr::new(config.client_addr.ip(), 0));
+    })
+    .await
+    .expect("raftcask cluster");
     raftcask
         .wait_for_leader(READY_DEADLINE)
         .await
@@ -124,10 +130,20 @@ async fn one_matrix_runs_against_etcd_and_raftcask() {
         Ok(Some(etcd.endpoint.clone()))
     );
     wait_for_writes(System::Raftcask, &raftcask.endpoints()).await;
+    let raftcask_etcd: Vec<String> = (1..=3)
+        .map(|id| {
+            let node = raftcask.node(id).expect("a running member");
+            node.etcd_addr().expect("an etcd port").to_string()
+        })
+        .collect();
+    wait_for_writes(System::Etcd, &raftcask_etcd).await;
 
     let matrix = MatrixConfig {
         raftcask: raftcask.endpoints(),
+        raftcask_etcd,
         etcd: etcd_endpoints.clone(),
+        raftcask_pids: vec![std::process::id()],
+        etcd_pids: vec![etcd.child.id()],
         clients: vec![1, 4],
         duration: Duration::from_millis(400),
         connections: 2,
@@ -138,16 +154,23 @@ async fn one_matrix_runs_against_etcd_and_raftcask() {
     let cells = run_matrix(&matrix, |_| {}).await.expect("valid matrix");
     assert_eq!(cells.len(), WORKLOADS.len() * 2);
     for cell in &cells {
-        for (name, summary) in [("raftcask", &cell.raftcask), ("etcd", &cell.etcd)] {
+        for contender in Contender::ALL {
+            let summary = cell.summary(contender);
             assert!(
-                summary.ops_per_second > 0.0 && summary.errors == 0,
-                "{} on {name}: {summary:?}",
-                cell.label()
+                summary.ops_per_second > 0.0
+                    && summary.errors == 0
+                    && summary.cpu_us_per_op.is_some(),
+                "{} on {}: {summary:?}",
+                cell.label(),
+                contender.name()
             );
         }
     }
-    // The systems alternate which runs first.
-    assert_ne!(cells[0].first, cells[1].first);
+    // The order rotates: each contender runs first in one of three cells.
+    let firsts: Vec<Contender> = cells.iter().take(3).map(|c| c.first()).collect();
+    for contender in Contender::ALL {
+        assert!(firsts.contains(&contender), "{firsts:?}");
+    }
 
     // Gets against an address that is not etcd fail (counted, not hidden),
     // so a get cell with no errors really reached etcd.
