@@ -296,7 +296,7 @@ async fn a_lock_follows_its_holders_lease() {
         .unwrap()
         .into_inner();
     assert!(ttl.ttl > 0 && ttl.granted_ttl == 60, "{ttl:?}");
-    assert_eq!(ttl.keys, [solo.key.clone()]);
+    assert_eq!(ttl.keys, std::slice::from_ref(&solo.key));
 
     // A lease that does not exist: etcd's message, code UNKNOWN.
     let unknown = answer(locks.lock(lock("solo2", 0x7777_7777)))

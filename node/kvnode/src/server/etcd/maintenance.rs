@@ -454,10 +454,10 @@ impl EtcdFrontEnd {
             )
         })?;
         let mut request = Request::new(DefragmentRequest {});
-        if let Some(token) = &self.token {
-            if let Ok(value) = format!("Bearer {}", token.expose()).parse() {
-                request.metadata_mut().insert("authorization", value);
-            }
+        if let Some(token) = &self.token
+            && let Ok(value) = format!("Bearer {}", token.expose()).parse()
+        {
+            request.metadata_mut().insert("authorization", value);
         }
         MaintenanceClient::new(channel).defragment(request).await?;
         Ok(())

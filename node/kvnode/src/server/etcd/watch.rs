@@ -263,7 +263,7 @@ impl EtcdFrontEnd {
                 if *joined_bytes + bytes > ETCD_WATCH_JOINED_BYTES_MAX && !joined.is_empty() {
                     // Too large to join: what is held goes out on its own.
                     let message = WatchResponse {
-                        header: header.clone(),
+                        header,
                         watch_id: id,
                         events: std::mem::take(joined),
                         ..Default::default()
