@@ -38,8 +38,12 @@ import tempfile
 import urllib.error
 import urllib.request
 
+sys.dont_write_bytecode = True  # no __pycache__ under deploy/
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import procs  # noqa: E402  (deploy/procs.py: stop by pid, wait with a deadline)
+from clusters import (  # noqa: E402  (deploy/etcd/clusters.py)
+    Report, etcdctl, in_namespace, start_etcd, start_raftcask, wait_answering,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -47,13 +51,6 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 DEADLINE_S = 60
 # How long a bounded `etcdctl watch` runs before it is stopped.
 WATCH_S = 4
-HOST = "127.0.0.1"
-ETCD_CLIENT_PORT = 2379
-ETCD_PEER_PORT = 2380
-# kvnode local: member i's client port is PORT_BASE + i - 1, its etcd port
-# that + ETCD_PORT_OFFSET (bin/kvnode/local.rs).
-PORT_BASE = 7001
-ETCD_PORT_OFFSET = 300
 # Set in the re-executed child: it runs inside the private namespace.
 IN_NAMESPACE_ENV = "RAFTCASK_ETCD_COMPAT_NETNS"
 
@@ -127,39 +124,8 @@ SESSION = [
 ]
 
 
-def log(message):
-    print(f"== etcd compat: {message}", flush=True)
-
-
-def fail(message):
-    print(f"etcd compat: FAILED: {message}", file=sys.stderr, flush=True)
-    sys.exit(1)
-
-
-def missing(tool, how):
-    print(
-        f"etcd compat: MISSING {tool}: {how}; nothing was tested",
-        file=sys.stderr,
-        flush=True,
-    )
-    sys.exit(2)
-
-
-def wait_for(what, check):
-    if not procs.wait_until(check, DEADLINE_S):
-        fail(f"{what} within {DEADLINE_S} s")
-
-
-def etcdctl(endpoint, args, stdin=None, timeout=DEADLINE_S):
-    env = dict(os.environ, ETCDCTL_API="3")
-    return subprocess.run(
-        ["etcdctl", "--endpoints", endpoint, "--command-timeout=20s", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+REPORT = Report("etcd compat")
+log, fail, missing = REPORT.log, REPORT.fail, REPORT.missing
 
 
 def watch(endpoint, args):
@@ -274,16 +240,6 @@ class Normaliser:
         return text
 
 
-def in_namespace(args):
-    """Re-executes this script in a private network namespace."""
-    for tool, how in (("unshare", "Debian util-linux"), ("ip", "Debian iproute2")):
-        if shutil.which(tool) is None:
-            missing(tool, f"install {how}")
-    command = ["unshare", "-n", sys.executable, os.path.abspath(__file__), *sys.argv[1:]]
-    env = dict(os.environ, **{IN_NAMESPACE_ENV: "1"})
-    sys.exit(subprocess.run(command, env=env).returncode)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kvnode", default=os.path.join(REPO, "target", "debug", "kvnode"))
@@ -296,7 +252,7 @@ def main():
     if not os.access(args.kvnode, os.X_OK):
         fail(f"no kvnode at {args.kvnode} (cargo build -p kvnode)")
     if os.environ.get(IN_NAMESPACE_ENV) != "1":
-        in_namespace(args)
+        in_namespace(REPORT, __file__, IN_NAMESPACE_ENV, sys.argv[1:])
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     version = subprocess.run(["etcd", "--version"], capture_output=True, text=True).stdout
     log(f"reference: {version.splitlines()[0] if version else 'etcd'}")
@@ -304,35 +260,11 @@ def main():
     work = tempfile.mkdtemp(prefix="raftcask-etcd-compat-")
     children = []
     try:
-        children.append(subprocess.Popen(
-            [
-                "etcd", "--name", "e1", "--data-dir", os.path.join(work, "etcd"),
-                "--listen-client-urls", f"http://{HOST}:{ETCD_CLIENT_PORT}",
-                "--advertise-client-urls", f"http://{HOST}:{ETCD_CLIENT_PORT}",
-                "--listen-peer-urls", f"http://{HOST}:{ETCD_PEER_PORT}",
-                "--initial-advertise-peer-urls", f"http://{HOST}:{ETCD_PEER_PORT}",
-                "--initial-cluster", f"e1=http://{HOST}:{ETCD_PEER_PORT}",
-                "--initial-cluster-state", "new",
-            ],
-            stdout=open(os.path.join(work, "etcd.log"), "w"),
-            stderr=subprocess.STDOUT,
-        ))
-        children.append(subprocess.Popen(
-            [
-                args.kvnode, "local", "--nodes", "3", "--dir", os.path.join(work, "kv"),
-                "--host", HOST, "--port-base", str(PORT_BASE),
-            ],
-            stdout=open(os.path.join(work, "local.log"), "w"),
-            stderr=subprocess.STDOUT,
-        ))
-        reference = f"{HOST}:{ETCD_CLIENT_PORT}"
-        raftcask = f"{HOST}:{PORT_BASE + 1 + ETCD_PORT_OFFSET}"
+        reference = start_etcd(work, children)[0]
+        # Member 2, which may be a follower.
+        raftcask = start_raftcask(args.kvnode, work, children)[1]
         for name, endpoint in (("etcd", reference), ("raftcask", raftcask)):
-            wait_for(
-                f"{name} answering at {endpoint}",
-                lambda endpoint=endpoint: etcdctl(endpoint, ["endpoint", "health"], timeout=10)
-                .returncode == 0,
-            )
+            wait_answering(REPORT, name, [endpoint], DEADLINE_S)
         results = {
             name: play_with_compaction(endpoint)
             for name, endpoint in (("etcd", reference), ("raftcask", raftcask))

@@ -30,51 +30,27 @@ import subprocess
 import sys
 import tempfile
 
+sys.dont_write_bytecode = True  # no __pycache__ under deploy/
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import procs  # noqa: E402  (deploy/procs.py: stop by pid, wait with a deadline)
+from clusters import (  # noqa: E402  (deploy/etcd/clusters.py)
+    Report, etcdctl, in_namespace, start_etcd, start_raftcask, wait_answering,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 # Bound of every wait (a cluster starting, the mirror catching up).
 DEADLINE_S = 90
-HOST = "127.0.0.1"
-ETCD_CLIENT_PORT = 2379
-ETCD_PEER_PORT = 2380
-# `kvnode local`'s client port base; member i's etcd port is
-# PORT_BASE + ETCD_PORT_OFFSET + i - 1.
-PORT_BASE = 7001
-ETCD_PORT_OFFSET = 300
 # Keys written before the mirror starts, and while it runs.
 KEYS_BEFORE = 300
 KEYS_DURING = 100
 IN_NAMESPACE_ENV = "RAFTCASK_ETCD_MIRROR_NETNS"
-
-
-def log(message):
-    print(f"== etcd mirror: {message}", flush=True)
-
-
-def fail(message):
-    print(f"etcd mirror: FAILED: {message}", file=sys.stderr, flush=True)
-    sys.exit(1)
-
-
-def missing(tool, how):
-    print(f"etcd mirror: MISSING {tool}: {how}; nothing was tested", file=sys.stderr, flush=True)
-    sys.exit(2)
-
-
-def etcdctl(endpoint, args, stdin=None):
-    env = dict(os.environ, ETCDCTL_API="3")
-    result = subprocess.run(
-        ["etcdctl", "--endpoints", endpoint, "--command-timeout=20s", *args],
-        input=stdin, capture_output=True, text=True, timeout=DEADLINE_S, env=env,
-    )
-    return result
+REPORT = Report("etcd mirror")
+log, fail, missing = REPORT.log, REPORT.fail, REPORT.missing
 
 
 def must(endpoint, args, stdin=None):
-    result = etcdctl(endpoint, args, stdin)
+    result = etcdctl(endpoint, args, stdin, timeout=DEADLINE_S)
     if result.returncode != 0:
         fail(f"etcdctl {' '.join(args)} at {endpoint}: {result.stderr.strip()}")
     return result.stdout
@@ -83,7 +59,7 @@ def must(endpoint, args, stdin=None):
 def contents(endpoint):
     """Every key and value (base64, as etcdctl's JSON has them), or None
     when the endpoint does not answer."""
-    result = etcdctl(endpoint, ["get", "", "--from-key", "-w", "json"])
+    result = etcdctl(endpoint, ["get", "", "--from-key", "-w", "json"], timeout=DEADLINE_S)
     if result.returncode != 0:
         return None
     kvs = json.loads(result.stdout).get("kvs", [])
@@ -109,16 +85,6 @@ def wait_equal(what, source, mirror):
             f"only in raftcask {only_raftcask}, values differ {differ})"
         )
     log(f"{what}: raftcask holds etcd's {len(last['want'])} keys and values")
-
-
-def in_namespace():
-    """Re-executes this script in a private network namespace."""
-    for tool, how in (("unshare", "Debian util-linux"), ("ip", "Debian iproute2")):
-        if shutil.which(tool) is None:
-            missing(tool, f"install {how}")
-    command = ["unshare", "-n", sys.executable, os.path.abspath(__file__), *sys.argv[1:]]
-    env = dict(os.environ, **{IN_NAMESPACE_ENV: "1"})
-    sys.exit(subprocess.run(command, env=env).returncode)
 
 
 def write_before(etcd):
@@ -153,41 +119,16 @@ def main():
     if not os.access(args.kvnode, os.X_OK):
         fail(f"no kvnode at {args.kvnode} (cargo build -p kvnode)")
     if os.environ.get(IN_NAMESPACE_ENV) != "1":
-        in_namespace()
+        in_namespace(REPORT, __file__, IN_NAMESPACE_ENV, sys.argv[1:])
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
 
     work = tempfile.mkdtemp(prefix="raftcask-etcd-mirror-")
     children = []
     try:
-        children.append(subprocess.Popen(
-            [
-                "etcd", "--name", "e1", "--data-dir", os.path.join(work, "etcd"),
-                "--listen-client-urls", f"http://{HOST}:{ETCD_CLIENT_PORT}",
-                "--advertise-client-urls", f"http://{HOST}:{ETCD_CLIENT_PORT}",
-                "--listen-peer-urls", f"http://{HOST}:{ETCD_PEER_PORT}",
-                "--initial-advertise-peer-urls", f"http://{HOST}:{ETCD_PEER_PORT}",
-                "--initial-cluster", f"e1=http://{HOST}:{ETCD_PEER_PORT}",
-                "--initial-cluster-state", "new",
-            ],
-            stdout=open(os.path.join(work, "etcd.log"), "w"),
-            stderr=subprocess.STDOUT,
-        ))
-        children.append(subprocess.Popen(
-            [
-                args.kvnode, "local", "--nodes", "3", "--dir", os.path.join(work, "kv"),
-                "--host", HOST, "--port-base", str(PORT_BASE),
-            ],
-            stdout=open(os.path.join(work, "local.log"), "w"),
-            stderr=subprocess.STDOUT,
-        ))
-        etcd = f"{HOST}:{ETCD_CLIENT_PORT}"
-        raftcask = f"{HOST}:{PORT_BASE + 1 + ETCD_PORT_OFFSET}"
+        etcd = start_etcd(work, children)[0]
+        raftcask = start_raftcask(args.kvnode, work, children)[1]
         for name, endpoint in (("etcd", etcd), ("raftcask", raftcask)):
-            if not procs.wait_until(
-                lambda endpoint=endpoint: etcdctl(endpoint, ["endpoint", "health"]).returncode == 0,
-                DEADLINE_S,
-            ):
-                fail(f"{name} answering at {endpoint} within {DEADLINE_S} s")
+            wait_answering(REPORT, name, [endpoint], DEADLINE_S)
 
         write_before(etcd)
         log(f"etcd holds {len(contents(etcd))} keys; starting make-mirror into raftcask")

@@ -29,7 +29,11 @@ import time
 
 sys.dont_write_bytecode = True  # no __pycache__ under deploy/
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import procs  # noqa: E402  (deploy/procs.py: stop by pid, wait with a deadline)
+from clusters import (  # noqa: E402  (deploy/etcd/clusters.py)
+    ETCD_THREE, Report, start_etcd, start_raftcask, wait_answering,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -44,29 +48,12 @@ RUN_DEADLINE_S = 150
 # What each run does unless flags after `--` say otherwise: enough
 # contention to matter, small enough for CI.
 PROGRAM_FLAGS = ["-workers", "8", "-iterations", "30", "-accounts", "10"]
-HOST = "127.0.0.1"
-# The reference etcd's members: (name, client port, peer port).
-ETCD_MEMBERS = [("e1", 2379, 2380), ("e2", 22379, 22380), ("e3", 32379, 32380)]
-# kvnode local: member i's client port is PORT_BASE + i - 1, its etcd port
-# that + ETCD_PORT_OFFSET (bin/kvnode/local.rs).
-PORT_BASE = 7001
-ETCD_PORT_OFFSET = 300
 # Set in the re-executed child: it runs inside the private namespace.
 IN_NAMESPACE_ENV = "RAFTCASK_CLIENTV3_NETNS"
 
 
-def log(message):
-    print(f"== clientv3: {message}", flush=True)
-
-
-def fail(message):
-    print(f"clientv3: FAILED: {message}", file=sys.stderr, flush=True)
-    sys.exit(1)
-
-
-def missing(tool, how):
-    print(f"clientv3: MISSING {tool}: {how}; nothing was tested", file=sys.stderr, flush=True)
-    sys.exit(2)
+REPORT = Report("clientv3")
+log, fail, missing = REPORT.log, REPORT.fail, REPORT.missing
 
 
 def check_tools():
@@ -104,22 +91,6 @@ def build(work):
     return binary
 
 
-def healthy(endpoints):
-    result = subprocess.run(
-        ["etcdctl", "--endpoints", ",".join(endpoints), "endpoint", "health"],
-        env=dict(os.environ, ETCDCTL_API="3"),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    return result.returncode == 0
-
-
-def wait_healthy(name, endpoints):
-    if not procs.wait_until(lambda: healthy(endpoints), DEADLINE_S):
-        fail(f"{name} answering at {endpoints} within {DEADLINE_S} s")
-
-
 def run_program(name, binary, endpoints, flags):
     """Runs the program against `endpoints`; whether it passed."""
     command = [
@@ -134,37 +105,6 @@ def run_program(name, binary, endpoints, flags):
         return False
     log(f"{name}: exit {result.returncode} after {time.time() - started:.1f} s")
     return result.returncode == 0
-
-
-def start_etcd(work, children):
-    cluster = ",".join(f"{n}=http://{HOST}:{peer}" for n, _, peer in ETCD_MEMBERS)
-    for name, client, peer in ETCD_MEMBERS:
-        children.append(subprocess.Popen(
-            [
-                "etcd", "--name", name, "--data-dir", os.path.join(work, name),
-                "--listen-client-urls", f"http://{HOST}:{client}",
-                "--advertise-client-urls", f"http://{HOST}:{client}",
-                "--listen-peer-urls", f"http://{HOST}:{peer}",
-                "--initial-advertise-peer-urls", f"http://{HOST}:{peer}",
-                "--initial-cluster", cluster,
-                "--initial-cluster-state", "new",
-            ],
-            stdout=open(os.path.join(work, f"{name}.log"), "w"),
-            stderr=subprocess.STDOUT,
-        ))
-    return [f"{HOST}:{client}" for _, client, _ in ETCD_MEMBERS]
-
-
-def start_raftcask(kvnode, work, children):
-    children.append(subprocess.Popen(
-        [
-            kvnode, "local", "--nodes", "3", "--dir", os.path.join(work, "kv"),
-            "--host", HOST, "--port-base", str(PORT_BASE),
-        ],
-        stdout=open(os.path.join(work, "local.log"), "w"),
-        stderr=subprocess.STDOUT,
-    ))
-    return [f"{HOST}:{PORT_BASE + i + ETCD_PORT_OFFSET}" for i in range(3)]
 
 
 def main():
@@ -197,13 +137,13 @@ def main():
     results = {}
     try:
         for name, start in (
-            ("etcd 3.4", lambda children: start_etcd(work, children)),
+            ("etcd 3.4", lambda children: start_etcd(work, children, ETCD_THREE)),
             ("raftcask", lambda children: start_raftcask(args.kvnode, work, children)),
         ):
             children = []
             try:
                 endpoints = start(children)
-                wait_healthy(name, endpoints)
+                wait_answering(REPORT, name, endpoints, DEADLINE_S)
                 results[name] = run_program(name, args.binary, endpoints, flags)
             finally:
                 procs.stop_processes(children)

@@ -63,43 +63,13 @@ use tonic::codegen::Bytes;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
-use super::register::{
-    FINAL_READ_ATTEMPTS_MAX, FINAL_READ_PAUSE, Keys, READ_PERCENT, WRITE_PERCENT, written_keys,
-};
+pub use super::register::ValueRequest as Request;
+use super::register::{FINAL_READ_ATTEMPTS_MAX, FINAL_READ_PAUSE, Keys, written_keys};
 use super::{CONNECT_TIMEOUT, Function, History, Op, Outcome, REQUEST_TIMEOUT, WorkloadConfig};
 
 /// The gRPC metadata key in which kvnode's etcd port carries its own
 /// explanation of an error (etcd's message is fixed word for word).
 pub const DETAIL_KEY: &str = "raftcask-detail";
-
-/// What one operation asks.
-#[derive(Debug, Clone)]
-pub enum Request {
-    /// `Range` of the key, linearizable.
-    Read,
-    /// `Put` of the value.
-    Write {
-        /// The value written.
-        value: String,
-    },
-    /// `Txn`: if the key's value is `expected`, put `value`.
-    Cas {
-        /// The value compared with.
-        expected: String,
-        /// The value written.
-        value: String,
-    },
-}
-
-impl Request {
-    fn function(&self) -> Function {
-        match self {
-            Self::Read => Function::Read,
-            Self::Write { .. } => Function::Write,
-            Self::Cas { .. } => Function::Cas,
-        }
-    }
-}
 
 /// How one operation ended, and what to record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -253,29 +223,14 @@ async fn worker_loop(
     let pause = config.worker_pause();
     while tokio::time::Instant::now() < config.deadline {
         let (k, key, dice, write_guard) = super::register::next_pick(&mut rng, &keys, &config)?;
-        let request = if write_guard.is_none() {
-            Request::Read
-        } else {
-            written += 1;
-            let value = format!("p{process}-{written}");
-            match seen.get(&k) {
-                Some(Some(expected)) if dice >= READ_PERCENT + WRITE_PERCENT => Request::Cas {
-                    expected: expected.clone(),
-                    value,
-                },
-                _ => Request::Write { value },
-            }
-        };
-        let mut pending = history.invoke(process, request.function(), &key);
-        pending.op_mut().member = Some(member);
-        match &request {
-            Request::Read => {}
-            Request::Write { value } => pending.op_mut().value = Some(value.clone()),
-            Request::Cas { expected, value } => {
-                pending.op_mut().value = Some(value.clone());
-                pending.op_mut().expected = Some(expected.clone());
-            }
-        }
+        let request = Request::pick(
+            write_guard.is_some(),
+            dice,
+            seen.get(&k),
+            process,
+            &mut written,
+        );
+        let mut pending = request.invoke(&history, process, &key, Some(member));
         let done = perform(&mut client, &addr, &key, &request).await;
         if let Some(value) = &done.seen {
             seen.insert(k, value.clone());

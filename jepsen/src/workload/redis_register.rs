@@ -56,9 +56,8 @@ use rand::SeedableRng as _;
 use rand::rngs::SmallRng;
 use redis::{ConnectionLike as _, Value};
 
-use super::register::{
-    FINAL_READ_ATTEMPTS_MAX, FINAL_READ_PAUSE, Keys, READ_PERCENT, WRITE_PERCENT,
-};
+use super::register::ValueRequest as Request;
+use super::register::{FINAL_READ_ATTEMPTS_MAX, FINAL_READ_PAUSE, Keys};
 use super::{
     CONNECT_TIMEOUT, Function, History, OPERATION_TIMEOUT, Outcome, REQUEST_TIMEOUT, WorkloadConfig,
 };
@@ -109,24 +108,6 @@ pub fn write_failure_outcome(failure: &Failure) -> Outcome {
 /// has no effect).
 pub fn read_failure_outcome(_failure: &Failure) -> Outcome {
     Outcome::Fail
-}
-
-/// What one operation asks.
-#[derive(Debug, Clone)]
-enum Request {
-    Read,
-    Write { value: String },
-    Cas { expected: String, value: String },
-}
-
-impl Request {
-    fn function(&self) -> Function {
-        match self {
-            Self::Read => Function::Read,
-            Self::Write { .. } => Function::Write,
-            Self::Cas { .. } => Function::Cas,
-        }
-    }
 }
 
 /// How one operation ended.
@@ -184,29 +165,14 @@ async fn worker_loop(
     let pause = config.worker_pause();
     while tokio::time::Instant::now() < config.deadline {
         let (k, key, dice, write_guard) = super::register::next_pick(&mut rng, &keys, &config)?;
-        let request = if write_guard.is_none() {
-            Request::Read
-        } else {
-            written += 1;
-            let value = format!("p{process}-{written}");
-            match seen.get(&k) {
-                Some(Some(expected)) if dice >= READ_PERCENT + WRITE_PERCENT => Request::Cas {
-                    expected: expected.clone(),
-                    value,
-                },
-                _ => Request::Write { value },
-            }
-        };
-        let mut pending = history.invoke(process, request.function(), &key);
-        pending.op_mut().member = Some(member);
-        match &request {
-            Request::Read => {}
-            Request::Write { value } => pending.op_mut().value = Some(value.clone()),
-            Request::Cas { expected, value } => {
-                pending.op_mut().value = Some(value.clone());
-                pending.op_mut().expected = Some(expected.clone());
-            }
-        }
+        let request = Request::pick(
+            write_guard.is_some(),
+            dice,
+            seen.get(&k),
+            process,
+            &mut written,
+        );
+        let mut pending = request.invoke(&history, process, &key, Some(member));
         let (kept, done) = perform_blocking(connection.take(), addr.clone(), key, request).await?;
         connection = kept;
         if let Some(value) = &done.seen {

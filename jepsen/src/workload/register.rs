@@ -72,6 +72,86 @@ pub async fn run(config: WorkloadConfig, history: Arc<History>) -> anyhow::Resul
     run_workers(config, history, worker_loop).await
 }
 
+/// A request of the value registers (`redis-register`, `etcd-register`),
+/// which compare values rather than versions: read the key, write a value,
+/// or set a value if the key holds the one this worker saw last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValueRequest {
+    /// Read the key.
+    Read,
+    /// Write the value.
+    Write {
+        /// The value written.
+        value: String,
+    },
+    /// If the key's value is `expected`, write `value`.
+    Cas {
+        /// The value compared with.
+        expected: String,
+        /// The value written.
+        value: String,
+    },
+}
+
+impl ValueRequest {
+    /// The next request of a worker: a read unless `writes` (the pick's
+    /// write guard was granted); otherwise a cas of the value the worker
+    /// last `seen` when the dice say so, else a write. Written values are
+    /// `p{process}-{n}`, unique per process (`written` counts them).
+    pub(super) fn pick(
+        writes: bool,
+        dice: u32,
+        seen: Option<&Option<String>>,
+        process: u64,
+        written: &mut u64,
+    ) -> ValueRequest {
+        if !writes {
+            return ValueRequest::Read;
+        }
+        *written += 1;
+        let value = format!("p{process}-{written}");
+        match seen {
+            Some(Some(expected)) if dice >= READ_PERCENT + WRITE_PERCENT => ValueRequest::Cas {
+                expected: expected.clone(),
+                value,
+            },
+            _ => ValueRequest::Write { value },
+        }
+    }
+
+    /// The history's function for it.
+    pub fn function(&self) -> Function {
+        match self {
+            Self::Read => Function::Read,
+            Self::Write { .. } => Function::Write,
+            Self::Cas { .. } => Function::Cas,
+        }
+    }
+
+    /// Records its invocation on `key` by `process` in `history`, with its
+    /// values (and the member asked, when known).
+    pub fn invoke(
+        &self,
+        history: &History,
+        process: u64,
+        key: &str,
+        member: Option<u64>,
+    ) -> super::Pending {
+        let mut pending = history.invoke(process, self.function(), key);
+        let op = pending.op_mut();
+        op.member = member;
+        match self {
+            Self::Read => {}
+            Self::Write { value } => op.value = Some(value.clone()),
+            Self::Cas { expected, value } => {
+                op.value = Some(value.clone());
+                op.expected = Some(expected.clone());
+            }
+        }
+        pending
+    }
+}
+
 /// A worker's next operation: a key (its number and name), the dice
 /// (0..100) that chose between a read and a write, and the write's guard
 /// when it may write (a write needs the nemesis's gate open; while it is

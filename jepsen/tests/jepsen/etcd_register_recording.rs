@@ -15,7 +15,7 @@ use jepsen::revision_checks::RevisionAnomalyKind;
 use jepsen::run::WorkloadKind;
 use jepsen::verdict::check_run;
 use jepsen::workload::etcd_register::{Done, Request};
-use jepsen::workload::{Function, History, Outcome, Record};
+use jepsen::workload::{History, Outcome, Record};
 
 use crate::common::run_dir;
 
@@ -75,20 +75,7 @@ fn record(name: &str, steps: Vec<Step>) -> Vec<Record> {
     std::fs::create_dir_all(&dir).expect("run dir");
     let history: Arc<History> = History::create(&dir.join("history.jsonl")).expect("history");
     for step in steps {
-        let f = match &step.request {
-            Request::Read => Function::Read,
-            Request::Write { .. } => Function::Write,
-            Request::Cas { .. } => Function::Cas,
-        };
-        let mut pending = history.invoke(step.process, f, KEY);
-        match &step.request {
-            Request::Read => {}
-            Request::Write { value } => pending.op_mut().value = Some(value.clone()),
-            Request::Cas { expected, value } => {
-                pending.op_mut().value = Some(value.clone());
-                pending.op_mut().expected = Some(expected.clone());
-            }
-        }
+        let mut pending = step.request.invoke(&history, step.process, KEY, None);
         step.done.record(pending.op_mut());
         history
             .complete(pending, step.done.outcome)

@@ -68,12 +68,21 @@ const ETCD_PORT_OFFSET: u16 = 1;
 
 /// A three-member cluster with an etcd port each, its leader and a follower.
 pub(super) async fn cluster(root: &std::path::Path) -> (LocalCluster, u64, u64) {
+    cluster_configured(root, |_| {}).await
+}
+
+/// [`cluster`] with `configure` applied to each member's configuration too.
+pub(super) async fn cluster_configured(
+    root: &std::path::Path,
+    mut configure: impl FnMut(&mut kvnode::NodeConfig),
+) -> (LocalCluster, u64, u64) {
     let cluster = LocalCluster::start_configured(root, 3, |config| {
         let port = config.client_addr.port().checked_add(ETCD_PORT_OFFSET);
         config.etcd_addr = Some(SocketAddr::new(
             config.client_addr.ip(),
             port.expect("an ephemeral client port below 65535"),
         ));
+        configure(config);
     })
     .await
     .expect("start the cluster");
@@ -93,13 +102,25 @@ pub(super) fn etcd_addr(cluster: &LocalCluster, id: u64) -> SocketAddr {
         .expect("an etcd port")
 }
 
+/// A channel to member `id`'s etcd port whose calls time out after
+/// [`ANSWER_WAIT`].
 pub(super) async fn channel(cluster: &LocalCluster, id: u64) -> Channel {
-    Channel::from_shared(format!("http://{}", etcd_addr(cluster, id)))
-        .unwrap()
-        .timeout(ANSWER_WAIT)
-        .connect()
-        .await
-        .expect("connect to the etcd port")
+    channel_with_timeout(cluster, id, Some(ANSWER_WAIT)).await
+}
+
+/// A channel to member `id`'s etcd port, its calls bounded by `timeout`
+/// (`None`: by the caller, e.g. a lock that may wait).
+pub(super) async fn channel_with_timeout(
+    cluster: &LocalCluster,
+    id: u64,
+    timeout: Option<Duration>,
+) -> Channel {
+    let endpoint = Channel::from_shared(format!("http://{}", etcd_addr(cluster, id))).unwrap();
+    let endpoint = match timeout {
+        Some(timeout) => endpoint.timeout(timeout),
+        None => endpoint,
+    };
+    endpoint.connect().await.expect("connect to the etcd port")
 }
 
 pub(super) fn put(key: &str, value: &str) -> PutRequest {

@@ -40,53 +40,16 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tonic::Code;
 use tonic::transport::Channel;
 
-/// How long a cluster may take to elect its first leader.
-const LEADER_WAIT: Duration = Duration::from_secs(30);
+use super::etcd::{channel_with_timeout, cluster_configured as cluster, etcd_addr};
+
 /// How long any single answer, or members catching up, may take (a loaded
 /// two-core machine).
 const ANSWER_WAIT: Duration = Duration::from_secs(60);
-/// Each member's etcd port = its client port + this (as in `etcd.rs`).
-const ETCD_PORT_OFFSET: u16 = 1;
 /// The cluster token of the auth test.
 const TOKEN: &str = "etcd-maintenance-test-token-0123456789";
 
-async fn cluster(
-    root: &std::path::Path,
-    mut configure: impl FnMut(&mut kvnode::NodeConfig),
-) -> (LocalCluster, u64, u64) {
-    let cluster = LocalCluster::start_configured(root, 3, |config| {
-        let port = config.client_addr.port().checked_add(ETCD_PORT_OFFSET);
-        config.etcd_addr = Some(SocketAddr::new(
-            config.client_addr.ip(),
-            port.expect("an ephemeral client port below 65535"),
-        ));
-        configure(config);
-    })
-    .await
-    .expect("start the cluster");
-    let leader = cluster
-        .wait_for_leader(LEADER_WAIT)
-        .await
-        .expect("a leader");
-    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
-    (cluster, leader, follower)
-}
-
-fn etcd_addr(cluster: &LocalCluster, id: u64) -> SocketAddr {
-    cluster
-        .node(id)
-        .expect("a running member")
-        .etcd_addr()
-        .expect("an etcd port")
-}
-
 async fn channel(cluster: &LocalCluster, id: u64) -> Channel {
-    Channel::from_shared(format!("http://{}", etcd_addr(cluster, id)))
-        .unwrap()
-        .timeout(ANSWER_WAIT)
-        .connect()
-        .await
-        .expect("connect to the etcd port")
+    channel_with_timeout(cluster, id, Some(ANSWER_WAIT)).await
 }
 
 fn put(key: &str, value: &[u8]) -> PutRequest {

@@ -16,7 +16,6 @@
 //!   etcd's code and message.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use kvnode::testing::LocalCluster;
@@ -34,48 +33,18 @@ use kvproto::etcd::v3lockpb::{LockRequest, UnlockRequest};
 use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
-/// How long a cluster may take to elect its first leader.
-const LEADER_WAIT: Duration = Duration::from_secs(30);
+use super::etcd::{channel_with_timeout, cluster};
+
 /// How long any answer or awaited condition may take (a loaded two-core
 /// machine).
 const ANSWER_WAIT: Duration = Duration::from_secs(30);
 /// How often a condition is checked while waiting for it.
 const POLL: Duration = Duration::from_millis(20);
-/// Each member's etcd port = its client port + this (as in `etcd.rs`).
-const ETCD_PORT_OFFSET: u16 = 1;
-
-/// A three-member cluster with an etcd port each, its leader and a follower.
-async fn cluster(root: &std::path::Path) -> (LocalCluster, u64, u64) {
-    let cluster = LocalCluster::start_configured(root, 3, |config| {
-        let port = config.client_addr.port().checked_add(ETCD_PORT_OFFSET);
-        config.etcd_addr = Some(SocketAddr::new(
-            config.client_addr.ip(),
-            port.expect("an ephemeral client port below 65535"),
-        ));
-    })
-    .await
-    .expect("start the cluster");
-    let leader = cluster
-        .wait_for_leader(LEADER_WAIT)
-        .await
-        .expect("a leader");
-    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
-    (cluster, leader, follower)
-}
 
 /// A channel to member `id`'s etcd port, without a per-call timeout (a
 /// lock may wait): every call here is bounded by [`answer`] instead.
 async fn channel(cluster: &LocalCluster, id: u64) -> Channel {
-    let addr = cluster
-        .node(id)
-        .expect("a running member")
-        .etcd_addr()
-        .expect("an etcd port");
-    Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .expect("connect to the etcd port")
+    channel_with_timeout(cluster, id, None).await
 }
 
 /// `call`'s answer within [`ANSWER_WAIT`].
