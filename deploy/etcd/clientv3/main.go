@@ -284,6 +284,25 @@ func (r *run) checkBank(lvl level) {
 		}
 		cancel()
 	}
+	// STM's first read is serializable: a member that has not applied the
+	// accounts yet would answer them absent. Each member's own state holds
+	// them all before any transfer starts (they are never deleted).
+	for i := range r.clients {
+		for {
+			ctx, cancel := r.call()
+			got, err := r.client(i).Get(ctx, bank, clientv3.WithPrefix(),
+				clientv3.WithSerializable(), clientv3.WithCountOnly())
+			cancel()
+			if err == nil && got.Count == int64(r.accounts) {
+				break
+			}
+			if r.ctx.Err() != nil {
+				r.fail("bank %s: member %d never served the %d accounts", lvl.name, i+1, r.accounts)
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 	balance := func(s concurrency.STM, key string) int {
 		text := s.Get(key)
 		n, err := strconv.Atoi(text)

@@ -280,17 +280,27 @@ impl WatchContext {
                 Some(watch_request::Request::Cancel(cancel)) => {
                     let id = cancel.watch_id;
                     if let Some(watch) = watches.remove(&id) {
-                        {
+                        let answered_by_task = {
                             let mut announced = watch
                                 .announced
                                 .lock()
                                 .unwrap_or_else(PoisonError::into_inner);
-                            if *announced == Announced::Pending {
+                            match *announced {
                                 // Its task answers the cancel after its
                                 // `created`, in the order of the creates.
-                                *announced = Announced::CancelAsked;
-                                continue;
+                                Announced::Pending => {
+                                    *announced = Announced::CancelAsked;
+                                    true
+                                }
+                                Announced::CancelAsked => true,
+                                Announced::Yes => false,
                             }
+                        };
+                        if answered_by_task {
+                            // Still counted against WATCH_STREAM_WATCHES_MAX
+                            // (and its id in use) until its task ends.
+                            watches.insert(id, watch);
+                            continue;
                         }
                         watch.task.abort();
                         self.count_cancel("client");

@@ -511,6 +511,15 @@ impl Maintenance for EtcdFrontEnd {
         _request: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
         let deadline = Instant::now() + DEFRAGMENT_WAIT_MAX;
+        let one_at_a_time = self.defragments.clone();
+        let _turn = tokio::time::timeout_at(deadline.into(), one_at_a_time.lock())
+            .await
+            .map_err(|_| {
+                etcd_error(
+                    errors::TIMEOUT,
+                    "an earlier Defragment's merge is still running on this member",
+                )
+            })?;
         let (inputs, merges) = self.merge_state();
         if self.kv.leads() {
             if !inputs.is_empty() {

@@ -136,6 +136,12 @@ pub struct EtcdFrontEnd {
     pub(crate) recipes: std::sync::Arc<recipe::RecipeLimits>,
     /// Proposes the merge of a Defragment on the leader.
     pub(crate) merge: Option<MergeProposer>,
+    /// Held through each Defragment this member serves, so they run one at
+    /// a time: a Defragment repeated while the first one's merge runs (an
+    /// etcdctl retry, `defrag --cluster`, whose followers forward to the
+    /// leader) waits for it instead of proposing a second merge whose apply
+    /// would wait for the first under the state machine's lock.
+    pub(crate) defragments: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 impl EtcdFrontEnd {
@@ -158,6 +164,7 @@ impl EtcdFrontEnd {
             tls: security.tls.is_some(),
             recipes: std::sync::Arc::new(recipe::RecipeLimits::new()),
             merge: None,
+            defragments: std::sync::Arc::new(tokio::sync::Mutex::new(())),
         }
     }
 
