@@ -631,8 +631,13 @@ impl Kv for KvService {
             }
         };
         let item = item.map_err(engine_error)?;
-        // After the read: the applied index it reports is at least the
-        // state read, so passing it on as `min_index` keeps reads monotonic.
+        // After the read, so the applied index it reports is at least the
+        // state read and passing it on as `min_index` keeps reads
+        // monotonic. The index is published after an entry's engine write
+        // (and after the history's lock the read held is released), so a
+        // value an entry just wrote may be read before its index is: the
+        // header then names that entry (the value's sequence number is its
+        // log index × VERSIONS_PER_INDEX + position).
         let header = Header {
             revision,
             ..self.header()
@@ -640,8 +645,12 @@ impl Kv for KvService {
         Ok(Response::new(match item {
             Some(item) => {
                 let meta = key_meta(&item.meta)?;
+                let written_at = item.seq / kvstate::apply::VERSIONS_PER_INDEX;
                 GetResponse {
-                    header: Some(header),
+                    header: Some(Header {
+                        applied_index: header.applied_index.max(written_at),
+                        ..header
+                    }),
                     found: true,
                     value: item.value.into(),
                     seq: item.seq,
