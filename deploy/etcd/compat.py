@@ -116,6 +116,10 @@ SESSION = [
     ("endpoint status", ["endpoint", "status"], None),
     ("endpoint health", ["endpoint", "health"], None),
     ("alarm list", ["alarm", "list"], None),
+    # etcdctl's lock (clientv3's concurrency.Mutex): takes the lock, runs
+    # the command, releases it; nothing of it is left afterwards.
+    ("lock exec", ["lock", "mylock", "echo", "held"], None),
+    ("lock released", ["get", "mylock", "--prefix", "--keys-only"], None),
     ("defrag", ["defrag"], None),
     ("get after defrag", ["get", "", "--prefix", "-w", "json"], None),
     # Plain HTTP GETs on the client (etcd) port, not etcdctl: status and body.
