@@ -36,6 +36,13 @@ class Report:
         print(f"{self.name}: FAILED: {message}", file=sys.stderr, flush=True)
         sys.exit(1)
 
+    def leave(self, work, keep):
+        """Removes the work directory, or says where it was kept."""
+        if keep:
+            self.log(f"work directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
     def missing(self, tool, how):
         print(f"{self.name}: MISSING {tool}: {how}; nothing was tested", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -291,10 +291,7 @@ def main():
         log("PASSED")
     finally:
         procs.stop_processes(children)
-        if args.keep:
-            log(f"work directory kept: {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        REPORT.leave(work, args.keep)
 
 
 def play_with_compaction(endpoint):

@@ -153,10 +153,7 @@ def main():
             fail("a check failed (see above; the logs are in the work directory with --keep)")
         log("PASSED")
     finally:
-        if args.keep:
-            log(f"work directory kept: {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        REPORT.leave(work, args.keep)
 
 
 if __name__ == "__main__":
