@@ -3,7 +3,7 @@
 //! put-if-absent of its own key, and read back by a final linearizable
 //! scan that returns each key's version. Anomalies:
 //!
-//! - *duplicate-apply*: an add recorded failed with a version mismatch
+//! - *duplicate-apply*: an add recorded failed with a revision mismatch
 //!   (the only writer of that key found it present: its own earlier
 //!   application, so the request applied twice); or an element seen at two
 //!   versions (the add's acknowledged version, reads, the final scan);
@@ -15,7 +15,7 @@
 //!   the read completed added, or a value that is not the key's element.
 //!
 //! Adds of unknown outcome may be present or not ("recovered" when
-//! present), but never twice: a version mismatch or a second version is a
+//! present), but never twice: a revision mismatch or a second version is a
 //! duplicate whatever the outcome. No final read: not valid.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -26,8 +26,10 @@ use crate::workload::{Function, Op, Outcome, Record};
 
 /// Anomalies listed in full in the report (the count is always exact).
 pub const ANOMALIES_LISTED_MAX: usize = 50;
-/// The start of kvclient's message for a failed version condition.
-pub const VERSION_MISMATCH_ERROR: &str = "version mismatch";
+/// The start of kvclient's message for a failed condition
+/// (`kvclient::Error::VersionMismatch`; a test below holds it to the
+/// client's wording).
+pub const VERSION_MISMATCH_ERROR: &str = "revision mismatch";
 
 /// One anomaly.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -234,7 +236,7 @@ fn check_final_read<'a>(
     present
 }
 
-/// Each add against the final read: a version mismatch (duplicate
+/// Each add against the final read: a revision mismatch (duplicate
 /// apply), failed but present, acknowledged but lost; counts the
 /// recovered unknown adds into `report`.
 fn check_adds(
@@ -409,7 +411,11 @@ mod tests {
     fn a_failed_condition_is_a_duplicate_apply() {
         let mut retried = add(2, 2, Outcome::Fail, None);
         retried.error = Some(
-            "version mismatch: condition 0 failed, the key's current version is 720896".into(),
+            kvclient::Error::VersionMismatch {
+                condition_index: 0,
+                current_mod_revision: 11,
+            }
+            .to_string(),
         );
         let report = run(vec![
             add(1, 1, Outcome::Ok, Some(10 << 16)),

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -184,13 +184,19 @@ impl Client {
             rounds += 1;
             let ticket = self.inner.sessions.begin();
             let ticket = &ticket;
-            let may_have_applied = AtomicBool::new(false);
+            // Attempts that may have applied: each counts from the moment
+            // it is sent and is let off only by an answer proving it did
+            // not apply. An attempt the router gave up on (its per-attempt
+            // timeout drops the future before any answer) stays counted:
+            // the leader may have applied it and lost the reply.
+            let in_doubt = AtomicU32::new(0);
             let expired = AtomicBool::new(false);
-            let (may_have_applied, expired) = (&may_have_applied, &expired);
+            let (in_doubt, expired) = (&in_doubt, &expired);
             let result = self
                 .inner
                 .router
                 .run(Target::Leader, true, |channel| {
+                    in_doubt.fetch_add(1, Ordering::SeqCst);
                     let attempt = call(channel, ticket.session());
                     async move {
                         let answer = attempt.await;
@@ -198,11 +204,12 @@ impl Client {
                             if crate::error::is_session_expired(status) {
                                 ticket.session_expired();
                                 expired.store(true, Ordering::SeqCst);
-                            } else if matches!(
+                                in_doubt.fetch_sub(1, Ordering::SeqCst);
+                            } else if !matches!(
                                 crate::error::classify(status),
                                 crate::error::Verdict::MaybeApplied
                             ) {
-                                may_have_applied.store(true, Ordering::SeqCst);
+                                in_doubt.fetch_sub(1, Ordering::SeqCst);
                             }
                         }
                         answer
@@ -214,7 +221,7 @@ impl Client {
             }
             let unapplied_expiry = result.is_err()
                 && expired.load(Ordering::SeqCst)
-                && !may_have_applied.load(Ordering::SeqCst);
+                && in_doubt.load(Ordering::SeqCst) == 0;
             if unapplied_expiry && rounds < WRITE_ROUNDS_MAX {
                 tracing::debug!("session expired before the write could apply: again, fresh id");
                 continue;
