@@ -12,6 +12,9 @@
 //!   (the port: TLS, connection cap, the token check [`TokenLayer`] —
 //!   etcd's `token` metadata or `authorization: Bearer` — and etcd's plain
 //!   HTTP `GET /health` and `GET /version` next to the gRPC services).
+//! - [`authority`]: every connection is read through it, which repairs
+//!   the `:authority` etcd's clients send when given a URL endpoint
+//!   (`http://host:port`), a value h2 would refuse.
 //! - [`errors`]: native statuses as etcd's gRPC errors (code and exact
 //!   message, so client libraries classify them as they do etcd's).
 //! - [`kv`]: the `KV` service (Range, Put, DeleteRange, Txn, Compact).
@@ -31,6 +34,7 @@
 //!   when the port demands one; the other calls UNIMPLEMENTED or etcd's
 //!   "authentication is not enabled").
 
+pub mod authority;
 pub mod cluster;
 pub mod election;
 pub mod errors;
@@ -48,6 +52,7 @@ use kvproto::etcd::etcdserverpb::ResponseHeader;
 use kvproto::kv::v1::Header;
 use tokio::net::TcpListener;
 use tokio::sync::watch as signal;
+use tokio_stream::StreamExt as _;
 use tonic::transport::server::TcpIncoming;
 
 use std::future::Future;
@@ -416,7 +421,8 @@ pub async fn serve(
         TcpIncoming::from(listener).with_nodelay(Some(true)),
         limits.client_connections_max,
         limits.handshake_timeout,
-    );
+    )
+    .map(|conn| conn.map(authority::AuthorityRepair::new));
     let client_certs: ClientCerts = security.client_certs();
     let builder = match crate::server::security::grpc_server(security.tls.as_ref(), client_certs) {
         Ok(builder) => builder,
