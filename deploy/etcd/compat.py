@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The etcdctl differential test (issue 21): plays one etcdctl 3.4 session
-(Debian's etcd-client) against a fresh single-member etcd 3.4 (Debian's
+(Debian's etcd-client) against a fresh three-member etcd 3.4 (Debian's
 etcd-server) and against a fresh three-member raftcask (`kvnode local
---nodes 3`, through member 2's etcd port, which may be a follower), and
+--nodes 3`), each through its member 2 (which may be a follower), and
 compares every command's output, error and exit code.
 
 Both stores start fresh, so both number their revisions alike (the first
@@ -12,9 +12,11 @@ two clusters: member and cluster ids, lease ids (each replaced by its
 order of appearance), raft terms and indexes, database sizes, server
 versions (the server release in `GET /version` too), URLs and ports, the
 remaining seconds of a lease (a timing), the leader flag of `endpoint
-status` (which member answers), client log lines,
-and `member list` and the `--cluster` commands, compared as the set of their line shapes (the reference
-has one member, raftcask three). Any other difference fails.
+status` (which member answers), client log lines, the figures, verdicts
+and exit code of `check perf` (a load check whose verdict depends on the
+machine's load; both verdicts are logged), and `member list` and the
+`--cluster` commands, compared as the set of their line shapes. Any other
+difference fails.
 
 Everything runs inside a private network namespace (`unshare -n`, loopback
 only; the script re-executes itself there), and every process it starts is
@@ -42,13 +44,15 @@ sys.dont_write_bytecode = True  # no __pycache__ under deploy/
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import procs  # noqa: E402  (deploy/procs.py: stop by pid, wait with a deadline)
 from clusters import (  # noqa: E402  (deploy/etcd/clusters.py)
-    Report, etcdctl, in_namespace, start_etcd, start_raftcask, wait_answering,
+    ETCD_THREE, Report, etcdctl, in_namespace, start_etcd, start_raftcask, wait_answering,
 )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 # Every wait below gives up after this many seconds.
 DEADLINE_S = 60
+# The deadline of `etcdctl check perf` (its load runs for 60 s).
+CHECK_PERF_S = 240
 # How long a bounded `etcdctl watch` runs before it is stopped.
 WATCH_S = 4
 # Set in the re-executed child: it runs inside the private namespace.
@@ -120,6 +124,11 @@ SESSION = [
     # the command, releases it; nothing of it is left afterwards.
     ("lock exec", ["lock", "mylock", "echo", "held"], None),
     ("lock released", ["get", "mylock", "--prefix", "--keys-only"], None),
+    # etcdctl's elect (clientv3's Election): a campaign that wins and holds
+    # office while `elect -l` observes the leader's proposal, then resigns
+    # when stopped; nothing of it is left afterwards.
+    ("elect and observe", ["myelection", "p1"], "ELECT"),
+    ("elect resigned", ["get", "myelection", "--prefix", "--keys-only"], None),
     ("defrag", ["defrag"], None),
     ("get after defrag", ["get", "", "--prefix", "-w", "json"], None),
     # Endpoints written as URLs (`http://host:port`), the usual way. The
@@ -136,6 +145,11 @@ SESSION = [
     # Plain HTTP GETs on the client (etcd) port, not etcdctl: status and body.
     ("http version", ["/version"], "HTTP"),
     ("http health", ["/health"], "HTTP"),
+    # etcdctl's own load check, last (its ~9000 puts at a fixed rate would
+    # make later revisions differ by timing): it must run to its end with
+    # the same report lines. Its figures and PASS/FAIL verdicts depend on
+    # the machine's load, so they are normalised (and logged).
+    ("check perf", ["check", "perf"], None),
 ]
 
 
@@ -162,6 +176,34 @@ def watch(endpoint, args):
     return out, err, str(child.returncode)
 
 
+def elect(endpoint, name, proposal):
+    """A campaign for `name` in the background; once its key is there, a
+    bounded `elect -l` (what it printed in WATCH_S seconds); then the
+    campaign stopped (it resigns). Both outputs, the listener's first."""
+    env = dict(os.environ, ETCDCTL_API="3")
+    campaign = subprocess.Popen(
+        ["etcdctl", "--endpoints", endpoint, "elect", name, proposal],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        won = procs.wait_until(
+            lambda: etcdctl(endpoint, ["get", name, "--prefix", "--keys-only"]).stdout.strip(),
+            DEADLINE_S,
+        )
+        listened = watch(endpoint, ["elect", "-l", name]) if won else ("", "no leader key", "")
+    finally:
+        campaign.send_signal(signal.SIGTERM)
+        out, err = campaign.communicate(timeout=DEADLINE_S)
+    return (
+        f"{listened[0]}\n-- campaign --\n{out}",
+        f"{listened[1]}\n-- campaign --\n{err}",
+        f"{listened[2]}/{campaign.returncode}",
+    )
+
+
 def http_get(endpoint, path):
     """One HTTP/1.1 GET: the body, no error text, the status code."""
     try:
@@ -172,6 +214,8 @@ def http_get(endpoint, path):
 
 
 LEASE_ID = re.compile(r"\b[0-9a-f]{16}\b")
+# The report lines of `etcdctl check perf`.
+VERDICT = re.compile(r"^(PASS|FAIL)")
 
 
 class Normaliser:
@@ -218,14 +262,18 @@ class Normaliser:
             if not line.startswith('{"level"')
         ]
         text = "\n".join(lines)
+        if label == "check perf":
+            # The report lines only (not the progress bar), figures and
+            # verdicts normalised.
+            lines = [line for line in text.splitlines() if VERDICT.match(line)]
+            lines = [re.sub(r"[0-9][0-9.]*", "<n>", VERDICT.sub("<verdict>", line)) for line in lines]
+            return "\n".join(lines)
         if label == "http version":
             # The server's own release (etcd: 3.4.x); the cluster version
             # is compared as it is.
             return re.sub(r'"etcdserver":"[^"]*"', '"etcdserver":"<version>"', text)
         if text.startswith("{"):
             return self.json_text(text, label)
-        text = LEASE_ID.sub(self.lease, text)
-        text = re.sub(r"remaining\(\d+s\)", "remaining(<s>s)", text)
         if label == "member list":
             shapes = set()
             for line in text.splitlines():
@@ -256,7 +304,10 @@ class Normaliser:
                 fields[7] = "<index>"
                 fields[8] = "<applied>"
             return ", ".join(fields)
-        return text
+        # Lease ids (not member ids: etcd's are 16 hex digits too, and the
+        # branches above replace them).
+        text = LEASE_ID.sub(self.lease, text)
+        return re.sub(r"remaining\(\d+s\)", "remaining(<s>s)", text)
 
 
 def main():
@@ -279,7 +330,8 @@ def main():
     work = tempfile.mkdtemp(prefix="raftcask-etcd-compat-")
     children = []
     try:
-        reference = start_etcd(work, children)[0]
+        # Member 2 of each, which may be a follower.
+        reference = start_etcd(work, children, ETCD_THREE)[1]
         # Member 2, which may be a follower.
         raftcask = start_raftcask(args.kvnode, work, children)[1]
         for name, endpoint in (("etcd", reference), ("raftcask", raftcask)):
@@ -336,12 +388,19 @@ def play_part(endpoint, part, compact_revision, normaliser, state):
             out, err, code = watch(endpoint, args)
         elif stdin == "HTTP":
             out, err, code = http_get(endpoint, args[0])
+        elif stdin == "ELECT":
+            out, err, code = elect(endpoint, args[0], args[1])
         elif stdin == "URL":
             done = etcdctl(f"http://{endpoint}", args)
             out, err, code = done.stdout, done.stderr, str(done.returncode)
         else:
-            done = etcdctl(endpoint, args, stdin)
+            timeout = CHECK_PERF_S if label == "check perf" else DEADLINE_S
+            done = etcdctl(endpoint, args, stdin, timeout=timeout)
             out, err, code = done.stdout, done.stderr, str(done.returncode)
+        if label == "check perf":
+            log(f"check perf on {endpoint}: exit {code}; "
+                + "; ".join(line for line in out.splitlines() if VERDICT.match(line)))
+            code = "<exit>"
         if label == "lease grant":
             found = LEASE_ID.search(out)
             state["lease"] = found.group(0) if found else None
