@@ -294,6 +294,7 @@ impl Member<'_> {
         let mut client_server = crate::server::limits::client_server(
             crate::server::security::grpc_server(security.tls.as_ref(), security.client_certs())?,
             &limits,
+            &[],
         )
         .layer(tonic::service::InterceptorLayer::new(
             security.client_check(),

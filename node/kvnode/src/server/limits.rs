@@ -175,14 +175,23 @@ fn common<L>(builder: Server<L>) -> Server<L> {
 
 /// The client port's server: [`common`] settings, streams per connection,
 /// the handler timeout, and the port-wide in-flight cap.
+///
+/// `unbounded`: request paths that wait on purpose for as long as their
+/// client does (etcd's `Lock` and `Campaign`), which are neither counted
+/// against the in-flight cap nor cut by the handler timeout; their own
+/// limit is the caller's to keep.
 pub fn client_server<L>(
     builder: Server<L>,
     limits: &Limits,
+    unbounded: &'static [&'static str],
 ) -> Server<Stack<InflightLimitLayer, L>> {
     common(builder)
         .max_concurrent_streams(limits.client_streams_per_connection_max)
-        .timeout(CLIENT_REQUEST_TIMEOUT)
-        .layer(InflightLimitLayer::new(limits.client_inflight_max))
+        .layer(
+            InflightLimitLayer::new(limits.client_inflight_max)
+                .with_timeout(CLIENT_REQUEST_TIMEOUT)
+                .unbounded(unbounded),
+        )
 }
 
 /// The peer port's server: [`common`] settings and streams per connection.
@@ -370,22 +379,41 @@ impl AsyncWrite for LimitedConn {
     }
 }
 
-/// The port-wide in-flight cap as a tower layer (see [`client_server`]).
+/// The port-wide in-flight cap and the handler timeout as a tower layer
+/// (see [`client_server`]). The timeout is tonic's own error (CANCELLED,
+/// "Timeout expired"), as tonic's server timeout answers; a client's
+/// `grpc-timeout` is still honoured by tonic beneath.
 #[derive(Clone, Debug)]
 pub struct InflightLimitLayer {
     permits: Arc<Semaphore>,
     max: usize,
     refused: Refusals,
+    timeout: Option<Duration>,
+    unbounded: &'static [&'static str],
 }
 
 impl InflightLimitLayer {
-    /// At most `max` requests handled at once.
+    /// At most `max` requests handled at once, no handler timeout.
     pub fn new(max: usize) -> InflightLimitLayer {
         InflightLimitLayer {
             permits: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
             max,
             refused: Refusals::default(),
+            timeout: None,
+            unbounded: &[],
         }
+    }
+
+    /// Cancels a handler whose response is not ready within `timeout`.
+    pub fn with_timeout(mut self, timeout: Duration) -> InflightLimitLayer {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Request paths neither counted nor timed (see [`client_server`]).
+    pub fn unbounded(mut self, paths: &'static [&'static str]) -> InflightLimitLayer {
+        self.unbounded = paths;
+        self
     }
 }
 
@@ -398,6 +426,8 @@ impl<S> Layer<S> for InflightLimitLayer {
             permits: self.permits.clone(),
             max: self.max,
             refused: self.refused.clone(),
+            timeout: self.timeout,
+            unbounded: self.unbounded,
         }
     }
 }
@@ -411,6 +441,8 @@ pub struct InflightLimit<S> {
     permits: Arc<Semaphore>,
     max: usize,
     refused: Refusals,
+    timeout: Option<Duration>,
+    unbounded: &'static [&'static str],
 }
 
 /// The boxed error of the limited service (tonic turns a [`tonic::Status`] in it
@@ -433,11 +465,22 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if self.unbounded.contains(&request.uri().path()) {
+            let response = self.inner.call(request);
+            return Box::pin(async move { response.await.map_err(Into::into) });
+        }
         match self.permits.clone().try_acquire_owned() {
             Ok(permit) => {
                 let response = self.inner.call(request);
+                let timeout = self.timeout;
                 Box::pin(async move {
-                    let response = response.await.map_err(Into::into);
+                    let response = match timeout {
+                        Some(timeout) => match tokio::time::timeout(timeout, response).await {
+                            Ok(response) => response.map_err(Into::into),
+                            Err(_) => Err(Box::new(tonic::TimeoutExpired(())) as BoxError),
+                        },
+                        None => response.await.map_err(Into::into),
+                    };
                     drop(permit);
                     response
                 })
@@ -476,6 +519,57 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A service whose "/slow" and "/other" requests never answer.
+    #[derive(Clone)]
+    struct Never;
+
+    impl Service<http::Request<()>> for Never {
+        type Response = ();
+        type Error = BoxError;
+        type Future = std::future::Pending<Result<(), BoxError>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: http::Request<()>) -> Self::Future {
+            std::future::pending()
+        }
+    }
+
+    fn request(path: &str) -> http::Request<()> {
+        http::Request::builder()
+            .uri(path)
+            .body(())
+            .expect("a request")
+    }
+
+    /// A request on an unbounded path waits past the handler timeout and
+    /// holds no in-flight slot; any other is cut by the timeout and
+    /// counted while it runs.
+    #[tokio::test]
+    async fn unbounded_paths_are_neither_counted_nor_timed() {
+        let timeout = Duration::from_millis(200);
+        let layer = InflightLimitLayer::new(1)
+            .with_timeout(timeout)
+            .unbounded(&["/slow"]);
+        let mut service = layer.layer(Never);
+        let waiters: Vec<_> = (0..3).map(|_| service.call(request("/slow"))).collect();
+        let other = service.call(request("/other"));
+        // The cap is 1 and held by "/other": one more is refused at once.
+        let refused = service.call(request("/other2")).await;
+        let status = tonic::Status::from_error(refused.expect_err("over the cap"));
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        let cut = other.await.expect_err("cut by the timeout");
+        assert!(cut.is::<tonic::TimeoutExpired>(), "{cut:?}");
+        for waiter in waiters {
+            assert!(
+                tokio::time::timeout(timeout * 3, waiter).await.is_err(),
+                "an unbounded request is still waiting after three times the timeout"
+            );
+        }
+    }
 
     #[test]
     fn defaults_validate_and_zero_caps_are_named() {

@@ -4,7 +4,9 @@
 //! - Lock: two holders of one name through different members, the second
 //!   answered only after the first unlocks (its answer's revision is at or
 //!   after the unlock's); locking again with one's lease is the same hold;
-//!   a waiter whose client goes away has its key taken back;
+//!   a waiter whose client goes away has its key taken back; waiters hold
+//!   no slot of the port's in-flight cap (more waiters than the cap, and
+//!   the holder's Unlock still gets through);
 //! - Lock and leases: revoking the holder's lease passes the lock on; a
 //!   waiter whose own lease is revoked is answered `mutex: session is
 //!   expired`; lease 0 is given a new lease; an unknown lease is etcd's
@@ -33,7 +35,7 @@ use kvproto::etcd::v3lockpb::{LockRequest, UnlockRequest};
 use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
-use super::etcd::{channel_with_timeout, cluster};
+use super::etcd::{channel_with_timeout, cluster, cluster_configured};
 
 /// How long any answer or awaited condition may take (a loaded two-core
 /// machine).
@@ -201,6 +203,68 @@ async fn a_second_locker_waits_until_the_first_unlocks() {
         granted_header.revision
     );
     assert_eq!(keys_under(&mut kv, "jobs/").await, [key_of("jobs", second)]);
+    cluster.shutdown().await;
+}
+
+/// Waiting lockers are not requests in flight (etcd's wait without bound):
+/// with the port's cap at [`INFLIGHT_CAP`], more waiters than that wait,
+/// and the holder's Unlock and a read still get through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_lockers_hold_no_slot_of_the_inflight_cap() {
+    const INFLIGHT_CAP: usize = 3;
+    let root = tempfile::tempdir().unwrap();
+    let (cluster, _leader, follower) = cluster_configured(root.path(), |config| {
+        config.limits.client_inflight_max = INFLIGHT_CAP;
+    })
+    .await;
+    let on_follower = channel(&cluster, follower).await;
+    let mut locks = LockClient::new(on_follower.clone());
+    let mut kv = KvClient::new(on_follower.clone());
+    let mut lease = LeaseClient::new(on_follower.clone());
+    let holder = grant(&mut lease).await;
+    let held = answer(locks.lock(lock("crowd", holder)))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut waiters = Vec::new();
+    for _ in 0..INFLIGHT_CAP + 2 {
+        let id = grant(&mut lease).await;
+        let mut locks = LockClient::new(on_follower.clone());
+        waiters.push(tokio::spawn(
+            async move { locks.lock(lock("crowd", id)).await },
+        ));
+    }
+    wait_until("every waiter's key", || {
+        let mut kv = kv.clone();
+        async move { keys_under(&mut kv, "crowd/").await.len() == INFLIGHT_CAP + 3 }
+    })
+    .await;
+    for waiter in &waiters {
+        assert!(!waiter.is_finished(), "a waiter was answered: {waiter:?}");
+    }
+    answer(locks.unlock(UnlockRequest { key: held.key }))
+        .await
+        .expect("the holder's unlock is not refused by the in-flight cap");
+    // Exactly one waiter is granted the lock; the others still wait.
+    wait_until("a waiter granted the lock", || {
+        let done = waiters.iter().any(|w| w.is_finished());
+        async move { done }
+    })
+    .await;
+    let granted = waiters.swap_remove(
+        waiters
+            .iter()
+            .position(|w| w.is_finished())
+            .expect("one finished"),
+    );
+    answer(granted)
+        .await
+        .unwrap()
+        .expect("the first waiter holds the lock");
+    assert_eq!(keys_under(&mut kv, "crowd/").await.len(), INFLIGHT_CAP + 2);
+    for waiter in waiters {
+        waiter.abort();
+    }
     cluster.shutdown().await;
 }
 

@@ -438,11 +438,15 @@ pub async fn serve(
         auth_token: None,
         ..security.clone()
     };
-    let mut server = crate::server::limits::client_server(builder.accept_http1(true), &limits)
-        .layer(tonic::service::InterceptorLayer::new(
-            certs_only.client_check(),
-        ))
-        .layer(TokenLayer::new(security.auth_token.clone()));
+    let mut server = crate::server::limits::client_server(
+        builder.accept_http1(true),
+        &limits,
+        recipe::RECIPE_WAIT_PATHS,
+    )
+    .layer(tonic::service::InterceptorLayer::new(
+        certs_only.client_check(),
+    ))
+    .layer(TokenLayer::new(security.auth_token.clone()));
     let decode = ETCD_REQUEST_BYTES_MAX + ETCD_GRPC_OVERHEAD_BYTES;
     let encode = ETCD_RESPONSE_BYTES_MAX;
     macro_rules! sized {

@@ -48,6 +48,11 @@ pub const RECIPE_SESSION_TTL_SECONDS: i64 = 60;
 /// `etcdserver: too many requests` (the detail names this limit), so a
 /// crowd of waiters cannot exhaust the member's tasks and watches.
 pub const RECIPE_WAITERS_MAX: usize = 10_000;
+/// The calls that wait for as long as their client does, as etcd's do
+/// (`Lock` until the lock is free, `Campaign` until elected): not counted
+/// against the port's `--max-inflight` cap and not cut by its handler
+/// timeout; [`RECIPE_WAITERS_MAX`] bounds them instead.
+pub const RECIPE_WAIT_PATHS: &[&str] = &["/v3lockpb.Lock/Lock", "/v3electionpb.Election/Campaign"];
 /// `Election.Observe` streams one member serves at once (each holds a
 /// task and a watch stream for as long as its client stays); one more is
 /// refused like a waiter beyond [`RECIPE_WAITERS_MAX`].
