@@ -27,8 +27,10 @@
 //!   dropped; a priority is kept; a block is re-split into frames of at
 //!   most [`FRAME_PAYLOAD_OUT_MAX`] bytes, the size every HTTP/2 peer
 //!   accepts.
-//! - A header block over [`HEADER_BLOCK_BYTES_MAX`], or one that does not
-//!   decode, is passed through as it came while nothing was rewritten yet
+//! - A header block over [`HEADER_BLOCK_BYTES_MAX`], one that decodes to a
+//!   list over [`HEADER_LIST_BYTES_MAX`], or one that does not decode (a
+//!   table size update above [`HPACK_TABLE_BYTES_MAX`] among the reasons),
+//!   is passed through as it came while nothing was rewritten yet
 //!   (h2 then answers it as it would have); once rewriting began it ends
 //!   the connection, as the two HPACK states could no longer agree.
 //!
@@ -64,6 +66,16 @@ pub const HEADER_BLOCK_BYTES_MAX: usize = 1 << 20;
 /// The largest frame payload this layer writes: HTTP/2's initial
 /// SETTINGS_MAX_FRAME_SIZE, which no peer may lower.
 pub const FRAME_PAYLOAD_OUT_MAX: usize = 16_384;
+/// The largest header list (RFC 9113 §6.5.2 sizes: name, value and 32
+/// octets per field) this layer decodes into fields: the port's own h2 cap,
+/// so a block over it is one h2 refuses anyway. Without it a small block of
+/// one-byte references to a large dynamic table entry decodes to
+/// gigabytes.
+pub const HEADER_LIST_BYTES_MAX: usize = crate::server::limits::HEADER_LIST_BYTES_MAX as usize;
+/// The HPACK dynamic table size h2 advertises (SETTINGS_HEADER_TABLE_SIZE's
+/// initial value, which the port does not change): a client's table size
+/// update above it does not decode, as h2 would refuse it.
+pub const HPACK_TABLE_BYTES_MAX: usize = 4096;
 /// Bytes read from the socket at a time.
 const READ_CHUNK_BYTES: usize = 16 * 1024;
 
@@ -112,11 +124,13 @@ impl std::fmt::Debug for Rewriter {
 
 impl Default for Rewriter {
     fn default() -> Self {
+        let mut decoder = loona_hpack::Decoder::new();
+        decoder.set_max_allowed_table_size(HPACK_TABLE_BYTES_MAX);
         Rewriter {
             phase: Phase::Preface { seen: 0 },
             rewriting: false,
             block: None,
-            decoder: loona_hpack::Decoder::new(),
+            decoder,
             encoder: loona_hpack::Encoder::new(),
         }
     }
@@ -280,9 +294,17 @@ impl Rewriter {
     fn finish(&mut self, block: OpenBlock, out: &mut BytesMut) -> io::Result<()> {
         let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         let mut repair = false;
+        // The decoded list's size; past HEADER_LIST_BYTES_MAX nothing more
+        // is kept (the decoder still runs to the end of the block).
+        let mut list_bytes = 0_usize;
         let decoded = self.decoder.decode_with_cb(
             &block.fragment,
             |name: Cow<'_, [u8]>, value: Cow<'_, [u8]>| {
+                list_bytes = list_bytes.saturating_add(name.len() + value.len() + 32);
+                if list_bytes > HEADER_LIST_BYTES_MAX {
+                    fields = Vec::new();
+                    return;
+                }
                 if name.as_ref() == b":authority" {
                     match repaired(&value) {
                         None => fields.push((name.into_owned(), value.into_owned())),
@@ -297,7 +319,7 @@ impl Rewriter {
                 }
             },
         );
-        if decoded.is_err() {
+        if decoded.is_err() || list_bytes > HEADER_LIST_BYTES_MAX {
             return self.give_up(block, out);
         }
         if !self.rewriting {
@@ -618,6 +640,66 @@ mod tests {
         // A TLS ClientHello's first bytes.
         let tls = vec![0x16, 0x03, 0x01, 0x02, 0x00, 0x01];
         assert_eq!(rewrite(&tls, 1).expect("passes"), tls);
+    }
+
+    /// One header block on `stream` as a single HEADERS frame.
+    fn headers_frame(stream: u32, block: &[u8]) -> Vec<u8> {
+        let mut frame = BytesMut::new();
+        frame_header(
+            &mut frame,
+            block.len(),
+            FRAME_HEADERS,
+            FLAG_END_HEADERS | FLAG_END_STREAM,
+            stream,
+        );
+        frame.extend_from_slice(block);
+        frame.to_vec()
+    }
+
+    /// An HPACK bomb: a request with a URL authority whose last field is a
+    /// ~4 KB literal added to the dynamic table, then `refs` one-byte
+    /// references to it (index 62). The block is about `refs` bytes; it
+    /// decodes to about `refs` * 4 KB, far over any header list h2 accepts
+    /// (limits::HEADER_LIST_BYTES_MAX, 16 KiB).
+    fn bomb(refs: usize) -> Vec<u8> {
+        let mut fields = request(URL, b"/etcdserverpb.KV/Range");
+        fields.push((b"x-bomb".to_vec(), vec![b'a'; 4000]));
+        let mut block = loona_hpack::Encoder::new()
+            .encode(fields.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));
+        block.extend(std::iter::repeat_n(0x80 | 62, refs));
+        block
+    }
+
+    /// A first block that decodes to far more than h2's header list cap is
+    /// not collected field by field (a 1 MiB block of such references would
+    /// be ~4 GB of decoded fields): it passes through as it came and h2
+    /// refuses it as too large.
+    #[test]
+    fn a_first_block_decoding_past_the_header_list_cap_passes_through() {
+        let mut bytes = client_bytes(&[]);
+        bytes.extend_from_slice(&headers_frame(1, &bomb(4096)));
+        assert_eq!(rewrite(&bytes, bytes.len()).expect("passes"), bytes);
+    }
+
+    /// Once rewriting, a client's dynamic table size update above the
+    /// 4096 bytes h2 advertises (h2 would answer COMPRESSION_ERROR) must not
+    /// grow this layer's decoder table: h2 never sees the update, and the
+    /// table would hold up to ~256 MiB per connection.
+    #[test]
+    fn a_table_size_update_above_h2s_ends_a_rewritten_connection() {
+        let mut bytes = client_bytes(&[request(URL, b"/a")]);
+        // Size update to 2^20 (prefix 5 bits: 0x3f then 2^20 - 31 in 7-bit groups),
+        // then an indexed :method POST.
+        let mut size = (1_usize << 20) - 31;
+        let mut block = vec![0x3f];
+        while size >= 0x80 {
+            block.push((size as u8 & 0x7f) | 0x80);
+            size >>= 7;
+        }
+        block.push(size as u8);
+        block.push(0x83);
+        bytes.extend_from_slice(&headers_frame(3, &block));
+        assert!(rewrite(&bytes, bytes.len()).is_err());
     }
 
     #[test]
