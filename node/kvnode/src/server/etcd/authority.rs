@@ -27,8 +27,11 @@
 //!   dropped; a priority is kept; a block is re-split into frames of at
 //!   most [`FRAME_PAYLOAD_OUT_MAX`] bytes, the size every HTTP/2 peer
 //!   accepts.
-//! - A header block over [`HEADER_BLOCK_BYTES_MAX`], or one that does not
-//!   decode, is passed through as it came while nothing was rewritten yet
+//! - A header block over [`HEADER_BLOCK_BYTES_MAX`], one with more than
+//!   [`HEADER_FIELDS_MAX`] fields (counted before decoding) or that decodes
+//!   to a list over [`HEADER_LIST_BYTES_MAX`], or one that does not decode
+//!   (a table size update above [`HPACK_TABLE_BYTES_MAX`] among the
+//!   reasons), is passed through as it came while nothing was rewritten yet
 //!   (h2 then answers it as it would have); once rewriting began it ends
 //!   the connection, as the two HPACK states could no longer agree.
 //!
@@ -58,12 +61,30 @@ const FLAG_PADDED: u8 = 0x8;
 const FLAG_PRIORITY: u8 = 0x20;
 /// A HEADERS frame's priority fields (stream dependency and weight).
 const PRIORITY_BYTES: usize = 5;
-/// The largest header block (all its frames' fragments) this layer
-/// decodes; tonic's own header-list cap is far below it.
-pub const HEADER_BLOCK_BYTES_MAX: usize = 1 << 20;
+/// The largest header block (all its frames, as they came) this layer
+/// holds and decodes: four times the port's 16 KiB header list cap (a
+/// Huffman code is at most 30 bits an octet), so any block h2 would accept
+/// fits; a connection holds about three copies of it while it comes.
+pub const HEADER_BLOCK_BYTES_MAX: usize = 64 * 1024;
 /// The largest frame payload this layer writes: HTTP/2's initial
 /// SETTINGS_MAX_FRAME_SIZE, which no peer may lower.
 pub const FRAME_PAYLOAD_OUT_MAX: usize = 16_384;
+/// The largest header list (RFC 9113 §6.5.2 sizes: name, value and 32
+/// octets per field) this layer decodes into fields: the port's own h2 cap,
+/// so a block over it is one h2 refuses anyway. Without it a small block of
+/// one-byte references to a large dynamic table entry decodes to
+/// gigabytes.
+pub const HEADER_LIST_BYTES_MAX: usize = crate::server::limits::HEADER_LIST_BYTES_MAX as usize;
+/// The HPACK dynamic table size h2 advertises (SETTINGS_HEADER_TABLE_SIZE's
+/// initial value, which the port does not change): a client's table size
+/// update above it does not decode, as h2 would refuse it.
+pub const HPACK_TABLE_BYTES_MAX: usize = 4096;
+/// The most fields a block this layer decodes may have: each counts at
+/// least 32 octets towards [`HEADER_LIST_BYTES_MAX`], so a block with more
+/// is over it. Counted before decoding, because decoding costs per field
+/// (loona-hpack builds a Huffman table for every Huffman-coded string, ~10
+/// µs each, on the runtime thread that polls the connection).
+pub const HEADER_FIELDS_MAX: usize = HEADER_LIST_BYTES_MAX / 32;
 /// Bytes read from the socket at a time.
 const READ_CHUNK_BYTES: usize = 16 * 1024;
 
@@ -112,11 +133,13 @@ impl std::fmt::Debug for Rewriter {
 
 impl Default for Rewriter {
     fn default() -> Self {
+        let mut decoder = loona_hpack::Decoder::new();
+        decoder.set_max_allowed_table_size(HPACK_TABLE_BYTES_MAX);
         Rewriter {
             phase: Phase::Preface { seen: 0 },
             rewriting: false,
             block: None,
-            decoder: loona_hpack::Decoder::new(),
+            decoder,
             encoder: loona_hpack::Encoder::new(),
         }
     }
@@ -278,11 +301,22 @@ impl Rewriter {
 
     /// A complete header block: judged (the first), or re-encoded.
     fn finish(&mut self, block: OpenBlock, out: &mut BytesMut) -> io::Result<()> {
+        if !fields_within(&block.fragment, HEADER_FIELDS_MAX) {
+            return self.give_up(block, out);
+        }
         let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         let mut repair = false;
+        // The decoded list's size; past HEADER_LIST_BYTES_MAX nothing more
+        // is kept (the decoder still runs to the end of the block).
+        let mut list_bytes = 0_usize;
         let decoded = self.decoder.decode_with_cb(
             &block.fragment,
             |name: Cow<'_, [u8]>, value: Cow<'_, [u8]>| {
+                list_bytes = list_bytes.saturating_add(name.len() + value.len() + 32);
+                if list_bytes > HEADER_LIST_BYTES_MAX {
+                    fields = Vec::new();
+                    return;
+                }
                 if name.as_ref() == b":authority" {
                     match repaired(&value) {
                         None => fields.push((name.into_owned(), value.into_owned())),
@@ -297,7 +331,7 @@ impl Rewriter {
                 }
             },
         );
-        if decoded.is_err() {
+        if decoded.is_err() || list_bytes > HEADER_LIST_BYTES_MAX {
             return self.give_up(block, out);
         }
         if !self.rewriting {
@@ -314,6 +348,72 @@ impl Rewriter {
         write_block(&block, &encoded, out);
         Ok(())
     }
+}
+
+/// Whether the HPACK `fragment` holds at most `max` fields, read from the
+/// representations' integers and string lengths alone (RFC 7541 §6); a
+/// fragment that does not parse counts as within (the decoder refuses it).
+fn fields_within(fragment: &[u8], max: usize) -> bool {
+    /// An HPACK integer with a `prefix`-bit prefix at `at`: its value and
+    /// the position after it; `None` when cut short or over 2^28.
+    fn integer(bytes: &[u8], at: usize, prefix: u32) -> Option<(usize, usize)> {
+        let mask = (1_usize << prefix) - 1;
+        let mut value = usize::from(*bytes.get(at)?) & mask;
+        let mut at = at + 1;
+        if value < mask {
+            return Some((value, at));
+        }
+        for shift in (0..28).step_by(7) {
+            let byte = *bytes.get(at)?;
+            at += 1;
+            value += usize::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Some((value, at));
+            }
+        }
+        None
+    }
+    /// The position after the string literal at `at`.
+    fn string(bytes: &[u8], at: usize) -> Option<usize> {
+        let (len, at) = integer(bytes, at, 7)?;
+        at.checked_add(len).filter(|end| *end <= bytes.len())
+    }
+    let mut fields = 0;
+    let mut at = 0;
+    while at < fragment.len() {
+        let first = fragment[at];
+        let next = if first & 0x80 != 0 {
+            integer(fragment, at, 7).map(|(_, at)| at)
+        } else if first & 0xe0 == 0x20 {
+            // A dynamic table size update: not a field.
+            match integer(fragment, at, 5) {
+                Some((_, after)) => {
+                    at = after;
+                    continue;
+                }
+                None => return true,
+            }
+        } else {
+            let prefix = if first & 0x40 != 0 { 6 } else { 4 };
+            integer(fragment, at, prefix).and_then(|(index, at)| {
+                let at = if index == 0 {
+                    string(fragment, at)?
+                } else {
+                    at
+                };
+                string(fragment, at)
+            })
+        };
+        let Some(next) = next else {
+            return true;
+        };
+        fields += 1;
+        if fields > max {
+            return false;
+        }
+        at = next;
+    }
+    true
 }
 
 /// A HEADERS payload's priority (when flagged) and header block fragment;
@@ -618,6 +718,89 @@ mod tests {
         // A TLS ClientHello's first bytes.
         let tls = vec![0x16, 0x03, 0x01, 0x02, 0x00, 0x01];
         assert_eq!(rewrite(&tls, 1).expect("passes"), tls);
+    }
+
+    /// One header block on `stream` as a single HEADERS frame.
+    fn headers_frame(stream: u32, block: &[u8]) -> Vec<u8> {
+        let mut frame = BytesMut::new();
+        frame_header(
+            &mut frame,
+            block.len(),
+            FRAME_HEADERS,
+            FLAG_END_HEADERS | FLAG_END_STREAM,
+            stream,
+        );
+        frame.extend_from_slice(block);
+        frame.to_vec()
+    }
+
+    /// An HPACK bomb: a request with a URL authority whose last field is a
+    /// ~4 KB literal added to the dynamic table, then `refs` one-byte
+    /// references to it (index 62). The block is about `refs` bytes; it
+    /// decodes to about `refs` * 4 KB, far over any header list h2 accepts
+    /// (limits::HEADER_LIST_BYTES_MAX, 16 KiB).
+    fn bomb(refs: usize) -> Vec<u8> {
+        let mut fields = request(URL, b"/etcdserverpb.KV/Range");
+        fields.push((b"x-bomb".to_vec(), vec![b'a'; 4000]));
+        let mut block = loona_hpack::Encoder::new()
+            .encode(fields.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));
+        block.extend(std::iter::repeat_n(0x80 | 62, refs));
+        block
+    }
+
+    /// A first block that decodes to far more than h2's header list cap is
+    /// not collected field by field (100 references here decode to 400 KB;
+    /// before the caps, a 1 MiB block of them was ~4 GB of decoded fields):
+    /// it passes through as it came and h2 refuses it as too large.
+    #[test]
+    fn a_first_block_decoding_past_the_header_list_cap_passes_through() {
+        let mut bytes = client_bytes(&[]);
+        bytes.extend_from_slice(&headers_frame(1, &bomb(100)));
+        assert_eq!(rewrite(&bytes, bytes.len()).expect("passes"), bytes);
+    }
+
+    #[test]
+    fn fields_are_counted_from_the_representations() {
+        let mut encoder = loona_hpack::Encoder::new();
+        let fields = request(URL, b"/p");
+        let block = encoder.encode(fields.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));
+        // A size update first, then the six fields; then again, indexed.
+        let mut fragment = vec![0x3f, 0xe1, 0x1f];
+        fragment.extend_from_slice(&block);
+        assert!(fields_within(&fragment, 6));
+        assert!(!fields_within(&fragment, 5));
+        let again = encoder.encode(fields.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));
+        assert!(fields_within(&again, 6) && !fields_within(&again, 5));
+        // Two-octet fields (:method, an empty Huffman value): 600 of them.
+        let tiny: Vec<u8> = std::iter::repeat_n([0x02, 0x80], 600).flatten().collect();
+        assert!(!fields_within(&tiny, HEADER_FIELDS_MAX));
+        assert!(fields_within(
+            &tiny[..2 * HEADER_FIELDS_MAX],
+            HEADER_FIELDS_MAX
+        ));
+        // Cut short: left to the decoder.
+        assert!(fields_within(&[0x40, 0x05, b'a'], 0));
+    }
+
+    /// Once rewriting, a client's dynamic table size update above the
+    /// 4096 bytes h2 advertises (h2 would answer COMPRESSION_ERROR) must not
+    /// grow this layer's decoder table: h2 never sees the update, and the
+    /// table would hold up to ~256 MiB per connection.
+    #[test]
+    fn a_table_size_update_above_h2s_ends_a_rewritten_connection() {
+        let mut bytes = client_bytes(&[request(URL, b"/a")]);
+        // Size update to 2^20 (prefix 5 bits: 0x3f then 2^20 - 31 in 7-bit groups),
+        // then an indexed :method POST.
+        let mut size = (1_usize << 20) - 31;
+        let mut block = vec![0x3f];
+        while size >= 0x80 {
+            block.push((size as u8 & 0x7f) | 0x80);
+            size >>= 7;
+        }
+        block.push(size as u8);
+        block.push(0x83);
+        bytes.extend_from_slice(&headers_frame(3, &block));
+        assert!(rewrite(&bytes, bytes.len()).is_err());
     }
 
     #[test]
