@@ -160,6 +160,9 @@ pub struct Settings {
     pub backoff_cap: Duration,
     /// Consistency of reads that do not name one.
     pub consistency: Consistency,
+    /// Whether a write refused SESSION_EXPIRED before any attempt of it may
+    /// have applied runs once more under a fresh client id (default on).
+    pub rerun_after_expiry: bool,
     /// TLS (`None` = plain TCP).
     pub tls: Option<ClientTls>,
     /// The bearer token sent with every request.
@@ -190,6 +193,7 @@ impl ClientBuilder {
                 backoff_base: BACKOFF_BASE_DEFAULT,
                 backoff_cap: BACKOFF_CAP_DEFAULT,
                 consistency: Consistency::Linearizable,
+                rerun_after_expiry: true,
                 tls: None,
                 token: None,
             },
@@ -216,6 +220,17 @@ impl ClientBuilder {
     /// relies on.
     pub fn operation_timeout(mut self, timeout: Duration) -> Self {
         self.settings.operation_timeout = timeout;
+        self
+    }
+
+    /// Off: a write refused SESSION_EXPIRED is always reported
+    /// [`crate::Error::OutcomeUnknown`], never run again under a fresh id
+    /// (on by default). For harnesses that must see every write that opens
+    /// a session: the fault suite's exactly-once workload stretches
+    /// retries past the session window on purpose, where a re-run that
+    /// opens a session could be applied twice.
+    pub fn rerun_after_expiry(mut self, rerun: bool) -> Self {
+        self.settings.rerun_after_expiry = rerun;
         self
     }
 

@@ -222,7 +222,10 @@ impl Client {
             let unapplied_expiry = result.is_err()
                 && expired.load(Ordering::SeqCst)
                 && in_doubt.load(Ordering::SeqCst) == 0;
-            if unapplied_expiry && rounds < WRITE_ROUNDS_MAX {
+            if unapplied_expiry
+                && rounds < WRITE_ROUNDS_MAX
+                && self.inner.router.settings().rerun_after_expiry
+            {
                 tracing::debug!("session expired before the write could apply: again, fresh id");
                 continue;
             }

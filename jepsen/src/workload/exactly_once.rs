@@ -35,12 +35,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use anyhow::Context as _;
 use kvclient::{Consistency, PutOptions, Scan};
 use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
 
 use super::{
-    Function, History, Outcome, WorkloadConfig, client, slow_retry_client, write_error_outcome,
+    Function, History, Outcome, WorkloadConfig, client, client_builder, slow_retry_builder,
+    write_error_outcome,
 };
 
 /// One operation in this many is a read of an earlier element.
@@ -99,16 +101,26 @@ pub async fn run(config: WorkloadConfig, history: Arc<History>) -> anyhow::Resul
     Ok(())
 }
 
+/// A worker's client: slow retries or the usual pace, and never a silent
+/// re-run of a write under a fresh session (kvclient's
+/// `rerun_after_expiry`): such a re-run opens its session, and with
+/// retries stretched past the window on purpose an opening request can
+/// apply twice (see the module doc). A SESSION_EXPIRED is an unknown
+/// outcome here, after which the worker opens a new session itself.
 fn worker_client(config: &WorkloadConfig, slow: bool) -> anyhow::Result<kvclient::Client> {
-    if slow {
-        slow_retry_client(
+    let builder = if slow {
+        slow_retry_builder(
             &config.endpoints,
             slow_retry_pause(config.session_idle),
             SLOW_OPERATION_TIMEOUT,
         )
     } else {
-        client(&config.endpoints)
-    }
+        client_builder(&config.endpoints)
+    };
+    builder
+        .rerun_after_expiry(false)
+        .build()
+        .context("building an exactly-once worker's kvclient")
 }
 
 async fn worker_loop(

@@ -694,12 +694,17 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A client for one worker (its own session).
 pub fn client(endpoints: &[String]) -> anyhow::Result<kvclient::Client> {
+    client_builder(endpoints)
+        .build()
+        .context("building a kvclient")
+}
+
+/// [`client`]'s settings, for a caller that adds its own.
+pub fn client_builder(endpoints: &[String]) -> kvclient::ClientBuilder {
     kvclient::Client::builder(endpoints.iter().cloned())
         .operation_timeout(OPERATION_TIMEOUT)
         .request_timeout(REQUEST_TIMEOUT)
         .connect_timeout(CONNECT_TIMEOUT)
-        .build()
-        .context("building a kvclient")
 }
 
 /// Time a call to one pinned member may take in total (a stale read of
@@ -752,11 +757,18 @@ pub fn slow_retry_client(
     pause: Duration,
     operation_timeout: Duration,
 ) -> anyhow::Result<kvclient::Client> {
-    kvclient::Client::builder(endpoints.iter().cloned())
-        .operation_timeout(operation_timeout)
-        .request_timeout(REQUEST_TIMEOUT)
-        .connect_timeout(CONNECT_TIMEOUT)
-        .backoff(pause * 2, pause * 2)
+    slow_retry_builder(endpoints, pause, operation_timeout)
         .build()
         .context("building a slow-retry kvclient")
+}
+
+/// [`slow_retry_client`]'s settings, for a caller that adds its own.
+pub fn slow_retry_builder(
+    endpoints: &[String],
+    pause: Duration,
+    operation_timeout: Duration,
+) -> kvclient::ClientBuilder {
+    client_builder(endpoints)
+        .operation_timeout(operation_timeout)
+        .backoff(pause * 2, pause * 2)
 }

@@ -318,6 +318,25 @@ async fn a_write_refused_before_it_could_apply_runs_again_under_a_fresh_id() {
     assert_eq!(client.client_id(), seen[1].client_id);
 }
 
+/// With `rerun_after_expiry(false)` the same refusal is reported outcome
+/// unknown and nothing runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_rerun_after_expiry_when_turned_off() {
+    let (addr, sessions) = fake(Mode::ExpiredOnce).await;
+    let client = Client::builder([addr])
+        .request_timeout(Duration::from_millis(300))
+        .attempts(4)
+        .rerun_after_expiry(false)
+        .build()
+        .expect("client");
+    let result = client.put("k", "v").await;
+    assert!(
+        matches!(result, Err(Error::OutcomeUnknown { .. })),
+        "{result:?}"
+    );
+    assert_eq!(sessions.lock().expect("lock").len(), 1);
+}
+
 /// An attempt that may have applied before the expiry (answered "outcome
 /// unknown", or given up by the client's per-attempt timeout while the
 /// server held it): the outcome is unknown, and the write is not run again
