@@ -289,6 +289,22 @@ async fn defragment_merges_everywhere_and_snapshot_streams_a_restorable_archive(
         "too few sealed files for a merge: {sealed:?}"
     );
     let mut maintenance = MaintenanceClient::new(channel(&cluster, follower).await);
+    // A Defragment marked as already forwarded is not forwarded again by
+    // a member that does not lead (one hop at most).
+    let mut forwarded = tonic::Request::new(DefragmentRequest {});
+    forwarded.metadata_mut().insert(
+        kvnode::server::etcd::maintenance::DEFRAGMENT_FORWARDED_METADATA,
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
+    let refused = maintenance
+        .defragment(forwarded)
+        .await
+        .expect_err("a forwarded Defragment on a follower");
+    assert!(
+        refused.message().starts_with("etcdserver: not leader"),
+        "{refused:?}"
+    );
+    assert_eq!(state(follower), sealed[&follower], "nothing merged yet");
     let answer = maintenance
         .defragment(DefragmentRequest {})
         .await

@@ -74,6 +74,11 @@ const _: () = assert!(
 pub const DEFRAGMENT_POLL: Duration = Duration::from_millis(50);
 /// How long a follower's Defragment waits to reach the leader's etcd port.
 pub const DEFRAGMENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Metadata a follower puts on the Defragment it forwards to the leader's
+/// etcd port: a member that gets a forwarded Defragment and does not lead
+/// (leadership moved meanwhile) refuses it with etcd's "not leader"
+/// instead of forwarding it again, so a Defragment makes one hop at most.
+pub const DEFRAGMENT_FORWARDED_METADATA: &str = "raftcask-forwarded-defragment";
 /// Archive bytes per Snapshot message: etcd's own send buffer
 /// (`snapshotSendBufferSize`, 32 KiB). Every message but the last two
 /// carries exactly this many.
@@ -454,6 +459,10 @@ impl EtcdFrontEnd {
             )
         })?;
         let mut request = Request::new(DefragmentRequest {});
+        request.metadata_mut().insert(
+            DEFRAGMENT_FORWARDED_METADATA,
+            tonic::metadata::MetadataValue::from_static("1"),
+        );
         if let Some(token) = &self.token
             && let Ok(value) = format!("Bearer {}", token.expose()).parse()
         {
@@ -508,8 +517,23 @@ impl Maintenance for EtcdFrontEnd {
     /// has merged them. No sealed file: nothing to merge, answered at once.
     async fn defragment(
         &self,
-        _request: Request<DefragmentRequest>,
+        request: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
+        if request
+            .metadata()
+            .contains_key(DEFRAGMENT_FORWARDED_METADATA)
+            && !self.kv.leads()
+        {
+            let (leader, _) = self.kv.leader();
+            return Err(etcd_error(
+                errors::NOT_LEADER,
+                &format!(
+                    "a Defragment forwarded to member {} as the leader found it no longer                      leads (leader now: {}); not forwarded again: retry",
+                    self.member_id(),
+                    leader.map_or_else(|| "unknown".to_string(), |l| l.to_string())
+                ),
+            ));
+        }
         let deadline = Instant::now() + DEFRAGMENT_WAIT_MAX;
         let one_at_a_time = self.defragments.clone();
         let _turn = tokio::time::timeout_at(deadline.into(), one_at_a_time.lock())
