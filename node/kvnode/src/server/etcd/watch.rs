@@ -13,7 +13,9 @@
 //! - `fragment`: the native stream splits a revision larger than a page
 //!   over several messages; a watch created without `fragment` gets each
 //!   revision's events in one message, as etcd sends them, up to
-//!   [`ETCD_WATCH_JOINED_BYTES_MAX`] (beyond it in several, see there).
+//!   [`ETCD_WATCH_JOINED_BYTES_MAX`] per watch and
+//!   [`ETCD_WATCH_STREAM_JOINED_BYTES_MAX`] per stream (beyond them in
+//!   several, see there).
 //! - Filters: etcd's `NOPUT` / `NODELETE` list becomes the native flags.
 
 use std::collections::{HashMap, VecDeque};
@@ -50,6 +52,77 @@ const WATCH_RESPONSES_BUFFERED: usize = 4;
 /// such a revision whole whatever its size.
 pub const ETCD_WATCH_JOINED_BYTES_MAX: usize = 4 * 1024 * 1024;
 const _: () = assert!(ETCD_WATCH_JOINED_BYTES_MAX < super::ETCD_RESPONSE_BYTES_MAX);
+/// Bytes one watch stream holds while joining, across all its watches: a
+/// stream of many watches each joining a large revision would otherwise
+/// hold [`ETCD_WATCH_JOINED_BYTES_MAX`] per watch. Past it, what the
+/// watches hold goes out as it is (in several messages, as past the
+/// per-watch bound).
+pub const ETCD_WATCH_STREAM_JOINED_BYTES_MAX: usize = 2 * ETCD_WATCH_JOINED_BYTES_MAX;
+
+/// The events held back for watches that did not ask for fragments,
+/// joined until their revision's last page, within
+/// [`ETCD_WATCH_JOINED_BYTES_MAX`] per watch and
+/// [`ETCD_WATCH_STREAM_JOINED_BYTES_MAX`] per stream.
+#[derive(Debug, Default)]
+struct Joined {
+    /// Per watch: its held events and their encoded size.
+    held: HashMap<i64, (Vec<mvccpb::Event>, usize)>,
+    /// The sum of the held sizes.
+    total: usize,
+}
+
+impl Joined {
+    /// Whether `id` holds events.
+    fn holds(&self, id: i64) -> bool {
+        self.held.contains_key(&id)
+    }
+
+    /// Forgets what `id` holds (its watch was cancelled).
+    fn forget(&mut self, id: i64) {
+        if let Some((_, bytes)) = self.held.remove(&id) {
+            self.total -= bytes;
+        }
+    }
+
+    /// Takes what `id` holds.
+    fn take(&mut self, id: i64) -> Vec<mvccpb::Event> {
+        match self.held.remove(&id) {
+            Some((events, bytes)) => {
+                self.total -= bytes;
+                events
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// Adds a page of `id`'s events. Returns what must go out before it,
+    /// as (watch, events) messages: `id`'s own held events when the page
+    /// would pass the watch's bound or the stream's, and every other
+    /// watch's when the stream's bound is still passed without them.
+    fn add(&mut self, id: i64, events: Vec<mvccpb::Event>) -> Vec<(i64, Vec<mvccpb::Event>)> {
+        let bytes: usize = events.iter().map(prost::Message::encoded_len).sum();
+        let mut out = Vec::new();
+        let own = self.held.get(&id).map_or(0, |(_, held)| *held);
+        if own > 0
+            && (own + bytes > ETCD_WATCH_JOINED_BYTES_MAX
+                || self.total + bytes > ETCD_WATCH_STREAM_JOINED_BYTES_MAX)
+        {
+            out.push((id, self.take(id)));
+        }
+        if self.total + bytes > ETCD_WATCH_STREAM_JOINED_BYTES_MAX {
+            let mut others: Vec<i64> = self.held.keys().copied().collect();
+            others.sort_unstable();
+            for other in others {
+                out.push((other, self.take(other)));
+            }
+        }
+        let (held, held_bytes) = self.held.entry(id).or_default();
+        held.extend(events);
+        *held_bytes += bytes;
+        self.total += bytes;
+        out
+    }
+}
 
 /// The response stream of `Watch.Watch`.
 pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
@@ -219,9 +292,8 @@ impl EtcdFrontEnd {
         creates: Arc<Mutex<VecDeque<Created>>>,
     ) {
         let mut watches: HashMap<i64, Created> = HashMap::new();
-        // Fragments held back for watches that did not ask for them, and
-        // their encoded size.
-        let mut held: HashMap<i64, (Vec<mvccpb::Event>, usize)> = HashMap::new();
+        // Fragments held back for watches that did not ask for them.
+        let mut joined = Joined::default();
         loop {
             let answer = tokio::select! {
                 answer = answers.next() => answer,
@@ -252,37 +324,27 @@ impl EtcdFrontEnd {
             }
             if answer.canceled {
                 watches.remove(&id);
-                held.remove(&id);
+                joined.forget(id);
             }
             let fragment_allowed = watches.get(&id).is_some_and(|w| w.fragment);
             let mut events: Vec<mvccpb::Event> = answer.events.into_iter().map(event).collect();
-            if !fragment_allowed && !answer.canceled && (answer.fragment || held.contains_key(&id))
-            {
-                let bytes: usize = events.iter().map(prost::Message::encoded_len).sum();
-                let (joined, joined_bytes) = held.entry(id).or_default();
-                if *joined_bytes + bytes > ETCD_WATCH_JOINED_BYTES_MAX && !joined.is_empty() {
-                    // Too large to join: what is held goes out on its own.
+            if !fragment_allowed && !answer.canceled && (answer.fragment || joined.holds(id)) {
+                // Too large to join: what is held goes out on its own.
+                for (watch_id, events) in joined.add(id, events) {
                     let message = WatchResponse {
                         header,
-                        watch_id: id,
-                        events: std::mem::take(joined),
+                        watch_id,
+                        events,
                         ..Default::default()
                     };
-                    *joined_bytes = 0;
                     if out.send(Ok(message)).await.is_err() {
                         return;
                     }
                 }
-                let (joined, joined_bytes) = held.entry(id).or_default();
-                joined.extend(events);
-                *joined_bytes += bytes;
                 if answer.fragment {
                     continue;
                 }
-                events = held
-                    .remove(&id)
-                    .map(|(joined, _)| joined)
-                    .unwrap_or_default();
+                events = joined.take(id);
             }
             let message = WatchResponse {
                 header,
@@ -351,6 +413,51 @@ impl Watch for EtcdFrontEnd {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A page of `n` put events of `value_bytes` each.
+    fn page(n: usize, value_bytes: usize) -> Vec<mvccpb::Event> {
+        (0..n)
+            .map(|i| mvccpb::Event {
+                r#type: mvccpb::event::EventType::Put as i32,
+                kv: Some(mvccpb::KeyValue {
+                    key: format!("k{i}").into_bytes().into(),
+                    value: vec![b'v'; value_bytes].into(),
+                    ..Default::default()
+                }),
+                prev_kv: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn joining_is_bounded_per_watch_and_per_stream() {
+        const MIB: usize = 1024 * 1024;
+        let mut joined = Joined::default();
+        // Below both bounds: held, nothing goes out.
+        assert!(joined.add(1, page(3, MIB)).is_empty());
+        assert!(joined.holds(1));
+        // Past the watch's own bound: its 3 MiB go out first.
+        let out = joined.add(1, page(2, MIB));
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].0, out[0].1.len()), (1, 3));
+        // Other watches fill the stream: each below its own bound.
+        assert!(joined.add(2, page(3, MIB)).is_empty());
+        assert!(joined.add(3, page(1, MIB / 2)).is_empty());
+        assert!(joined.total <= ETCD_WATCH_STREAM_JOINED_BYTES_MAX);
+        // Past the stream's bound (within watch 3's own): watch 3's held
+        // events go out, and as that is not enough, the others' too.
+        let out = joined.add(3, page(3, MIB));
+        let ids: Vec<i64> = out.iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids, [3, 1, 2]);
+        assert!(joined.total <= ETCD_WATCH_STREAM_JOINED_BYTES_MAX);
+        assert_eq!(joined.take(3).len(), 3);
+        assert_eq!(joined.total, 0);
+        assert!(!joined.holds(1) && !joined.holds(2));
+        // A cancelled watch's held events are forgotten with their bytes.
+        assert!(joined.add(4, page(1, MIB)).is_empty());
+        joined.forget(4);
+        assert_eq!(joined.total, 0);
+    }
 
     #[test]
     fn a_watch_from_the_compact_revision_starts_after_it_and_reads_it() {
