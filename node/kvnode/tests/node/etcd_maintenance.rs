@@ -304,6 +304,15 @@ async fn defragment_merges_everywhere_and_snapshot_streams_a_restorable_archive(
         refused.message().starts_with("etcdserver: not leader"),
         "{refused:?}"
     );
+    let detail = refused
+        .metadata()
+        .get(kvnode::server::etcd::errors::DETAIL_KEY)
+        .and_then(|d| d.to_str().ok())
+        .unwrap_or_default();
+    assert!(
+        detail.contains("not forwarded again") && !detail.contains("  "),
+        "{detail:?}"
+    );
     assert_eq!(state(follower), sealed[&follower], "nothing merged yet");
     let answer = maintenance
         .defragment(DefragmentRequest {})

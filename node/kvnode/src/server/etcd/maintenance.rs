@@ -471,6 +471,35 @@ impl EtcdFrontEnd {
         MaintenanceClient::new(channel).defragment(request).await?;
         Ok(())
     }
+
+    /// Defragment on a member that does not lead: a call another member
+    /// forwarded is refused with etcd's "not leader" (one hop at most);
+    /// any other asks the leader, then waits for this member's own merge
+    /// of the files it had sealed.
+    async fn defragment_as_follower(
+        &self,
+        forwarded: bool,
+        deadline: Instant,
+    ) -> Result<Response<DefragmentResponse>, Status> {
+        if forwarded {
+            let (leader, _) = self.kv.leader();
+            return Err(etcd_error(
+                errors::NOT_LEADER,
+                &format!(
+                    "a Defragment forwarded to member {} as the leader found it no longer \
+                     leads (leader now: {}); not forwarded again: retry",
+                    self.member_id(),
+                    leader.map_or_else(|| "unknown".to_string(), |l| l.to_string())
+                ),
+            ));
+        }
+        let (inputs, merges) = self.merge_state();
+        self.defragment_on_leader().await?;
+        if !inputs.is_empty() {
+            self.merged(&inputs, merges, deadline).await?;
+        }
+        Ok(Response::new(DefragmentResponse { header: None }))
+    }
 }
 
 #[tonic::async_trait]
@@ -519,24 +548,18 @@ impl Maintenance for EtcdFrontEnd {
         &self,
         request: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
-        if request
+        let forwarded = request
             .metadata()
-            .contains_key(DEFRAGMENT_FORWARDED_METADATA)
-            && !self.kv.leads()
-        {
-            let (leader, _) = self.kv.leader();
-            return Err(etcd_error(
-                errors::NOT_LEADER,
-                &format!(
-                    "a Defragment forwarded to member {} as the leader found it no longer                      leads (leader now: {}); not forwarded again: retry",
-                    self.member_id(),
-                    leader.map_or_else(|| "unknown".to_string(), |l| l.to_string())
-                ),
-            ));
-        }
+            .contains_key(DEFRAGMENT_FORWARDED_METADATA);
         let deadline = Instant::now() + DEFRAGMENT_WAIT_MAX;
+        if !self.kv.leads() {
+            return self.defragment_as_follower(forwarded, deadline).await;
+        }
+        // The leader's turn: one Defragment's merge at a time. Held only
+        // here, never while asking another member (two members each
+        // holding theirs while asking the other would wait on each other).
         let one_at_a_time = self.defragments.clone();
-        let _turn = tokio::time::timeout_at(deadline.into(), one_at_a_time.lock())
+        let turn = tokio::time::timeout_at(deadline.into(), one_at_a_time.lock())
             .await
             .map_err(|_| {
                 etcd_error(
@@ -544,22 +567,21 @@ impl Maintenance for EtcdFrontEnd {
                     "an earlier Defragment's merge is still running on this member",
                 )
             })?;
-        let (inputs, merges) = self.merge_state();
-        if self.kv.leads() {
-            if !inputs.is_empty() {
-                let Some(MergeProposer(propose)) = &self.merge else {
-                    return Err(Status::unimplemented(
-                        "this member's etcd port was started without a merge proposer",
-                    ));
-                };
-                propose(inputs.clone()).await.map_err(|err| {
-                    etcd_error(errors::TIMEOUT, &format!("the merge entry: {err}"))
-                })?;
-            }
-        } else {
-            self.defragment_on_leader().await?;
+        if !self.kv.leads() {
+            // Leadership moved while this call waited for its turn.
+            drop(turn);
+            return self.defragment_as_follower(forwarded, deadline).await;
         }
+        let (inputs, merges) = self.merge_state();
         if !inputs.is_empty() {
+            let Some(MergeProposer(propose)) = &self.merge else {
+                return Err(Status::unimplemented(
+                    "this member's etcd port was started without a merge proposer",
+                ));
+            };
+            propose(inputs.clone())
+                .await
+                .map_err(|err| etcd_error(errors::TIMEOUT, &format!("the merge entry: {err}")))?;
             self.merged(&inputs, merges, deadline).await?;
         }
         Ok(Response::new(DefragmentResponse { header: None }))

@@ -141,11 +141,12 @@ pub struct EtcdFrontEnd {
     pub(crate) recipes: std::sync::Arc<recipe::RecipeLimits>,
     /// Proposes the merge of a Defragment on the leader.
     pub(crate) merge: Option<MergeProposer>,
-    /// Held through each Defragment this member serves, so they run one at
-    /// a time: a Defragment repeated while the first one's merge runs (an
-    /// etcdctl retry, `defrag --cluster`, whose followers forward to the
-    /// leader) waits for it instead of proposing a second merge whose apply
-    /// would wait for the first under the state machine's lock.
+    /// Held through each Defragment this member serves as the leader, so
+    /// they run one at a time: a Defragment repeated while the first one's
+    /// merge runs (an etcdctl retry, `defrag --cluster`, whose followers
+    /// forward to the leader) waits for it instead of proposing a second
+    /// merge whose apply would wait for the first under the state
+    /// machine's lock. Never held while asking another member.
     pub(crate) defragments: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
