@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_stream::Stream;
 use tonic::codegen::http;
 use tonic::transport::Server;
@@ -177,9 +177,9 @@ fn common<L>(builder: Server<L>) -> Server<L> {
 /// the handler timeout, and the port-wide in-flight cap.
 ///
 /// `unbounded`: request paths that wait on purpose for as long as their
-/// client does (etcd's `Lock` and `Campaign`), which are neither counted
-/// against the in-flight cap nor cut by the handler timeout; their own
-/// limit is the caller's to keep.
+/// client does (etcd's `Lock` and `Campaign`): counted and timed like any
+/// call until the handler calls [`AdmissionRelease::release`] (once its
+/// request is decoded and its own limit taken), neither after.
 pub fn client_server<L>(
     builder: Server<L>,
     limits: &Limits,
@@ -395,6 +395,21 @@ impl AsyncWrite for LimitedConn {
     delegate_async_write!(stream);
 }
 
+/// Found in the request extensions of a call on one of the layer's
+/// unbounded paths ([`client_server`]): [`AdmissionRelease::release`]
+/// gives back the call's in-flight slot and takes it out of the handler
+/// timeout, for the wait the handler bounds itself (etcd's Lock waiting
+/// for the lock, under `RECIPE_WAITERS_MAX`).
+#[derive(Clone, Debug)]
+pub struct AdmissionRelease(Arc<watch::Sender<bool>>);
+
+impl AdmissionRelease {
+    /// Leaves the in-flight count and the handler timeout.
+    pub fn release(&self) {
+        self.0.send_replace(true);
+    }
+}
+
 /// The port-wide in-flight cap and the handler timeout as a tower layer
 /// (see [`client_server`]). The timeout is tonic's own error (CANCELLED,
 /// "Timeout expired"), as tonic's server timeout answers; a client's
@@ -426,7 +441,8 @@ impl InflightLimitLayer {
         self
     }
 
-    /// Request paths neither counted nor timed (see [`client_server`]).
+    /// Request paths whose handlers may leave the count and the timeout
+    /// (see [`client_server`]).
     pub fn unbounded(mut self, paths: &'static [&'static str]) -> InflightLimitLayer {
         self.unbounded = paths;
         self
@@ -480,25 +496,56 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        if self.unbounded.contains(&request.uri().path()) {
-            let response = self.inner.call(request);
-            return Box::pin(async move { response.await.map_err(Into::into) });
-        }
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         match self.permits.clone().try_acquire_owned() {
             Ok(permit) => {
+                // An unbounded path's handler is handed the way to leave
+                // the count and the timeout once its wait begins; until
+                // then (its body read and decoded, its checks made) it is
+                // counted and timed like any request.
+                let released = self.unbounded.contains(&request.uri().path()).then(|| {
+                    let (release, released) = watch::channel(false);
+                    request
+                        .extensions_mut()
+                        .insert(AdmissionRelease(Arc::new(release)));
+                    released
+                });
                 let response = self.inner.call(request);
                 let timeout = self.timeout;
                 Box::pin(async move {
-                    let response = match timeout {
-                        Some(timeout) => match tokio::time::timeout(timeout, response).await {
-                            Ok(response) => response.map_err(Into::into),
-                            Err(_) => Err(Box::new(tonic::TimeoutExpired(())) as BoxError),
+                    let response = async move { response.await.map_err(Into::<BoxError>::into) };
+                    let mut response = std::pin::pin!(response);
+                    // `None`: the handler released its admission.
+                    let admitted = async {
+                        match released {
+                            Some(mut released) => tokio::select! {
+                                answer = &mut response => Some(answer),
+                                waited = async {
+                                    released.wait_for(|released| *released).await.is_ok()
+                                } => {
+                                    if waited {
+                                        None
+                                    } else {
+                                        // Dropped unreleased: a bounded call.
+                                        Some((&mut response).await)
+                                    }
+                                }
+                            },
+                            None => Some((&mut response).await),
+                        }
+                    };
+                    let admitted = match timeout {
+                        Some(timeout) => match tokio::time::timeout(timeout, admitted).await {
+                            Ok(admitted) => admitted,
+                            Err(_) => return Err(Box::new(tonic::TimeoutExpired(())) as BoxError),
                         },
-                        None => response.await.map_err(Into::into),
+                        None => admitted.await,
                     };
                     drop(permit);
-                    response
+                    match admitted {
+                        Some(answer) => answer,
+                        None => response.await,
+                    }
                 })
             }
             Err(_) => {
@@ -536,7 +583,8 @@ where
 mod tests {
     use super::*;
 
-    /// A service whose "/slow" and "/other" requests never answer.
+    /// A service whose requests never answer; on "/slow" it first
+    /// releases its admission (as a waiting Lock does), on others not.
     #[derive(Clone)]
     struct Never;
 
@@ -549,7 +597,12 @@ mod tests {
             Poll::Ready(Ok(()))
         }
 
-        fn call(&mut self, _: http::Request<()>) -> Self::Future {
+        fn call(&mut self, request: http::Request<()>) -> Self::Future {
+            if request.uri().path() == "/slow"
+                && let Some(admission) = request.extensions().get::<AdmissionRelease>()
+            {
+                admission.release();
+            }
             std::future::pending()
         }
     }
@@ -561,28 +614,46 @@ mod tests {
             .expect("a request")
     }
 
-    /// A request on an unbounded path waits past the handler timeout and
-    /// holds no in-flight slot; any other is cut by the timeout and
-    /// counted while it runs.
+    fn refused(answer: Result<(), BoxError>) -> bool {
+        answer.is_err_and(|err| {
+            tonic::Status::from_error(err).code() == tonic::Code::ResourceExhausted
+        })
+    }
+
+    /// A call on an unbounded path is counted and timed until its handler
+    /// releases its admission, neither after; any other call is counted
+    /// while it runs and cut by the timeout.
     #[tokio::test]
-    async fn unbounded_paths_are_neither_counted_nor_timed() {
+    async fn unbounded_paths_leave_the_count_and_the_timeout_once_released() {
         let timeout = Duration::from_millis(200);
         let layer = InflightLimitLayer::new(1)
             .with_timeout(timeout)
-            .unbounded(&["/slow"]);
+            .unbounded(&["/slow", "/held"]);
         let mut service = layer.layer(Never);
-        let waiters: Vec<_> = (0..3).map(|_| service.call(request("/slow"))).collect();
+        // Not released: it holds the one slot and is cut by the timeout.
+        let held = service.call(request("/held"));
+        assert!(refused(service.call(request("/other")).await));
+        let cut = held.await.expect_err("cut by the timeout");
+        assert!(cut.is::<tonic::TimeoutExpired>(), "{cut:?}");
+        // Released: each gives its slot back, and still waits past the
+        // timeout.
+        let mut waiters = Vec::new();
+        for _ in 0..3 {
+            waiters.push(tokio::spawn(service.call(request("/slow"))));
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while layer.permits.available_permits() == 0 {
+                assert!(std::time::Instant::now() < deadline, "the slot came back");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
         let other = service.call(request("/other"));
-        // The cap is 1 and held by "/other": one more is refused at once.
-        let refused = service.call(request("/other2")).await;
-        let status = tonic::Status::from_error(refused.expect_err("over the cap"));
-        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert!(refused(service.call(request("/other2")).await));
         let cut = other.await.expect_err("cut by the timeout");
         assert!(cut.is::<tonic::TimeoutExpired>(), "{cut:?}");
         for waiter in waiters {
             assert!(
                 tokio::time::timeout(timeout * 3, waiter).await.is_err(),
-                "an unbounded request is still waiting after three times the timeout"
+                "a released call is still waiting after three times the timeout"
             );
         }
     }

@@ -102,8 +102,8 @@ impl Election for EtcdFrontEnd {
         &self,
         request: Request<CampaignRequest>,
     ) -> Result<Response<CampaignResponse>, Status> {
+        let _waiter = self.recipes.wait_place("Election.Campaign", &request)?;
         let request = request.into_inner();
-        let _waiter = self.recipes.waiter("Election.Campaign")?;
         let lease = self.session_lease(request.lease).await?;
         let prefix = prefix_of(&request.name);
         let key = own_key(&prefix, lease);

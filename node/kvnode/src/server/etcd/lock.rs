@@ -33,8 +33,8 @@ use super::recipe::{
 #[tonic::async_trait]
 impl Lock for EtcdFrontEnd {
     async fn lock(&self, request: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
+        let _waiter = self.recipes.wait_place("Lock.Lock", &request)?;
         let request = request.into_inner();
-        let _waiter = self.recipes.waiter("Lock.Lock")?;
         let lease = self.session_lease(request.lease).await?;
         let prefix = prefix_of(&request.name);
         let key = own_key(&prefix, lease);

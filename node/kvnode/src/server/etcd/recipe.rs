@@ -49,9 +49,10 @@ pub const RECIPE_SESSION_TTL_SECONDS: i64 = 60;
 /// crowd of waiters cannot exhaust the member's tasks and watches.
 pub const RECIPE_WAITERS_MAX: usize = 10_000;
 /// The calls that wait for as long as their client does, as etcd's do
-/// (`Lock` until the lock is free, `Campaign` until elected): not counted
-/// against the port's `--max-inflight` cap and not cut by its handler
-/// timeout; [`RECIPE_WAITERS_MAX`] bounds them instead.
+/// (`Lock` until the lock is free, `Campaign` until elected): once
+/// decoded and holding a waiter's place ([`RecipeLimits::wait_place`]),
+/// not counted against the port's `--max-inflight` cap and not cut by its
+/// handler timeout; [`RECIPE_WAITERS_MAX`] bounds them instead.
 pub const RECIPE_WAIT_PATHS: &[&str] = &["/v3lockpb.Lock/Lock", "/v3electionpb.Election/Campaign"];
 /// `Election.Observe` streams one member serves at once (each holds a
 /// task and a watch stream for as long as its client stays); one more is
@@ -98,6 +99,26 @@ impl RecipeLimits {
                 ),
             )
         })
+    }
+
+    /// A waiter's place ([`RecipeLimits::waiter`]); holding it, the call
+    /// leaves the port's in-flight count and handler timeout
+    /// ([`crate::server::limits::AdmissionRelease`]): its wait is bounded
+    /// by the places instead ([`RECIPE_WAIT_PATHS`]).
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn wait_place<T>(
+        &self,
+        call: &str,
+        request: &tonic::Request<T>,
+    ) -> Result<OwnedSemaphorePermit, Status> {
+        let place = self.waiter(call)?;
+        if let Some(admission) = request
+            .extensions()
+            .get::<crate::server::limits::AdmissionRelease>()
+        {
+            admission.release();
+        }
+        Ok(place)
     }
 
     /// A place for one `Observe` stream, or etcd's "too many requests".
