@@ -24,7 +24,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use kvproto::etcd::etcdserverpb::watch_server::Watch;
 use kvproto::etcd::etcdserverpb::{
-    WatchCreateRequest, WatchRequest, WatchResponse, watch_create_request, watch_request,
+    ResponseHeader, WatchCreateRequest, WatchRequest, WatchResponse, watch_create_request,
+    watch_request,
 };
 use kvproto::etcd::mvccpb;
 use kvproto::kv::v1 as native;
@@ -65,11 +66,23 @@ pub const ETCD_WATCH_STREAM_JOINED_BYTES_MAX: usize = 2 * ETCD_WATCH_JOINED_BYTE
 /// [`ETCD_WATCH_STREAM_JOINED_BYTES_MAX`] per stream.
 #[derive(Debug, Default)]
 struct Joined {
-    /// Per watch: its held events and their encoded size.
-    held: HashMap<i64, (Vec<mvccpb::Event>, usize)>,
+    /// Per watch: its held events, their encoded size, and the header of
+    /// the last page held (at or after every held event's revision).
+    held: HashMap<i64, Held>,
     /// The sum of the held sizes.
     total: usize,
 }
+
+/// One watch's held events (see [`Joined`]).
+#[derive(Debug, Default)]
+struct Held {
+    events: Vec<mvccpb::Event>,
+    bytes: usize,
+    header: Option<ResponseHeader>,
+}
+
+/// A message [`Joined::add`] sends out before holding a page.
+type Flushed = (i64, Vec<mvccpb::Event>, Option<ResponseHeader>);
 
 impl Joined {
     /// Whether `id` holds events.
@@ -79,46 +92,62 @@ impl Joined {
 
     /// Forgets what `id` holds (its watch was cancelled).
     fn forget(&mut self, id: i64) {
-        if let Some((_, bytes)) = self.held.remove(&id) {
-            self.total -= bytes;
+        if let Some(held) = self.held.remove(&id) {
+            self.total -= held.bytes;
         }
     }
 
     /// Takes what `id` holds.
     fn take(&mut self, id: i64) -> Vec<mvccpb::Event> {
+        self.take_held(id).1
+    }
+
+    fn take_held(&mut self, id: i64) -> Flushed {
         match self.held.remove(&id) {
-            Some((events, bytes)) => {
-                self.total -= bytes;
-                events
+            Some(held) => {
+                self.total -= held.bytes;
+                (id, held.events, held.header)
             }
-            None => Vec::new(),
+            None => (id, Vec::new(), None),
         }
     }
 
-    /// Adds a page of `id`'s events. Returns what must go out before it,
-    /// as (watch, events) messages: `id`'s own held events when the page
-    /// would pass the watch's bound or the stream's, and every other
-    /// watch's when the stream's bound is still passed without them.
-    fn add(&mut self, id: i64, events: Vec<mvccpb::Event>) -> Vec<(i64, Vec<mvccpb::Event>)> {
+    /// Adds a page of `id`'s events, answered with `header`. Returns what
+    /// must go out before it, each with its own last header: `id`'s held
+    /// events when the page would pass the watch's bound or the stream's,
+    /// then, while the stream's bound is still passed, the other watches'
+    /// held events, the largest first (so a small revision stays whole
+    /// unless it alone is left to give way).
+    fn add(
+        &mut self,
+        id: i64,
+        events: Vec<mvccpb::Event>,
+        header: Option<ResponseHeader>,
+    ) -> Vec<Flushed> {
         let bytes: usize = events.iter().map(prost::Message::encoded_len).sum();
         let mut out = Vec::new();
-        let own = self.held.get(&id).map_or(0, |(_, held)| *held);
+        let own = self.held.get(&id).map_or(0, |held| held.bytes);
         if own > 0
             && (own + bytes > ETCD_WATCH_JOINED_BYTES_MAX
                 || self.total + bytes > ETCD_WATCH_STREAM_JOINED_BYTES_MAX)
         {
-            out.push((id, self.take(id)));
+            out.push(self.take_held(id));
         }
-        if self.total + bytes > ETCD_WATCH_STREAM_JOINED_BYTES_MAX {
-            let mut others: Vec<i64> = self.held.keys().copied().collect();
-            others.sort_unstable();
-            for other in others {
-                out.push((other, self.take(other)));
-            }
+        while self.total + bytes > ETCD_WATCH_STREAM_JOINED_BYTES_MAX {
+            let Some(largest) = self
+                .held
+                .iter()
+                .max_by_key(|(other, held)| (held.bytes, std::cmp::Reverse(**other)))
+                .map(|(other, _)| *other)
+            else {
+                break;
+            };
+            out.push(self.take_held(largest));
         }
-        let (held, held_bytes) = self.held.entry(id).or_default();
-        held.extend(events);
-        *held_bytes += bytes;
+        let held = self.held.entry(id).or_default();
+        held.events.extend(events);
+        held.bytes += bytes;
+        held.header = header;
         self.total += bytes;
         out
     }
@@ -330,7 +359,7 @@ impl EtcdFrontEnd {
             let mut events: Vec<mvccpb::Event> = answer.events.into_iter().map(event).collect();
             if !fragment_allowed && !answer.canceled && (answer.fragment || joined.holds(id)) {
                 // Too large to join: what is held goes out on its own.
-                for (watch_id, events) in joined.add(id, events) {
+                for (watch_id, events, header) in joined.add(id, events, header) {
                     let message = WatchResponse {
                         header,
                         watch_id,
@@ -429,34 +458,63 @@ mod tests {
             .collect()
     }
 
+    fn header(revision: i64) -> Option<ResponseHeader> {
+        Some(ResponseHeader {
+            revision,
+            ..Default::default()
+        })
+    }
+
     #[test]
     fn joining_is_bounded_per_watch_and_per_stream() {
         const MIB: usize = 1024 * 1024;
         let mut joined = Joined::default();
         // Below both bounds: held, nothing goes out.
-        assert!(joined.add(1, page(3, MIB)).is_empty());
+        assert!(joined.add(1, page(3, MIB), header(10)).is_empty());
         assert!(joined.holds(1));
-        // Past the watch's own bound: its 3 MiB go out first.
-        let out = joined.add(1, page(2, MIB));
+        // Past the watch's own bound: its 3 MiB go out first, with the
+        // header they came with.
+        let out = joined.add(1, page(2, MIB), header(11));
         assert_eq!(out.len(), 1);
-        assert_eq!((out[0].0, out[0].1.len()), (1, 3));
+        assert_eq!((out[0].0, out[0].1.len(), out[0].2), (1, 3, header(10)));
         // Other watches fill the stream: each below its own bound.
-        assert!(joined.add(2, page(3, MIB)).is_empty());
-        assert!(joined.add(3, page(1, MIB / 2)).is_empty());
+        assert!(joined.add(2, page(3, MIB), header(12)).is_empty());
+        assert!(joined.add(3, page(1, MIB / 2), header(13)).is_empty());
         assert!(joined.total <= ETCD_WATCH_STREAM_JOINED_BYTES_MAX);
         // Past the stream's bound (within watch 3's own): watch 3's held
-        // events go out, and as that is not enough, the others' too.
-        let out = joined.add(3, page(3, MIB));
-        let ids: Vec<i64> = out.iter().map(|(id, _)| *id).collect();
-        assert_eq!(ids, [3, 1, 2]);
+        // events go out, and as that is not enough, the largest other's
+        // (watch 2's 3 MiB), not watch 1's 2 MiB.
+        let out = joined.add(3, page(3, MIB), header(9));
+        let ids: Vec<i64> = out.iter().map(|(id, ..)| *id).collect();
+        assert_eq!(ids, [3, 2]);
+        assert_eq!(out[1].2, header(12), "a flushed watch keeps its own header");
+        assert!(joined.holds(1), "a smaller revision stays whole");
         assert!(joined.total <= ETCD_WATCH_STREAM_JOINED_BYTES_MAX);
         assert_eq!(joined.take(3).len(), 3);
+        assert_eq!(joined.take(1).len(), 2);
         assert_eq!(joined.total, 0);
-        assert!(!joined.holds(1) && !joined.holds(2));
         // A cancelled watch's held events are forgotten with their bytes.
-        assert!(joined.add(4, page(1, MIB)).is_empty());
+        assert!(joined.add(4, page(1, MIB), header(14)).is_empty());
         joined.forget(4);
         assert_eq!(joined.total, 0);
+    }
+
+    /// A small revision held over two pages stays whole while large ones
+    /// of other watches make room.
+    #[test]
+    fn a_small_revision_stays_whole_under_stream_pressure() {
+        const MIB: usize = 1024 * 1024;
+        let mut joined = Joined::default();
+        assert!(joined.add(1, page(39, MIB / 10), header(1)).is_empty());
+        assert!(joined.add(2, page(39, MIB / 10), header(2)).is_empty());
+        assert!(joined.add(3, page(1, 50 * 1024), header(3)).is_empty());
+        // A fourth watch's page passes the stream's bound: one of the
+        // large ones gives way, and that is enough.
+        let out = joined.add(4, page(3, MIB / 10), header(4));
+        let ids: Vec<i64> = out.iter().map(|(id, ..)| *id).collect();
+        assert_eq!(ids, [1]);
+        assert!(joined.total <= ETCD_WATCH_STREAM_JOINED_BYTES_MAX);
+        assert!(joined.holds(3));
     }
 
     #[test]
