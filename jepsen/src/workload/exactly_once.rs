@@ -132,7 +132,9 @@ async fn worker_loop(
 ) -> anyhow::Result<()> {
     let mut process = history.new_process();
     let mut client = worker_client(&config, slow)?;
-    open_session(&client, &history, &mut process).await?;
+    if !open_session(&client, &history, &mut process, config.deadline).await? {
+        return Ok(());
+    }
     // Reads go through a client of the usual pace (a slow retry would only
     // make a read late; reads carry no session).
     let reader = super::client(&config.endpoints)?;
@@ -195,7 +197,9 @@ async fn worker_loop(
         if outcome == Outcome::Info {
             process = history.new_process();
             client = worker_client(&config, slow)?;
-            open_session(&client, &history, &mut process).await?;
+            if !open_session(&client, &history, &mut process, config.deadline).await? {
+                return Ok(());
+            }
         }
         tokio::time::sleep(pause).await;
     }
@@ -204,9 +208,6 @@ async fn worker_loop(
 
 /// The prefix of the session-opening writes (not elements).
 pub const OPENER_PREFIX: &str = "o/";
-/// Attempts to open a session before the worker gives up on it.
-const OPEN_ATTEMPTS_MAX: u32 = 20;
-
 /// Opens a fresh client's session with a write of its own (an
 /// unconditional put of `o/<client id>`, recorded as a `write`), retried
 /// until one is acknowledged, so every element add after it is a request
@@ -218,13 +219,18 @@ const OPEN_ATTEMPTS_MAX: u32 = 20;
 /// shortening the server's window (and retrying slowly). The promise
 /// under test is the server's: a request that does not open its session,
 /// for an unknown session, is never applied (SESSION_EXPIRED).
+///
+/// Tried until `deadline`: false when no opener was acknowledged by then,
+/// and the worker must add nothing more (its next add would open the
+/// session itself).
 async fn open_session(
     client: &kvclient::Client,
     history: &History,
     process: &mut u64,
-) -> anyhow::Result<()> {
+    deadline: tokio::time::Instant,
+) -> anyhow::Result<bool> {
     let key = format!("{OPENER_PREFIX}{:016x}", client.client_id());
-    for _ in 0..OPEN_ATTEMPTS_MAX {
+    while tokio::time::Instant::now() < deadline {
         let mut pending = history.invoke(*process, Function::Write, &key);
         pending.op_mut().value = Some(format!("open-{process}"));
         match client.put(key.clone(), format!("open-{process}")).await {
@@ -232,7 +238,7 @@ async fn open_session(
                 pending.op_mut().version = Some(w.seq);
                 pending.op_mut().index = Some(w.applied_index);
                 history.complete(pending, Outcome::Ok)?;
-                return Ok(());
+                return Ok(true);
             }
             Err(err) => {
                 pending.op_mut().error = Some(err.to_string());
@@ -246,7 +252,7 @@ async fn open_session(
             }
         }
     }
-    Ok(())
+    Ok(false)
 }
 
 /// The final read: a linearizable scan of every element (values and
