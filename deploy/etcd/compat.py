@@ -12,9 +12,10 @@ two clusters: member and cluster ids, lease ids (each replaced by its
 order of appearance), raft terms and indexes, database sizes, server
 versions (the server release in `GET /version` too), URLs and ports, the
 remaining seconds of a lease (a timing), the leader flag of `endpoint
-status` (which member answers), client log lines, the figures, verdicts
-and exit code of `check perf` (a load check whose verdict depends on the
-machine's load; both verdicts are logged), and `member list` and the
+status` (which member answers), client log lines, `check perf` down to
+what its report lines judge (throughput, slowest request, stddev: a load
+check whose figures, verdicts and exit code depend on the machine's load;
+both reports are logged), and `member list` and the
 `--cluster` commands, compared as the set of their line shapes. Any other
 difference fails.
 
@@ -214,8 +215,9 @@ def http_get(endpoint, path):
 
 
 LEASE_ID = re.compile(r"\b[0-9a-f]{16}\b")
-# The report lines of `etcdctl check perf`.
-VERDICT = re.compile(r"^(PASS|FAIL)")
+# The report lines of `etcdctl check perf`, and what each judges.
+VERDICT = re.compile(r"PASS|FAIL")
+PERF_TOPIC = re.compile(r"Throughput|Slowest request|Stddev")
 
 
 class Normaliser:
@@ -263,11 +265,18 @@ class Normaliser:
         ]
         text = "\n".join(lines)
         if label == "check perf":
-            # The report lines only (not the progress bar), figures and
-            # verdicts normalised.
-            lines = [line for line in text.splitlines() if VERDICT.match(line)]
-            lines = [re.sub(r"[0-9][0-9.]*", "<n>", VERDICT.sub("<verdict>", line)) for line in lines]
-            return "\n".join(lines)
+            # The report lines only (not the progress bar), as the set of
+            # what they judge: a failed check words its line otherwise
+            # ("Slowest request took too long: ...", no PASS/FAIL prefix),
+            # so only the topics and the closing verdict are compared.
+            topics = set()
+            for line in text.splitlines():
+                topic = PERF_TOPIC.search(line)
+                if topic:
+                    topics.add(topic.group(0))
+                elif VERDICT.fullmatch(line.strip()):
+                    topics.add("<verdict>")
+            return "\n".join(sorted(topics))
         if label == "http version":
             # The server's own release (etcd: 3.4.x); the cluster version
             # is compared as it is.
@@ -398,8 +407,11 @@ def play_part(endpoint, part, compact_revision, normaliser, state):
             done = etcdctl(endpoint, args, stdin, timeout=timeout)
             out, err, code = done.stdout, done.stderr, str(done.returncode)
         if label == "check perf":
+            # A failed check's lines may go to stderr: both are read.
+            out, err = f"{out}\n{err}", ""
             log(f"check perf on {endpoint}: exit {code}; "
-                + "; ".join(line for line in out.splitlines() if VERDICT.match(line)))
+                + "; ".join(line.strip() for line in out.splitlines()
+                            if PERF_TOPIC.search(line) or VERDICT.fullmatch(line.strip())))
             code = "<exit>"
         if label == "lease grant":
             found = LEASE_ID.search(out)
