@@ -179,12 +179,24 @@ async fn hashes_follow_the_applied_state_and_http_answers_as_etcd() {
     })
     .await
     .expect("compact");
-    let answer = maintenance
-        .hash_kv(HashKvRequest { revision: last })
-        .await
-        .expect("HashKV above the compaction")
-        .into_inner();
-    assert_eq!(answer.compact_revision, last - 5);
+    // HashKV answers from the member's own applied state (as etcd's): the
+    // follower reports the compaction once it has applied it.
+    let deadline = Instant::now() + ANSWER_WAIT;
+    let answer = loop {
+        let answer = maintenance
+            .hash_kv(HashKvRequest { revision: last })
+            .await
+            .expect("HashKV above the compaction")
+            .into_inner();
+        if answer.compact_revision == last - 5 {
+            break answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the follower did not apply the compaction: {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(answer.hash, at_twenty);
     let compacted = maintenance
         .hash_kv(HashKvRequest { revision: 2 })
