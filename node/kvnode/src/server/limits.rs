@@ -413,7 +413,7 @@ impl AdmissionRelease {
 /// The port-wide in-flight cap and the handler timeout as a tower layer
 /// (see [`client_server`]). The timeout is tonic's own error (CANCELLED,
 /// "Timeout expired"), as tonic's server timeout answers; a client's
-/// `grpc-timeout` is still honoured by tonic beneath.
+/// `grpc-timeout` is still honoured by tonic's own timeout layer, outside this one.
 #[derive(Clone, Debug)]
 pub struct InflightLimitLayer {
     permits: Arc<Semaphore>,
