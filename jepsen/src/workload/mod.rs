@@ -749,20 +749,9 @@ pub fn write_error_outcome(err: &kvclient::Error) -> Outcome {
     }
 }
 
-/// A client whose retries wait `pause` ..= 2 × `pause` between attempts
+/// A client builder whose retries wait `pause` ..= 2 × `pause` between attempts
 /// (kvclient's backoff: half the current backoff plus jitter up to it),
 /// within `operation_timeout`: the exactly-once workload's slow retries.
-pub fn slow_retry_client(
-    endpoints: &[String],
-    pause: Duration,
-    operation_timeout: Duration,
-) -> anyhow::Result<kvclient::Client> {
-    slow_retry_builder(endpoints, pause, operation_timeout)
-        .build()
-        .context("building a slow-retry kvclient")
-}
-
-/// [`slow_retry_client`]'s settings, for a caller that adds its own.
 pub fn slow_retry_builder(
     endpoints: &[String],
     pause: Duration,
