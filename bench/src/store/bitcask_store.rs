@@ -92,6 +92,6 @@ struct BitcaskReader<'a> {
 
 impl Reader for BitcaskReader<'_> {
     fn get(&mut self, key: &[u8]) -> Result<Option<usize>> {
-        Ok(self.engine.get(key, 0)?.map(|item| touch(&item.value)))
+        Ok(self.engine.get_with(key, 0, |item| touch(item.value))?)
     }
 }

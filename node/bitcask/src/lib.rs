@@ -94,8 +94,8 @@ mod recovery;
 mod walk;
 
 pub use engine::{
-    Batch, Engine, Entry, FileInfo, FileStats, Item, ItemMeta, KeyRange, MergeReport, Op, Pin,
-    RecordLocation, RecordMeta, RecordView, Retain, Scan, Stats, StoredKind, StoredRecord,
+    Batch, Engine, Entry, FileInfo, FileStats, Item, ItemMeta, ItemRef, KeyRange, MergeReport, Op,
+    Pin, RecordLocation, RecordMeta, RecordView, Retain, Scan, Stats, StoredKind, StoredRecord,
     StoredValue, Written,
 };
 pub use error::{Error, Result};

@@ -41,7 +41,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::engine::{
-    FileMeta, MergeReport, RecordBytes, Retain, Shared, StoredKind, lock, read, write,
+    Check, FileMeta, MergeReport, RecordBytes, Retain, Shared, StoredKind, lock, read, write,
 };
 use crate::error::{Error, Result};
 use crate::format::{
@@ -566,7 +566,7 @@ fn write_parts(
         let part = parts.last_mut().expect("one part at least");
         let offset = part.len as u32;
         // Byte for byte: a record with meta (kind 4) carries it along.
-        let copied = shared.with_record(key.len(), location, |_, record| {
+        let copied = shared.with_record(key.len(), location, Check::Always, |_, record| {
             part.buf.extend_from_slice(record);
             record.len() as u64
         })?;
@@ -665,7 +665,7 @@ fn copy_retained(
         record.num,
         u64::from(record.offset),
         record.size as usize,
-        |bytes| -> Result<()> {
+        |bytes, _| -> Result<()> {
             let header = verify_record(bytes).map_err(|fault| corruption(format!("{fault:?}")))?;
             let (meta, key, _) = header.split(bytes);
             let kind = match record.kind {

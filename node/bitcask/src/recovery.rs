@@ -205,7 +205,9 @@ fn load_files(
 ) -> Result<(KeyDir, FileSet, Option<Active>)> {
     let ordered = &plan.ordered;
     let published = opts.published_prefix.as_ref();
-    let mut keydir = KeyDir::default();
+    // Hints are loaded in write order; the directory's order is built once,
+    // sorted, when every file is in.
+    let mut keydir = KeyDir::loading(0);
     let mut files = FileSet::default();
     let mut active = None;
     let last_index = ordered.len().checked_sub(1);
@@ -243,6 +245,7 @@ fn load_files(
     // Replay put history too (superseded puts not merged away yet, and those
     // a retaining merge kept): the high-water reflects the live keys only.
     keydir.reset_expiry_high();
+    keydir.finish_loading();
     Ok((keydir, files, active))
 }
 

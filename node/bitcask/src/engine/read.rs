@@ -4,12 +4,13 @@
 use std::collections::HashMap;
 use std::ops::Bound;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use vfs::{Mapping, VfsFile};
 
 use super::{Engine, Shared, read, write};
 use crate::error::{Error, Result};
-use crate::format::{RecordHeader, verify_record};
+use crate::format::{RECORD_HEADER_SIZE_BYTES, RecordHeader, decode_record_header, verify_record};
 use crate::keydir::Location;
 use crate::record_meta::RecordMeta;
 
@@ -22,6 +23,20 @@ const READ_ATTEMPTS_MAX: usize = 8;
 pub struct Item {
     /// The value.
     pub value: Vec<u8>,
+    /// Sequence number of the write that stored it (its version).
+    pub seq: u64,
+    /// Expiry in ms of the caller's clock; 0 = never.
+    pub expiry_ms: u64,
+    /// The record meta the write stored ([`RecordMeta::EMPTY`] if none).
+    pub meta: RecordMeta,
+}
+
+/// A value read in place ([`Engine::get_with`]): borrowed for the length of
+/// the callback.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ItemRef<'a> {
+    /// The value.
+    pub value: &'a [u8],
     /// Sequence number of the write that stored it (its version).
     pub seq: u64,
     /// Expiry in ms of the caller's clock; 0 = never.
@@ -121,17 +136,81 @@ pub(crate) enum RecordBytes<T> {
 /// (still growing) with positioned reads.
 #[derive(Clone)]
 pub(crate) enum Handle {
-    Map(Mapping),
+    Map(Arc<Mapped>),
     File(Arc<dyn VfsFile>),
 }
 
 impl std::fmt::Debug for Handle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Handle::Map(map) => write!(f, "Map({} bytes)", map.as_ref().as_ref().len()),
+            Handle::Map(mapped) => write!(f, "Map({} bytes)", mapped.bytes().len()),
             Handle::File(file) => write!(f, "File({file:?})"),
         }
     }
+}
+
+/// Bytes of a sealed file per bit of [`Mapped::checked`]: smaller than the
+/// smallest record, so no two records share a bit.
+const CHECKED_GRAIN_BYTES: usize = 16;
+const _: () = assert!(CHECKED_GRAIN_BYTES < RECORD_HEADER_SIZE_BYTES);
+
+/// A sealed file's memory map, and which of its records a read has already
+/// checked against their CRC since the map was made (one bit per
+/// [`CHECKED_GRAIN_BYTES`] of file: 0.8 % of the file's size). The bits live
+/// as long as the map stays in the handle cache; a map made again (after
+/// eviction, or in a new process) checks every record again on first read.
+pub(crate) struct Mapped {
+    map: Mapping,
+    checked: Box<[AtomicU64]>,
+}
+
+impl Mapped {
+    fn new(map: Mapping) -> Mapped {
+        let grains = map.as_ref().as_ref().len().div_ceil(CHECKED_GRAIN_BYTES);
+        Mapped {
+            checked: (0..grains.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            map,
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.map.as_ref().as_ref()
+    }
+}
+
+/// Whether the record a read is handed was already checked in full (CRC
+/// included) by an earlier read of the same map, and the way to say it now
+/// has been. Records read with `pread` (the active segment) are never
+/// remembered: they are checked on every read.
+pub(crate) struct Seen<'a>(Option<(&'a AtomicU64, u64)>);
+
+impl Seen<'_> {
+    /// The record was checked before (through this map).
+    #[inline]
+    pub(crate) fn checked(&self) -> bool {
+        self.0
+            .is_some_and(|(word, bit)| word.load(Ordering::Relaxed) & bit != 0)
+    }
+
+    /// Notes that the record passed every check.
+    #[inline]
+    pub(crate) fn mark(&self) {
+        if let Some((word, bit)) = self.0 {
+            word.fetch_or(bit, Ordering::Relaxed);
+        }
+    }
+}
+
+/// How much of a record [`Shared::with_record`] checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// Everything, CRC included, every time (a merge copying the record).
+    Always,
+    /// Everything the first time through a map; afterwards the header
+    /// against the key directory, but not the CRC (reads).
+    Once,
 }
 
 /// The bounded cache of open files and maps. Reads take it shared, so
@@ -164,7 +243,26 @@ impl Handles {
 impl Engine {
     /// Looks up `key`; an expired value (expiry ≤ `now_ms`) is absent.
     pub fn get(&self, key: &[u8], now_ms: u64) -> Result<Option<Item>> {
+        self.get_with(key, now_ms, |item| Item {
+            value: item.value.to_vec(),
+            seq: item.seq,
+            expiry_ms: item.expiry_ms,
+            meta: item.meta,
+        })
+    }
+
+    /// [`Engine::get`] without copying the value: `f` sees it in place (in
+    /// the sealed file's memory map, or in the buffer a read of the active
+    /// segment filled) and its answer is returned. `f` runs at most once,
+    /// holding no engine lock.
+    pub fn get_with<T>(
+        &self,
+        key: &[u8],
+        now_ms: u64,
+        f: impl FnOnce(ItemRef<'_>) -> T,
+    ) -> Result<Option<T>> {
         self.shared.note_now(now_ms);
+        let mut f = Some(f);
         for _ in 0..READ_ATTEMPTS_MAX {
             let Some(location) = read(&self.shared.keydir).get(key) else {
                 return Ok(None);
@@ -172,13 +270,17 @@ impl Engine {
             if location.expired(now_ms) {
                 return Ok(None);
             }
-            if let Some(value) = self.shared.read_value(key, &location)? {
-                return Ok(Some(Item {
+            let found = self.shared.with_value(key, &location, |value| {
+                let f = f.take().expect("called at most once");
+                f(ItemRef {
                     value,
                     seq: location.seq,
                     expiry_ms: location.expiry_ms,
                     meta: location.meta,
-                }));
+                })
+            })?;
+            if let Some(answer) = found {
+                return Ok(Some(answer));
             }
         }
         Err(Error::Corruption {
@@ -240,7 +342,7 @@ impl Engine {
                 let value = if scan.keys_only {
                     None
                 } else {
-                    match self.shared.read_value(&key, &location)? {
+                    match self.shared.with_value(&key, &location, <[u8]>::to_vec)? {
                         Some(value) => Some(value),
                         None => continue 'attempt,
                     }
@@ -337,7 +439,9 @@ impl Shared {
         let handle = if active {
             Handle::File(file)
         } else {
-            Handle::Map(file.map().map_err(|e| Error::io(&path, e))?)
+            Handle::Map(Arc::new(Mapped::new(
+                file.map().map_err(|e| Error::io(&path, e))?,
+            )))
         };
         write(&self.handles).insert(num, handle.clone(), self.opts.open_files_max);
         // A merge may have retired the file while it was being opened: do
@@ -360,28 +464,39 @@ impl Shared {
             .unwrap_or_else(|| format!("file #{num}"))
     }
 
-    /// Hands the `size` bytes at `offset` of file `num` to `f`:
-    /// [`RecordBytes::Gone`] if the file left the engine meanwhile (a merge
-    /// swapped it out), [`RecordBytes::OutOfRange`] if the file is shorter.
+    /// Hands the `size` bytes at `offset` of file `num` to `f`, with what
+    /// earlier reads through the same map checked of the record starting
+    /// there: [`RecordBytes::Gone`] if the file left the engine meanwhile (a
+    /// merge swapped it out), [`RecordBytes::OutOfRange`] if the file is
+    /// shorter.
     #[inline]
     pub(crate) fn with_bytes<T>(
         &self,
         num: u32,
         offset: u64,
         size: usize,
-        f: impl FnOnce(&[u8]) -> T,
+        f: impl FnOnce(&[u8], Seen<'_>) -> T,
     ) -> Result<RecordBytes<T>> {
         let Some(handle) = self.handle(num)? else {
             return Ok(RecordBytes::Gone);
         };
         match &handle {
-            Handle::Map(map) => {
-                let bytes = map.as_ref().as_ref();
+            Handle::Map(mapped) => {
+                let bytes = mapped.bytes();
                 let range = usize::try_from(offset)
                     .ok()
                     .and_then(|start| Some(start..start.checked_add(size)?));
                 match range.and_then(|range| bytes.get(range)) {
-                    Some(record) => Ok(RecordBytes::Read(f(record))),
+                    Some(record) => {
+                        let grain = offset as usize / CHECKED_GRAIN_BYTES;
+                        let seen = Seen(
+                            mapped
+                                .checked
+                                .get(grain / 64)
+                                .map(|word| (word, 1u64 << (grain % 64))),
+                        );
+                        Ok(RecordBytes::Read(f(record, seen)))
+                    }
                     None => Ok(RecordBytes::OutOfRange {
                         file_len: bytes.len() as u64,
                     }),
@@ -390,7 +505,7 @@ impl Shared {
             Handle::File(file) => {
                 let mut bytes = vec![0u8; size];
                 match file.read_exact_at(&mut bytes, offset) {
-                    Ok(()) => Ok(RecordBytes::Read(f(&bytes))),
+                    Ok(()) => Ok(RecordBytes::Read(f(&bytes, Seen(None)))),
                     Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                         Ok(RecordBytes::OutOfRange {
                             file_len: file.len().unwrap_or(0),
@@ -407,13 +522,15 @@ impl Shared {
     }
 
     /// Hands the whole record at `location` and its decoded header, checked
-    /// against its checksum and the key directory (sequence, key length,
-    /// value length, meta), to `f`; `None` if its file left the engine
-    /// meanwhile (a merge swapped it out: look the key up again).
+    /// against the key directory (sequence, key length, value length, meta)
+    /// and, as `check` says, against its CRC, to `f`; `None` if its file
+    /// left the engine meanwhile (a merge swapped it out: look the key up
+    /// again).
     pub(crate) fn with_record<T>(
         &self,
         key_len: usize,
         location: &Location,
+        check: Check,
         f: impl FnOnce(&RecordHeader, &[u8]) -> T,
     ) -> Result<Option<T>> {
         let size = location.record_size(key_len);
@@ -423,24 +540,33 @@ impl Shared {
             offset,
             reason,
         };
-        let checked =
-            self.with_bytes(location.file, offset, size, |record| {
-                match verify_record(record) {
-                    Ok(header)
-                        if header.kind == crate::format::RecordKind::Put
-                            && header.seq == location.seq
-                            && header.key_len as usize == key_len
-                            && header.value_len == location.value_len
-                            && header.split(record).0 == location.meta.as_bytes() =>
-                    {
-                        Ok(f(&header, record))
+        let checked = self.with_bytes(location.file, offset, size, |record, seen| {
+            let skip_crc = check == Check::Once && seen.checked();
+            let header = if skip_crc {
+                decode_record_header(record, record.len() as u64)
+            } else {
+                verify_record(record)
+            };
+            match header {
+                Ok(header)
+                    if header.kind == crate::format::RecordKind::Put
+                        && header.record_size() == record.len()
+                        && header.seq == location.seq
+                        && header.key_len as usize == key_len
+                        && header.value_len == location.value_len
+                        && header.split(record).0 == location.meta.as_bytes() =>
+                {
+                    if !skip_crc {
+                        seen.mark();
                     }
-                    Ok(_) => Err(corruption(
-                        "record is not the one the key directory names".to_string(),
-                    )),
-                    Err(fault) => Err(corruption(format!("{fault:?}"))),
+                    Ok(f(&header, record))
                 }
-            })?;
+                Ok(_) => Err(corruption(
+                    "record is not the one the key directory names".to_string(),
+                )),
+                Err(fault) => Err(corruption(format!("{fault:?}"))),
+            }
+        })?;
         match checked {
             RecordBytes::Gone => Ok(None),
             RecordBytes::OutOfRange { file_len } => Err(corruption(format!(
@@ -450,13 +576,20 @@ impl Shared {
         }
     }
 
-    fn read_value(&self, key: &[u8], location: &Location) -> Result<Option<Vec<u8>>> {
-        let value = self.with_record(key.len(), location, |header, record| {
+    /// Hands the value of `key`'s record at `location` to `f`; `None` if the
+    /// file left the engine meanwhile (look the key up again).
+    fn with_value<T>(
+        &self,
+        key: &[u8],
+        location: &Location,
+        f: impl FnOnce(&[u8]) -> T,
+    ) -> Result<Option<T>> {
+        let value = self.with_record(key.len(), location, Check::Once, |header, record| {
             let (_, found_key, value) = header.split(record);
-            (found_key == key).then(|| value.to_vec())
+            (found_key == key).then(|| f(value))
         })?;
         match value {
-            Some(Some(value)) => Ok(Some(value)),
+            Some(Some(answer)) => Ok(Some(answer)),
             Some(None) => Err(Error::Corruption {
                 file: self.file_name(location.file),
                 offset: location.offset as u64,

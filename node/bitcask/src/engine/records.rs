@@ -448,7 +448,7 @@ impl Engine {
                 location.len
             )));
         }
-        let read = shared.with_bytes(num, offset, location.len as usize, |record| {
+        let read = shared.with_bytes(num, offset, location.len as usize, |record, _| {
             // A record of the location's size must start there; only then
             // is a checksum mismatch corruption rather than a bad location.
             match decode_record_header(record, record.len() as u64) {

@@ -1,0 +1,614 @@
+//! The key directory: from each live key to where its latest value lives,
+//! found by hash for point lookups and in key order for scans.
+//!
+//! - `slot.rs`: one entry, [`Location`] and key in one allocation.
+//! - `order.rs`: the slab ids sorted by key, in chunks.
+//! - this file: the slab that owns the slots, the hash index over it, and
+//!   the live-byte accounting.
+//!
+//! Three structures, one owner. The slab holds every slot and names it by a
+//! `u32` id that does not change while the key lives; the hash index (a
+//! `hashbrown::HashTable` of ids, compared and rehashed through the slab)
+//! answers "where is this key" in one probe, so a read costs a few cache
+//! misses whatever the number of keys; the order (ids sorted by key) answers
+//! ranges and prefix scans. Overwriting a key replaces its slot under the
+//! same id and touches neither index; only new and deleted keys move ids.
+//!
+//! Memory per key beyond the key (1 M keys of 25 bytes, no record meta):
+//! the slot's allocation (15 bytes of location and length, 23 with malloc's
+//! rounding), its 16-byte pointer in the slab, about 10.5 bytes of hash
+//! table (4-byte id plus a control byte, at the table's load factor) and
+//! 4.6–6 bytes of order: about 46 bytes asked of the allocator, 54 resident
+//! (`engine-probe`, BENCHMARKS.md section (e)).
+//!
+//! While recovery loads hints ([`KeyDir::loading`]), only the slab and the
+//! hash index are kept; [`KeyDir::finish_loading`] sorts the survivors once
+//! and builds the order in bulk, instead of inserting a million keys one at
+//! a time in write order.
+
+mod order;
+mod slot;
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::ops::Bound;
+
+use hashbrown::HashTable;
+
+use order::Order;
+use slot::Slot;
+pub use slot::{Location, SLOT_HEADER_SIZE_BYTES};
+
+/// Slots per slab chunk: the slab grows by one chunk of this many 16-byte
+/// pointers (64 KiB) at a time, never by doubling.
+const SLAB_CHUNK_SLOTS: usize = 4096;
+const SLAB_CHUNK_SHIFT: u32 = SLAB_CHUNK_SLOTS.trailing_zeros();
+const _: () = assert!(SLAB_CHUNK_SLOTS.is_power_of_two());
+
+/// Owner of every slot, by id. Freed ids are reused first, so the slab is as
+/// long as the most keys ever live at once (it does not shrink).
+#[derive(Default)]
+pub(super) struct Slab {
+    chunks: Vec<Box<[Option<Slot>]>>,
+    free: Vec<u32>,
+    /// Ids handed out so far (freed ones included).
+    high: u32,
+}
+
+impl Slab {
+    #[inline]
+    fn slot(&self, id: u32) -> &Slot {
+        self.chunks[(id >> SLAB_CHUNK_SHIFT) as usize][id as usize & (SLAB_CHUNK_SLOTS - 1)]
+            .as_ref()
+            .expect("an id the indexes hold names a live slot")
+    }
+
+    #[inline]
+    pub(super) fn key(&self, id: u32) -> &[u8] {
+        self.slot(id).key()
+    }
+
+    fn cell(&mut self, id: u32) -> &mut Option<Slot> {
+        &mut self.chunks[(id >> SLAB_CHUNK_SHIFT) as usize][id as usize & (SLAB_CHUNK_SLOTS - 1)]
+    }
+
+    fn alloc(&mut self, slot: Slot) -> u32 {
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                let id = self.high;
+                // 4 billion live keys would need hundreds of GiB of key
+                // directory first.
+                self.high = id.checked_add(1).expect("fewer than 2^32 keys");
+                if (id >> SLAB_CHUNK_SHIFT) as usize == self.chunks.len() {
+                    self.chunks
+                        .push((0..SLAB_CHUNK_SLOTS).map(|_| None).collect());
+                }
+                id
+            }
+        };
+        *self.cell(id) = Some(slot);
+        id
+    }
+
+    fn replace(&mut self, id: u32, slot: Slot) -> Slot {
+        self.cell(id)
+            .replace(slot)
+            .expect("an id the indexes hold names a live slot")
+    }
+
+    fn release(&mut self, id: u32) -> Slot {
+        let slot = self
+            .cell(id)
+            .take()
+            .expect("an id the indexes hold names a live slot");
+        self.free.push(id);
+        slot
+    }
+
+    /// Every live slot with its id, in id order.
+    fn live(&self) -> impl Iterator<Item = (u32, &Slot)> + '_ {
+        self.chunks.iter().enumerate().flat_map(|(c, chunk)| {
+            chunk.iter().enumerate().filter_map(move |(i, cell)| {
+                let id = ((c as u32) << SLAB_CHUNK_SHIFT) | i as u32;
+                cell.as_ref().map(|slot| (id, slot))
+            })
+        })
+    }
+}
+
+/// The key directory plus the live-byte accounting that depends on it.
+pub struct KeyDir {
+    slab: Slab,
+    /// Ids by the hash of their key.
+    table: HashTable<u32>,
+    hasher: foldhash::quality::RandomState,
+    /// Ids by key; empty while `loading`.
+    order: Order,
+    /// Recovery is loading hints: the order is built once at the end.
+    loading: bool,
+    /// Number of keys.
+    len: usize,
+    /// Bytes of live records per file number.
+    live_bytes: HashMap<u32, u64>,
+    /// Sum of key lengths.
+    key_bytes: u64,
+    /// Highest sequence number applied to this directory.
+    applied_seq: u64,
+    /// Latest expiry of any record put into this directory (0 = none): a
+    /// high-water mark, not lowered by deletes or overwrites (recovery
+    /// recomputes it from the live entries: [`KeyDir::reset_expiry_high`]).
+    expiry_high_ms: u64,
+}
+
+impl Default for KeyDir {
+    fn default() -> KeyDir {
+        KeyDir {
+            slab: Slab::default(),
+            table: HashTable::new(),
+            hasher: foldhash::quality::RandomState::default(),
+            order: Order::default(),
+            loading: false,
+            len: 0,
+            live_bytes: HashMap::new(),
+            key_bytes: 0,
+            applied_seq: 0,
+            expiry_high_ms: 0,
+        }
+    }
+}
+
+impl std::fmt::Debug for KeyDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyDir")
+            .field("keys", &self.len)
+            .field("key_bytes", &self.key_bytes)
+            .field("applied_seq", &self.applied_seq)
+            .field("loading", &self.loading)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Slab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slab")
+            .field("ids", &self.high)
+            .field("free", &self.free.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl KeyDir {
+    /// An empty directory for recovery to load into, with room for about
+    /// `keys` keys: no order is kept until [`KeyDir::finish_loading`].
+    pub fn loading(keys: usize) -> KeyDir {
+        let mut dir = KeyDir {
+            loading: true,
+            ..KeyDir::default()
+        };
+        let (slab, hasher) = (&dir.slab, &dir.hasher);
+        dir.table.reserve(keys, |&id| hasher.hash_one(slab.key(id)));
+        dir
+    }
+
+    /// Ends loading: sorts the live keys once and builds the order from
+    /// them. Sorting compares 8 bytes of each key past the prefix all keys
+    /// share, held beside the id, and reads the slots only to break ties.
+    pub fn finish_loading(&mut self) {
+        if !self.loading {
+            return;
+        }
+        self.loading = false;
+        let slab = &self.slab;
+        let mut shared: Option<&[u8]> = None;
+        for (_, slot) in slab.live() {
+            let key = slot.key();
+            shared = Some(match shared {
+                None => key,
+                Some(common) => {
+                    let same = common.iter().zip(key).take_while(|(a, b)| a == b).count();
+                    &common[..same]
+                }
+            });
+        }
+        let skip = shared.map_or(0, <[u8]>::len);
+        let mut sorted: Vec<(u64, u32)> = slab
+            .live()
+            .map(|(id, slot)| {
+                let mut word = [0u8; 8];
+                let rest = &slot.key()[skip..];
+                let n = rest.len().min(8);
+                word[..n].copy_from_slice(&rest[..n]);
+                (u64::from_be_bytes(word), id)
+            })
+            .collect();
+        sorted.sort_unstable_by(|a, b| {
+            a.0.cmp(&b.0)
+                .then_with(|| slab.key(a.1)[skip..].cmp(&slab.key(b.1)[skip..]))
+        });
+        let ids: Vec<u32> = sorted.into_iter().map(|(_, id)| id).collect();
+        self.order = Order::from_sorted(slab, &ids);
+    }
+
+    #[inline]
+    fn find(&self, key: &[u8]) -> Option<u32> {
+        let hash = self.hasher.hash_one(key);
+        self.table
+            .find(hash, |&id| self.slab.key(id) == key)
+            .copied()
+    }
+
+    /// Location of `key`, if present (expired or not).
+    #[inline]
+    pub fn get(&self, key: &[u8]) -> Option<Location> {
+        self.find(key).map(|id| self.slab.slot(id).location())
+    }
+
+    /// Records that `key` now lives at `location`.
+    pub fn put(&mut self, key: &[u8], location: Location) {
+        self.applied_seq = self.applied_seq.max(location.seq);
+        self.expiry_high_ms = self.expiry_high_ms.max(location.expiry_ms);
+        *self.live_bytes.entry(location.file).or_default() +=
+            location.record_size(key.len()) as u64;
+        let slot = Slot::new(key, &location);
+        let hash = self.hasher.hash_one(key);
+        let (slab, hasher) = (&self.slab, &self.hasher);
+        let found = self.table.entry(
+            hash,
+            |&id| slab.key(id) == key,
+            |&id| hasher.hash_one(slab.key(id)),
+        );
+        match found {
+            hashbrown::hash_table::Entry::Occupied(entry) => {
+                let id = *entry.get();
+                let old = self.slab.replace(id, slot).location();
+                self.forget_bytes(key.len(), &old);
+            }
+            hashbrown::hash_table::Entry::Vacant(entry) => {
+                let id = self.slab.alloc(slot);
+                entry.insert(id);
+                if !self.loading {
+                    self.order.insert(&self.slab, key, id);
+                }
+                self.len += 1;
+                self.key_bytes += key.len() as u64;
+            }
+        }
+    }
+
+    /// The latest expiry any put since open carried (0 = none): until time
+    /// passes it, some key may still be waiting to expire.
+    pub fn expiry_high_ms(&self) -> u64 {
+        self.expiry_high_ms
+    }
+
+    /// Recomputes the expiry high-water from the entries present (expired
+    /// or not), forgetting the expiries of overwritten and deleted puts:
+    /// recovery replays history a retaining merge kept, and a kept put with
+    /// a far expiry must not hold the mark up while no live key has it.
+    /// Walks the directory only when the mark is set.
+    pub fn reset_expiry_high(&mut self) {
+        if self.expiry_high_ms == 0 {
+            return;
+        }
+        self.expiry_high_ms = self
+            .slab
+            .live()
+            .map(|(_, slot)| slot.location().expiry_ms)
+            .max()
+            .unwrap_or(0);
+    }
+
+    /// Records that `key` was deleted by the record with `seq`.
+    pub fn delete(&mut self, key: &[u8], seq: u64) {
+        self.applied_seq = self.applied_seq.max(seq);
+        let hash = self.hasher.hash_one(key);
+        let slab = &self.slab;
+        let Ok(entry) = self.table.find_entry(hash, |&id| slab.key(id) == key) else {
+            return;
+        };
+        let (id, _) = entry.remove();
+        if !self.loading {
+            self.order.remove(&self.slab, key, id);
+        }
+        let old = self.slab.release(id).location();
+        self.len -= 1;
+        self.key_bytes -= key.len() as u64;
+        self.forget_bytes(key.len(), &old);
+    }
+
+    /// Notes a sequence number that touched no key (a commit record).
+    pub fn note_seq(&mut self, seq: u64) {
+        self.applied_seq = self.applied_seq.max(seq);
+    }
+
+    /// Moves `key` to a new place if its record is still the one with `seq`
+    /// (a merge copied it); returns whether it moved.
+    pub fn repoint(&mut self, key: &[u8], seq: u64, file: u32, offset: u32) -> bool {
+        match self.get(key) {
+            Some(old) if old.seq == seq => {
+                self.put(
+                    key,
+                    Location {
+                        file,
+                        offset,
+                        ..old
+                    },
+                );
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Removes `key` if its record is still the one with `seq` (a merge
+    /// dropped it as expired).
+    pub fn remove_if_seq(&mut self, key: &[u8], seq: u64) {
+        if self.get(key).is_some_and(|old| old.seq == seq) {
+            self.delete(key, seq);
+        }
+    }
+
+    fn forget_bytes(&mut self, key_len: usize, old: &Location) {
+        let size = old.record_size(key_len) as u64;
+        if let Some(live) = self.live_bytes.get_mut(&old.file) {
+            *live = live.saturating_sub(size);
+        }
+    }
+
+    /// Entries with keys in the range, in key order.
+    pub fn range<'a>(
+        &'a self,
+        start: Bound<&'a [u8]>,
+        end: Bound<&'a [u8]>,
+    ) -> impl Iterator<Item = (&'a [u8], Location)> + 'a {
+        debug_assert!(!self.loading, "the order is built when loading ends");
+        let from = match start {
+            Bound::Unbounded => (0, 0),
+            Bound::Included(key) => self.order.bound(&self.slab, key, true),
+            Bound::Excluded(key) => self.order.bound(&self.slab, key, false),
+        };
+        let slab = &self.slab;
+        self.order
+            .ids_from(from)
+            .map(move |id| slab.slot(id))
+            .take_while(move |slot| match end {
+                Bound::Unbounded => true,
+                Bound::Included(end) => slot.key() <= end,
+                Bound::Excluded(end) => slot.key() < end,
+            })
+            .map(|slot| (slot.key(), slot.location()))
+    }
+
+    /// Every entry, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], Location)> + '_ {
+        self.range(Bound::Unbounded, Bound::Unbounded)
+    }
+
+    /// Number of keys.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Sum of key lengths.
+    pub fn key_bytes(&self) -> u64 {
+        self.key_bytes
+    }
+
+    /// Live bytes in a file.
+    pub fn live_bytes(&self, file: u32) -> u64 {
+        self.live_bytes.get(&file).copied().unwrap_or(0)
+    }
+
+    /// Forgets the accounting of a file that left the engine.
+    pub fn drop_file(&mut self, file: u32) {
+        self.live_bytes.remove(&file);
+    }
+
+    /// Highest sequence number applied.
+    pub fn applied_seq(&self) -> u64 {
+        self.applied_seq
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::format::record_size;
+    use crate::record_meta::RecordMeta;
+
+    fn at(file: u32, seq: u64) -> Location {
+        Location {
+            file,
+            offset: 32,
+            value_len: 10,
+            seq,
+            expiry_ms: 0,
+            meta: RecordMeta::EMPTY,
+        }
+    }
+
+    #[test]
+    fn put_get_delete_and_accounting() {
+        let mut dir = KeyDir::default();
+        dir.put(b"b", at(1, 1));
+        dir.put(b"a", at(1, 2));
+        dir.put(b"b", at(2, 3));
+        assert_eq!(dir.len(), 2);
+        assert_eq!(dir.get(b"b").unwrap().seq, 3);
+        assert_eq!(dir.live_bytes(1), record_size(1, 10, 0) as u64);
+        assert_eq!(dir.live_bytes(2), record_size(1, 10, 0) as u64);
+        dir.delete(b"a", 4);
+        assert_eq!(dir.get(b"a"), None);
+        assert_eq!(dir.live_bytes(1), 0);
+        assert_eq!(dir.key_bytes(), 1);
+        assert_eq!(dir.applied_seq(), 4);
+    }
+
+    #[test]
+    fn ranges_are_ordered_and_repoint_checks_seq() {
+        let mut dir = KeyDir::default();
+        for (i, key) in [b"c".as_slice(), b"a", b"ab", b"b"].iter().enumerate() {
+            dir.put(key, at(1, i as u64 + 1));
+        }
+        let keys: Vec<&[u8]> = dir
+            .range(
+                Bound::Included(b"a".as_slice()),
+                Bound::Excluded(b"b".as_slice()),
+            )
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(keys, vec![b"a".as_slice(), b"ab"]);
+        assert!(!dir.repoint(b"c", 99, 7, 0));
+        assert!(dir.repoint(b"c", 1, 7, 64));
+        assert_eq!(dir.get(b"c").unwrap().file, 7);
+        assert_eq!(dir.get(b"c").unwrap().offset, 64);
+    }
+
+    #[derive(Clone, Debug)]
+    enum Step {
+        Put(Vec<u8>),
+        Delete(Vec<u8>),
+        Range(Vec<u8>, Vec<u8>, bool, bool),
+    }
+
+    /// Short keys over a small alphabet, so steps hit the same keys, share
+    /// prefixes and cross chunk boundaries.
+    fn key() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            proptest::collection::vec(0u8..4, 0..4),
+            (0u32..3000).prop_map(|n| format!("k{n:05}").into_bytes()),
+        ]
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            6 => key().prop_map(Step::Put),
+            3 => key().prop_map(Step::Delete),
+            1 => (key(), key(), any::<bool>(), any::<bool>())
+                .prop_map(|(a, b, i, j)| Step::Range(a, b, i, j)),
+        ]
+    }
+
+    fn check_against(dir: &KeyDir, model: &BTreeMap<Vec<u8>, u64>) {
+        dir.order.check(&dir.slab);
+        assert_eq!(dir.order.len(), model.len());
+        assert_eq!(dir.len(), model.len());
+        let listed: Vec<(Vec<u8>, u64)> = dir.iter().map(|(k, l)| (k.to_vec(), l.seq)).collect();
+        let expected: Vec<(Vec<u8>, u64)> = model.iter().map(|(k, s)| (k.clone(), *s)).collect();
+        assert_eq!(listed, expected);
+    }
+
+    fn bound(key: &[u8], inclusive: bool) -> Bound<&[u8]> {
+        if inclusive {
+            Bound::Included(key)
+        } else {
+            Bound::Excluded(key)
+        }
+    }
+
+    fn run(steps: &[Step], loading: bool) {
+        let mut dir = if loading {
+            KeyDir::loading(16)
+        } else {
+            KeyDir::default()
+        };
+        let mut model = BTreeMap::new();
+        let mut seq = 0;
+        for step in steps {
+            seq += 1;
+            match step {
+                Step::Put(k) if !k.is_empty() => {
+                    dir.put(k, at(1, seq));
+                    model.insert(k.clone(), seq);
+                }
+                Step::Delete(k) => {
+                    dir.delete(k, seq);
+                    model.remove(k);
+                }
+                Step::Range(a, b, i, j) if !loading => {
+                    let (lo, hi) = (bound(a, *i), bound(b, *j));
+                    let empty = match (lo, hi) {
+                        (Bound::Included(s), Bound::Included(e)) => s > e,
+                        (Bound::Included(s) | Bound::Excluded(s), Bound::Excluded(e))
+                        | (Bound::Excluded(s), Bound::Included(e)) => s >= e,
+                        _ => false,
+                    };
+                    if empty {
+                        continue;
+                    }
+                    let got: Vec<Vec<u8>> = dir.range(lo, hi).map(|(k, _)| k.to_vec()).collect();
+                    let want: Vec<Vec<u8>> = model
+                        .range::<[u8], _>((lo, hi))
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    assert_eq!(got, want);
+                }
+                _ => {}
+            }
+            for (k, s) in model.iter().take(3) {
+                assert_eq!(dir.get(k).map(|l| l.seq), Some(*s));
+            }
+        }
+        dir.finish_loading();
+        check_against(&dir, &model);
+    }
+
+    /// Against a `BTreeMap`: lookups, ranges and the order's invariants
+    /// hold after any mix of puts and deletes, built key by key or loaded
+    /// and sorted at the end. Fixed seed; `PROPTEST_CASES` (default 64).
+    #[test]
+    fn matches_an_ordered_map() {
+        use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+        let cases = std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(64);
+        let config = Config {
+            cases,
+            failure_persistence: None,
+            ..Config::default()
+        };
+        let mut runner = TestRunner::new_with_rng(
+            config,
+            TestRng::from_seed(RngAlgorithm::ChaCha, b"raftcask-keydir-order-model-seed"),
+        );
+        let strategy = (proptest::collection::vec(step(), 0..3000), any::<bool>());
+        runner
+            .run(&strategy, |(steps, loading)| {
+                run(&steps, loading);
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    /// Thousands of keys inserted, then most deleted in a scattered order:
+    /// chunks split and join, and the order stays exact.
+    #[test]
+    fn chunks_split_and_join() {
+        let mut dir = KeyDir::default();
+        let mut model = BTreeMap::new();
+        for n in 0..20_000u64 {
+            let key = format!("key{:08}", (n * 7919) % 20_000).into_bytes();
+            dir.put(&key, at(1, n + 1));
+            model.insert(key, n + 1);
+        }
+        check_against(&dir, &model);
+        for n in 0..19_000u64 {
+            let key = format!("key{:08}", (n * 104_729) % 20_000).into_bytes();
+            dir.delete(&key, 100_000 + n);
+            model.remove(&key);
+        }
+        check_against(&dir, &model);
+        let mut loaded = KeyDir::loading(0);
+        for (k, s) in &model {
+            loaded.put(k, at(1, *s));
+        }
+        loaded.finish_loading();
+        check_against(&loaded, &model);
+    }
+}
