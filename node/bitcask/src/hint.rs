@@ -13,9 +13,9 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::format::{
-    FILE_HEADER_SIZE_BYTES, FileHeader, FileId, HINT_MAGIC, HINT_TRAILER_SIZE_BYTES, HintEntry,
-    HintTrailer, RecordKind, TEMP_SUFFIX, decode_hint_entry, decode_hint_trailer,
-    encode_hint_entry, encode_hint_trailer, path_in,
+    FILE_HEADER_SIZE_BYTES, FileHeader, FileId, HINT_ENTRY_HEADER_SIZE_BYTES, HINT_MAGIC,
+    HINT_TRAILER_SIZE_BYTES, HintEntry, HintTrailer, RecordKind, TEMP_SUFFIX, decode_hint_entry,
+    decode_hint_trailer, encode_hint_entry, encode_hint_trailer, path_in,
 };
 use vfs::{Mapping, Vfs, VfsFile};
 
@@ -163,6 +163,26 @@ impl LoadedHint {
             Some(entry)
         })
     }
+}
+
+/// The entry count data file `id`'s hint claims in its trailer, without
+/// reading or checking the rest: a capacity estimate for recovery, bounded
+/// by what the hint's length can hold, so a damaged trailer cannot make it
+/// large. `None` when there is no readable hint.
+pub(crate) fn claimed_entries(vfs: &dyn Vfs, dir: &Path, id: &FileId) -> Option<u64> {
+    let file = vfs.open(&path_in(dir, &id.hint_name())).ok()?;
+    let len = file.len().ok()?;
+    let body = len.checked_sub((FILE_HEADER_SIZE_BYTES + HINT_TRAILER_SIZE_BYTES) as u64)?;
+    let mut trailer = [0u8; HINT_TRAILER_SIZE_BYTES];
+    file.read_exact_at(&mut trailer, len - HINT_TRAILER_SIZE_BYTES as u64)
+        .ok()?;
+    let (trailer, _) = decode_hint_trailer(&trailer)?;
+    // Every entry is at least its fixed part and one key byte.
+    Some(
+        trailer
+            .entry_count
+            .min(body / (HINT_ENTRY_HEADER_SIZE_BYTES as u64 + 1)),
+    )
 }
 
 /// Reads (or maps, per `how`) and checks the hint of data file `id`, whose

@@ -206,8 +206,15 @@ fn load_files(
     let ordered = &plan.ordered;
     let published = opts.published_prefix.as_ref();
     // Hints are loaded in write order; the directory's order is built once,
-    // sorted, when every file is in.
-    let mut keydir = KeyDir::loading(0);
+    // sorted, when every file is in. The hash index is sized once, for
+    // every entry the hints claim (an overestimate when keys were
+    // overwritten), instead of growing step by step.
+    let claimed: u64 = ordered
+        .iter()
+        .filter(|id| plan.hints.contains(id))
+        .filter_map(|id| hint::claimed_entries(vfs, dir, id))
+        .sum();
+    let mut keydir = KeyDir::loading(usize::try_from(claimed).unwrap_or(usize::MAX));
     let mut files = FileSet::default();
     let mut active = None;
     let last_index = ordered.len().checked_sub(1);

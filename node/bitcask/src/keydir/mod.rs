@@ -45,6 +45,17 @@ const SLAB_CHUNK_SLOTS: usize = 4096;
 const SLAB_CHUNK_SHIFT: u32 = SLAB_CHUNK_SLOTS.trailing_zeros();
 const _: () = assert!(SLAB_CHUNK_SLOTS.is_power_of_two());
 
+/// Most keys [`KeyDir::loading`] makes room for up front (a larger estimate
+/// grows the table as keys arrive instead).
+const LOADING_RESERVE_KEYS_MAX: usize = 1 << 28;
+/// Sorts at the end of loading that need this much scratch or more ask for
+/// at least [`SORT_SCRATCH_MAPPED_BYTES`]: glibc serves any request above
+/// 32 MiB (its largest mmap threshold) with a mapping of its own, returned
+/// to the OS when freed, so the sort leaves no freed-but-resident heap
+/// behind (pages never touched are never resident).
+const SORT_SCRATCH_LARGE_BYTES: usize = 1 << 20;
+const SORT_SCRATCH_MAPPED_BYTES: usize = (32 << 20) + 4096;
+
 /// Owner of every slot, by id. Freed ids are reused first, so the slab is as
 /// long as the most keys ever live at once (it does not shrink).
 #[derive(Default)]
@@ -187,7 +198,10 @@ impl KeyDir {
             ..KeyDir::default()
         };
         let (slab, hasher) = (&dir.slab, &dir.hasher);
-        dir.table.reserve(keys, |&id| hasher.hash_one(slab.key(id)));
+        dir.table
+            .reserve(keys.min(LOADING_RESERVE_KEYS_MAX), |&id| {
+                hasher.hash_one(slab.key(id))
+            });
         dir
     }
 
@@ -212,22 +226,24 @@ impl KeyDir {
             });
         }
         let skip = shared.map_or(0, <[u8]>::len);
-        let mut sorted: Vec<(u64, u32)> = slab
-            .live()
-            .map(|(id, slot)| {
-                let mut word = [0u8; 8];
-                let rest = &slot.key()[skip..];
-                let n = rest.len().min(8);
-                word[..n].copy_from_slice(&rest[..n]);
-                (u64::from_be_bytes(word), id)
-            })
-            .collect();
+        let entry_bytes = std::mem::size_of::<(u64, u32)>();
+        let mut capacity = self.len;
+        if capacity * entry_bytes >= SORT_SCRATCH_LARGE_BYTES {
+            capacity = capacity.max(SORT_SCRATCH_MAPPED_BYTES.div_ceil(entry_bytes));
+        }
+        let mut sorted: Vec<(u64, u32)> = Vec::with_capacity(capacity);
+        sorted.extend(slab.live().map(|(id, slot)| {
+            let mut word = [0u8; 8];
+            let rest = &slot.key()[skip..];
+            let n = rest.len().min(8);
+            word[..n].copy_from_slice(&rest[..n]);
+            (u64::from_be_bytes(word), id)
+        }));
         sorted.sort_unstable_by(|a, b| {
             a.0.cmp(&b.0)
                 .then_with(|| slab.key(a.1)[skip..].cmp(&slab.key(b.1)[skip..]))
         });
-        let ids: Vec<u32> = sorted.into_iter().map(|(_, id)| id).collect();
-        self.order = Order::from_sorted(slab, &ids);
+        self.order = Order::from_sorted(slab, sorted.iter().map(|&(_, id)| id));
     }
 
     #[inline]

@@ -65,13 +65,20 @@ pub(super) type Position = (usize, usize);
 
 impl Order {
     /// Builds the order from ids already sorted by key.
-    pub(super) fn from_sorted(slab: &Slab, ids: &[u32]) -> Order {
-        Order {
-            chunks: ids
-                .chunks(ORDER_BULK_FILL)
-                .map(|part| Chunk::new(slab, part))
-                .collect(),
+    pub(super) fn from_sorted(slab: &Slab, ids: impl ExactSizeIterator<Item = u32>) -> Order {
+        let mut chunks = Vec::with_capacity(ids.len().div_ceil(ORDER_BULK_FILL));
+        let mut part = Vec::with_capacity(ORDER_BULK_FILL);
+        for id in ids {
+            part.push(id);
+            if part.len() == ORDER_BULK_FILL {
+                chunks.push(Chunk::new(slab, &part));
+                part.clear();
+            }
         }
+        if !part.is_empty() {
+            chunks.push(Chunk::new(slab, &part));
+        }
+        Order { chunks }
     }
 
     /// The chunk `key` belongs in: the last whose first key is ≤ `key`, or

@@ -191,6 +191,44 @@ fn a_bad_record_below_the_published_prefix_is_corruption() {
     );
 }
 
+/// Reads `key00`..`key39` (as [`sealed_segments`] wrote them): every value
+/// intact but exactly one, in `victim`, which is corruption.
+fn assert_exactly_one_damaged_record(engine: &Engine, victim: &str) {
+    let mut errors = 0;
+    for i in 0..40u32 {
+        match engine.get(format!("key{i:02}").as_bytes(), 0) {
+            Ok(Some(item)) => assert_eq!(item.value, vec![i as u8; 100]),
+            Ok(None) => panic!("key{i:02} vanished"),
+            Err(Error::Corruption { file, .. }) => {
+                assert_eq!(file, victim);
+                errors += 1;
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    assert_eq!(errors, 1, "exactly the damaged record fails its checksum");
+}
+
+/// A record read (and so checked) before its bytes went bad is checked
+/// again by the next process: what a read remembers lives with its map.
+#[test]
+fn a_record_checked_by_one_process_is_checked_again_by_the_next() {
+    let (fs, sealed) = sealed_segments();
+    let victim = &sealed[1];
+    let engine = open_sim(&fs, SyncPolicy::Never, 512);
+    for i in 0..40u32 {
+        let item = engine.get(format!("key{i:02}").as_bytes(), 0).unwrap();
+        assert_eq!(item.unwrap().value, vec![i as u8; 100]);
+    }
+    engine.close().unwrap();
+    let path = sim_dir().join(victim);
+    let mut bytes = fs.read_file(&path).unwrap();
+    bytes[200] ^= 0xff;
+    fs.write_file(&path, &bytes);
+    let engine = open_sim(&fs, SyncPolicy::Never, 512);
+    assert_exactly_one_damaged_record(&engine, victim);
+}
+
 /// Writes enough to seal several segments; returns the disk and the sealed names.
 fn sealed_segments() -> (SimFs, Vec<String>) {
     let fs = SimFs::new();
@@ -216,20 +254,11 @@ fn a_bad_record_in_a_sealed_segment_is_corruption_naming_file_and_offset() {
     fs.write_file(&path, &bytes);
     // With its hint the engine opens (it never reads values at restart)...
     let engine = open_sim(&fs, SyncPolicy::Never, 512);
-    // ...but reading the damaged record reports it.
-    let mut errors = 0;
-    for i in 0..40u32 {
-        match engine.get(format!("key{i:02}").as_bytes(), 0) {
-            Ok(Some(item)) => assert_eq!(item.value, vec![i as u8; 100]),
-            Ok(None) => panic!("key{i:02} vanished"),
-            Err(Error::Corruption { file, .. }) => {
-                assert_eq!(&file, victim);
-                errors += 1;
-            }
-            Err(e) => panic!("unexpected {e}"),
-        }
-    }
-    assert_eq!(errors, 1, "exactly the damaged record fails its checksum");
+    // ...but reading the damaged record reports it; so does every later read
+    // of it, while its neighbours in the same map, checked on their first
+    // read and remembered, read back intact without their CRC.
+    assert_exactly_one_damaged_record(&engine, victim);
+    assert_exactly_one_damaged_record(&engine, victim);
     drop(engine);
     // Without its hint, opening scans the segment and refuses it.
     use vfs::Vfs;
