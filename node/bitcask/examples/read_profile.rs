@@ -49,12 +49,18 @@ fn main() {
     let mut order: Vec<u64> = (0..keys).collect();
     order.shuffle(&mut rng);
     let mut value = vec![0u8; VALUE_SIZE_BYTES];
+    let loading = Instant::now();
     for id in &order {
         rng.fill_bytes(&mut value);
         engine
             .write_batch(&Batch::new().put(key(*id), value.clone()))
             .expect("put");
     }
+    let secs = loading.elapsed().as_secs_f64();
+    println!(
+        "{keys} puts in {secs:.3} s = {:.0} ops/s",
+        keys as f64 / secs
+    );
     for id in 0..keys {
         assert!(engine.get(&key(id), 0).expect("get").is_some());
     }

@@ -29,7 +29,9 @@
 mod order;
 mod slot;
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::hash_map::RandomState;
+use std::collections::{BinaryHeap, HashMap};
 use std::hash::BuildHasher;
 use std::ops::Bound;
 
@@ -56,15 +58,22 @@ const LOADING_RESERVE_KEYS_MAX: usize = 1 << 28;
 const SORT_SCRATCH_LARGE_BYTES: usize = 1 << 20;
 const SORT_SCRATCH_MAPPED_BYTES: usize = (32 << 20) + 4096;
 
-/// Owner of every slot, by id. Freed ids are reused first, so the slab is as
-/// long as the most keys ever live at once (it does not shrink).
+/// Owner of every slot, by id. The lowest free id is reused first and a
+/// trailing chunk left with no live slot is dropped, so after mass deletes
+/// the slab shrinks as far as the highest live id allows; at worst it stays
+/// as long as the most keys ever live at once.
 #[derive(Default)]
 pub(super) struct Slab {
     chunks: Vec<Box<[Option<Slot>]>>,
-    free: Vec<u32>,
-    /// Ids handed out so far (freed ones included).
+    /// Live slots per chunk.
+    live: Vec<u16>,
+    /// Freed ids below `high`, lowest first.
+    free: BinaryHeap<Reverse<u32>>,
+    /// Ids below this are in a chunk.
     high: u32,
 }
+
+const _: () = assert!(SLAB_CHUNK_SLOTS <= u16::MAX as usize);
 
 impl Slab {
     #[inline]
@@ -85,7 +94,7 @@ impl Slab {
 
     fn alloc(&mut self, slot: Slot) -> u32 {
         let id = match self.free.pop() {
-            Some(id) => id,
+            Some(Reverse(id)) => id,
             None => {
                 let id = self.high;
                 // 4 billion live keys would need hundreds of GiB of key
@@ -94,11 +103,13 @@ impl Slab {
                 if (id >> SLAB_CHUNK_SHIFT) as usize == self.chunks.len() {
                     self.chunks
                         .push((0..SLAB_CHUNK_SLOTS).map(|_| None).collect());
+                    self.live.push(0);
                 }
                 id
             }
         };
         *self.cell(id) = Some(slot);
+        self.live[(id >> SLAB_CHUNK_SHIFT) as usize] += 1;
         id
     }
 
@@ -113,7 +124,17 @@ impl Slab {
             .cell(id)
             .take()
             .expect("an id the indexes hold names a live slot");
-        self.free.push(id);
+        self.live[(id >> SLAB_CHUNK_SHIFT) as usize] -= 1;
+        self.free.push(Reverse(id));
+        if self.live.last() == Some(&0) {
+            while self.live.last() == Some(&0) {
+                self.chunks.pop();
+                self.live.pop();
+            }
+            self.high = (self.chunks.len() as u32) << SLAB_CHUNK_SHIFT;
+            let high = self.high;
+            self.free.retain(|&Reverse(id)| id < high);
+        }
         slot
     }
 
@@ -128,12 +149,93 @@ impl Slab {
     }
 }
 
+/// Shards of the hash index: a key's shard is picked by the top bits of its
+/// hash, and each shard's table grows (rehashing, which reads the slot of
+/// every id it holds) on its own, so a write that makes a table grow holds
+/// the directory for 1/256 of a whole-index rehash (about 1 ms at a million
+/// keys on the benchmark machine, not 200).
+const INDEX_SHARDS: usize = 256;
+const INDEX_SHARD_SHIFT: u32 = 64 - INDEX_SHARDS.trailing_zeros();
+const _: () = assert!(INDEX_SHARDS.is_power_of_two());
+/// A shard's table holding fewer than 1/this of its capacity after a
+/// removal shrinks to twice its length (mass deletes give memory back).
+const INDEX_SHRINK_RATIO: usize = 4;
+/// Tables this small are never shrunk.
+const INDEX_SHRINK_CAPACITY_MIN: usize = 64;
+
+/// Slab ids by the hash of their key. SipHash with a per-directory random
+/// key (std's `RandomState`): keys come from the network, and a hash an
+/// outsider could aim would let chosen keys pile into one probe chain.
+struct HashIndex {
+    shards: Box<[HashTable<u32>]>,
+    hasher: RandomState,
+}
+
+impl Default for HashIndex {
+    fn default() -> HashIndex {
+        HashIndex {
+            shards: (0..INDEX_SHARDS).map(|_| HashTable::new()).collect(),
+            hasher: RandomState::new(),
+        }
+    }
+}
+
+impl HashIndex {
+    #[inline]
+    fn hash(&self, key: &[u8]) -> (u64, usize) {
+        let hash = self.hasher.hash_one(key);
+        (hash, (hash >> INDEX_SHARD_SHIFT) as usize)
+    }
+
+    #[inline]
+    fn find(&self, slab: &Slab, key: &[u8]) -> Option<u32> {
+        let (hash, shard) = self.hash(key);
+        self.shards[shard]
+            .find(hash, |&id| slab.key(id) == key)
+            .copied()
+    }
+
+    /// Adds `id` for `key`, which the index does not hold.
+    fn insert(&mut self, slab: &Slab, key: &[u8], id: u32) {
+        let (hash, shard) = self.hash(key);
+        let hasher = &self.hasher;
+        self.shards[shard].insert_unique(hash, id, |&id| hasher.hash_one(slab.key(id)));
+    }
+
+    /// Removes `key`'s id and returns it.
+    fn remove(&mut self, slab: &Slab, key: &[u8]) -> Option<u32> {
+        let (hash, shard) = self.hash(key);
+        let hasher = &self.hasher;
+        let table = &mut self.shards[shard];
+        let (id, _) = table
+            .find_entry(hash, |&id| slab.key(id) == key)
+            .ok()?
+            .remove();
+        if table.capacity() > INDEX_SHRINK_CAPACITY_MIN
+            && table.len() * INDEX_SHRINK_RATIO < table.capacity()
+        {
+            table.shrink_to(table.len() * 2, |&id| hasher.hash_one(slab.key(id)));
+        }
+        Some(id)
+    }
+
+    /// Makes room for about `keys` keys in all, spread over the shards.
+    fn reserve(&mut self, slab: &Slab, keys: usize) {
+        let per_shard = keys.div_ceil(INDEX_SHARDS);
+        // Shards fill unevenly: an eighth more spares most of them a growth.
+        let per_shard = per_shard + per_shard / 8;
+        let hasher = &self.hasher;
+        for table in &mut self.shards {
+            table.reserve(per_shard, |&id| hasher.hash_one(slab.key(id)));
+        }
+    }
+}
+
 /// The key directory plus the live-byte accounting that depends on it.
 pub struct KeyDir {
     slab: Slab,
     /// Ids by the hash of their key.
-    table: HashTable<u32>,
-    hasher: foldhash::quality::RandomState,
+    index: HashIndex,
     /// Ids by key; empty while `loading`.
     order: Order,
     /// Recovery is loading hints: the order is built once at the end.
@@ -156,8 +258,7 @@ impl Default for KeyDir {
     fn default() -> KeyDir {
         KeyDir {
             slab: Slab::default(),
-            table: HashTable::new(),
-            hasher: foldhash::quality::RandomState::default(),
+            index: HashIndex::default(),
             order: Order::default(),
             loading: false,
             len: 0,
@@ -197,11 +298,8 @@ impl KeyDir {
             loading: true,
             ..KeyDir::default()
         };
-        let (slab, hasher) = (&dir.slab, &dir.hasher);
-        dir.table
-            .reserve(keys.min(LOADING_RESERVE_KEYS_MAX), |&id| {
-                hasher.hash_one(slab.key(id))
-            });
+        dir.index
+            .reserve(&dir.slab, keys.min(LOADING_RESERVE_KEYS_MAX));
         dir
     }
 
@@ -248,10 +346,7 @@ impl KeyDir {
 
     #[inline]
     fn find(&self, key: &[u8]) -> Option<u32> {
-        let hash = self.hasher.hash_one(key);
-        self.table
-            .find(hash, |&id| self.slab.key(id) == key)
-            .copied()
+        self.index.find(&self.slab, key)
     }
 
     /// Location of `key`, if present (expired or not).
@@ -267,22 +362,14 @@ impl KeyDir {
         *self.live_bytes.entry(location.file).or_default() +=
             location.record_size(key.len()) as u64;
         let slot = Slot::new(key, &location);
-        let hash = self.hasher.hash_one(key);
-        let (slab, hasher) = (&self.slab, &self.hasher);
-        let found = self.table.entry(
-            hash,
-            |&id| slab.key(id) == key,
-            |&id| hasher.hash_one(slab.key(id)),
-        );
-        match found {
-            hashbrown::hash_table::Entry::Occupied(entry) => {
-                let id = *entry.get();
+        match self.index.find(&self.slab, key) {
+            Some(id) => {
                 let old = self.slab.replace(id, slot).location();
                 self.forget_bytes(key.len(), &old);
             }
-            hashbrown::hash_table::Entry::Vacant(entry) => {
+            None => {
                 let id = self.slab.alloc(slot);
-                entry.insert(id);
+                self.index.insert(&self.slab, key, id);
                 if !self.loading {
                     self.order.insert(&self.slab, key, id);
                 }
@@ -318,12 +405,9 @@ impl KeyDir {
     /// Records that `key` was deleted by the record with `seq`.
     pub fn delete(&mut self, key: &[u8], seq: u64) {
         self.applied_seq = self.applied_seq.max(seq);
-        let hash = self.hasher.hash_one(key);
-        let slab = &self.slab;
-        let Ok(entry) = self.table.find_entry(hash, |&id| slab.key(id) == key) else {
+        let Some(id) = self.index.remove(&self.slab, key) else {
             return;
         };
-        let (id, _) = entry.remove();
         if !self.loading {
             self.order.remove(&self.slab, key, id);
         }
@@ -600,6 +684,49 @@ mod tests {
                 Ok(())
             })
             .unwrap();
+    }
+
+    /// Deleting most keys gives the slab's trailing chunks and most of the
+    /// hash tables back, and a new key takes the lowest free id.
+    #[test]
+    fn mass_deletes_give_memory_back() {
+        let mut dir = KeyDir::default();
+        let mut model = BTreeMap::new();
+        let key = |n: u64| format!("key{n:08}").into_bytes();
+        for n in 0..50_000u64 {
+            dir.put(&key(n), at(1, n + 1));
+            model.insert(key(n), n + 1);
+        }
+        let capacity =
+            |dir: &KeyDir| -> usize { dir.index.shards.iter().map(HashTable::capacity).sum() };
+        let full_capacity = capacity(&dir);
+        assert_eq!(
+            dir.slab.chunks.len(),
+            50_000usize.div_ceil(SLAB_CHUNK_SLOTS)
+        );
+        for n in (100..50_000u64).rev() {
+            dir.delete(&key(n), 100_000 + n);
+            model.remove(&key(n));
+        }
+        assert_eq!(dir.slab.chunks.len(), 1, "trailing empty chunks dropped");
+        assert!(
+            capacity(&dir) <= INDEX_SHARDS * INDEX_SHRINK_CAPACITY_MIN,
+            "tables shrank to their floor: {} of {full_capacity}",
+            capacity(&dir)
+        );
+        check_against(&dir, &model);
+        dir.delete(&key(7), 200_000);
+        dir.delete(&key(3), 200_001);
+        model.remove(&key(7));
+        model.remove(&key(3));
+        dir.put(b"new", at(1, 200_002));
+        model.insert(b"new".to_vec(), 200_002);
+        assert_eq!(
+            dir.index.find(&dir.slab, b"new"),
+            Some(3),
+            "lowest free id first"
+        );
+        check_against(&dir, &model);
     }
 
     /// Thousands of keys inserted, then most deleted in a scattered order:
