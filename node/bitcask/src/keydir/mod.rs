@@ -27,25 +27,20 @@
 //! a time in write order.
 
 mod order;
+mod slab;
 mod slot;
 
-use std::cmp::Reverse;
+use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
-use std::collections::{BinaryHeap, HashMap};
 use std::hash::BuildHasher;
 use std::ops::Bound;
 
 use hashbrown::HashTable;
 
 use order::Order;
-use slot::Slot;
+use slab::Slab;
+use slot::encode;
 pub use slot::{Location, SLOT_HEADER_SIZE_BYTES};
-
-/// Slots per slab chunk: the slab grows by one chunk of this many 16-byte
-/// pointers (64 KiB) at a time, never by doubling.
-const SLAB_CHUNK_SLOTS: usize = 4096;
-const SLAB_CHUNK_SHIFT: u32 = SLAB_CHUNK_SLOTS.trailing_zeros();
-const _: () = assert!(SLAB_CHUNK_SLOTS.is_power_of_two());
 
 /// Most keys [`KeyDir::loading`] makes room for up front (a larger estimate
 /// grows the table as keys arrive instead).
@@ -58,104 +53,19 @@ const LOADING_RESERVE_KEYS_MAX: usize = 1 << 28;
 const SORT_SCRATCH_LARGE_BYTES: usize = 1 << 20;
 const SORT_SCRATCH_MAPPED_BYTES: usize = (32 << 20) + 4096;
 
-/// Owner of every slot, by id. The lowest free id is reused first and a
-/// trailing chunk left with no live slot is dropped, so after mass deletes
-/// the slab shrinks as far as the highest live id allows; at worst it stays
-/// as long as the most keys ever live at once.
-#[derive(Default)]
-pub(super) struct Slab {
-    chunks: Vec<Box<[Option<Slot>]>>,
-    /// Live slots per chunk.
-    live: Vec<u16>,
-    /// Freed ids below `high`, lowest first.
-    free: BinaryHeap<Reverse<u32>>,
-    /// Ids below this are in a chunk.
-    high: u32,
-}
-
-const _: () = assert!(SLAB_CHUNK_SLOTS <= u16::MAX as usize);
-
-impl Slab {
-    #[inline]
-    fn slot(&self, id: u32) -> &Slot {
-        self.chunks[(id >> SLAB_CHUNK_SHIFT) as usize][id as usize & (SLAB_CHUNK_SLOTS - 1)]
-            .as_ref()
-            .expect("an id the indexes hold names a live slot")
-    }
-
-    #[inline]
-    pub(super) fn key(&self, id: u32) -> &[u8] {
-        self.slot(id).key()
-    }
-
-    fn cell(&mut self, id: u32) -> &mut Option<Slot> {
-        &mut self.chunks[(id >> SLAB_CHUNK_SHIFT) as usize][id as usize & (SLAB_CHUNK_SLOTS - 1)]
-    }
-
-    fn alloc(&mut self, slot: Slot) -> u32 {
-        let id = match self.free.pop() {
-            Some(Reverse(id)) => id,
-            None => {
-                let id = self.high;
-                // 4 billion live keys would need hundreds of GiB of key
-                // directory first.
-                self.high = id.checked_add(1).expect("fewer than 2^32 keys");
-                if (id >> SLAB_CHUNK_SHIFT) as usize == self.chunks.len() {
-                    self.chunks
-                        .push((0..SLAB_CHUNK_SLOTS).map(|_| None).collect());
-                    self.live.push(0);
-                }
-                id
-            }
-        };
-        *self.cell(id) = Some(slot);
-        self.live[(id >> SLAB_CHUNK_SHIFT) as usize] += 1;
-        id
-    }
-
-    fn replace(&mut self, id: u32, slot: Slot) -> Slot {
-        self.cell(id)
-            .replace(slot)
-            .expect("an id the indexes hold names a live slot")
-    }
-
-    fn release(&mut self, id: u32) -> Slot {
-        let slot = self
-            .cell(id)
-            .take()
-            .expect("an id the indexes hold names a live slot");
-        self.live[(id >> SLAB_CHUNK_SHIFT) as usize] -= 1;
-        self.free.push(Reverse(id));
-        if self.live.last() == Some(&0) {
-            while self.live.last() == Some(&0) {
-                self.chunks.pop();
-                self.live.pop();
-            }
-            self.high = (self.chunks.len() as u32) << SLAB_CHUNK_SHIFT;
-            let high = self.high;
-            self.free.retain(|&Reverse(id)| id < high);
-        }
-        slot
-    }
-
-    /// Every live slot with its id, in id order.
-    fn live(&self) -> impl Iterator<Item = (u32, &Slot)> + '_ {
-        self.chunks.iter().enumerate().flat_map(|(c, chunk)| {
-            chunk.iter().enumerate().filter_map(move |(i, cell)| {
-                let id = ((c as u32) << SLAB_CHUNK_SHIFT) | i as u32;
-                cell.as_ref().map(|slot| (id, slot))
-            })
-        })
-    }
-}
-
 /// Shards of the hash index: a key's shard is picked by the top bits of its
 /// hash, and each shard's table grows (rehashing, which reads the slot of
 /// every id it holds) on its own, so a write that makes a table grow holds
 /// the directory for 1/256 of a whole-index rehash (about 1 ms at a million
 /// keys on the benchmark machine, not 200).
 const INDEX_SHARDS: usize = 256;
-const INDEX_SHARD_SHIFT: u32 = 64 - INDEX_SHARDS.trailing_zeros();
+/// The shard comes from hash bits 48..56: hashbrown places an entry by the
+/// low bits and tags it with the top 7, so bits that every entry of a shard
+/// shares must be neither (sharing the tag bits made every probe compare
+/// every key of its group).
+const INDEX_SHARD_SHIFT: u32 = 48;
+const INDEX_SHARD_MASK: u64 = INDEX_SHARDS as u64 - 1;
+const _: () = assert!(INDEX_SHARD_SHIFT + INDEX_SHARDS.trailing_zeros() <= 57);
 const _: () = assert!(INDEX_SHARDS.is_power_of_two());
 /// A shard's table holding fewer than 1/this of its capacity after a
 /// removal shrinks to twice its length (mass deletes give memory back).
@@ -184,7 +94,10 @@ impl HashIndex {
     #[inline]
     fn hash(&self, key: &[u8]) -> (u64, usize) {
         let hash = self.hasher.hash_one(key);
-        (hash, (hash >> INDEX_SHARD_SHIFT) as usize)
+        (
+            hash,
+            ((hash >> INDEX_SHARD_SHIFT) & INDEX_SHARD_MASK) as usize,
+        )
     }
 
     #[inline]
@@ -200,6 +113,14 @@ impl HashIndex {
         let (hash, shard) = self.hash(key);
         let hasher = &self.hasher;
         self.shards[shard].insert_unique(hash, id, |&id| hasher.hash_one(slab.key(id)));
+    }
+
+    /// Replaces `key`'s id `old` with `new`.
+    fn repoint(&mut self, key: &[u8], old: u32, new: u32) {
+        let (hash, shard) = self.hash(key);
+        if let Ok(mut entry) = self.shards[shard].find_entry(hash, |&id| id == old) {
+            *entry.get_mut() = new;
+        }
     }
 
     /// Removes `key`'s id and returns it.
@@ -240,6 +161,8 @@ pub struct KeyDir {
     order: Order,
     /// Recovery is loading hints: the order is built once at the end.
     loading: bool,
+    /// Where a put encodes its slot before the slab stores it.
+    scratch: Vec<u8>,
     /// Number of keys.
     len: usize,
     /// Bytes of live records per file number.
@@ -261,6 +184,7 @@ impl Default for KeyDir {
             index: HashIndex::default(),
             order: Order::default(),
             loading: false,
+            scratch: Vec::new(),
             len: 0,
             live_bytes: HashMap::new(),
             key_bytes: 0,
@@ -277,15 +201,6 @@ impl std::fmt::Debug for KeyDir {
             .field("key_bytes", &self.key_bytes)
             .field("applied_seq", &self.applied_seq)
             .field("loading", &self.loading)
-            .finish_non_exhaustive()
-    }
-}
-
-impl std::fmt::Debug for Slab {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Slab")
-            .field("ids", &self.high)
-            .field("free", &self.free.len())
             .finish_non_exhaustive()
     }
 }
@@ -361,10 +276,21 @@ impl KeyDir {
         self.expiry_high_ms = self.expiry_high_ms.max(location.expiry_ms);
         *self.live_bytes.entry(location.file).or_default() +=
             location.record_size(key.len()) as u64;
-        let slot = Slot::new(key, &location);
+        encode(key, &location, &mut self.scratch);
+        let slot = &self.scratch;
         match self.index.find(&self.slab, key) {
             Some(id) => {
-                let old = self.slab.replace(id, slot).location();
+                let old = self.slab.slot(id).location();
+                if !self.slab.overwrite(id, slot) {
+                    // Another size class: a new cell, and both indexes
+                    // told the new id (the key, so its place, is the same).
+                    let moved = self.slab.alloc(slot);
+                    self.index.repoint(key, id, moved);
+                    if !self.loading {
+                        self.order.repoint(&self.slab, key, id, moved);
+                    }
+                    self.slab.release(id);
+                }
                 self.forget_bytes(key.len(), &old);
             }
             None => {
@@ -411,7 +337,8 @@ impl KeyDir {
         if !self.loading {
             self.order.remove(&self.slab, key, id);
         }
-        let old = self.slab.release(id).location();
+        let old = self.slab.slot(id).location();
+        self.slab.release(id);
         self.len -= 1;
         self.key_bytes -= key.len() as u64;
         self.forget_bytes(key.len(), &old);
@@ -580,9 +507,25 @@ mod tests {
     /// prefixes and cross chunk boundaries.
     fn key() -> impl Strategy<Value = Vec<u8>> {
         prop_oneof![
-            proptest::collection::vec(0u8..4, 0..4),
-            (0u32..3000).prop_map(|n| format!("k{n:05}").into_bytes()),
+            4 => proptest::collection::vec(0u8..4, 0..4),
+            4 => (0u32..3000).prop_map(|n| format!("k{n:05}").into_bytes()),
+            // Slots too long for a cell: the boxed class.
+            1 => (0u32..50, 200usize..300).prop_map(|(n, len)| {
+                let mut key = format!("k{n:05}").into_bytes();
+                key.resize(len, b'x');
+                key
+            }),
         ]
+    }
+
+    /// A location whose meta length changes with `seq`, so overwrites move
+    /// slots between size classes.
+    fn at_varied(seq: u64) -> Location {
+        let meta = vec![0x5a; (seq % 5) as usize * 4];
+        Location {
+            meta: RecordMeta::new(&meta).unwrap(),
+            ..at(1, seq)
+        }
     }
 
     fn step() -> impl Strategy<Value = Step> {
@@ -623,7 +566,7 @@ mod tests {
             seq += 1;
             match step {
                 Step::Put(k) if !k.is_empty() => {
-                    dir.put(k, at(1, seq));
+                    dir.put(k, at_varied(seq));
                     model.insert(k.clone(), seq);
                 }
                 Step::Delete(k) => {
@@ -700,30 +643,33 @@ mod tests {
         let capacity =
             |dir: &KeyDir| -> usize { dir.index.shards.iter().map(HashTable::capacity).sum() };
         let full_capacity = capacity(&dir);
-        assert_eq!(
-            dir.slab.chunks.len(),
-            50_000usize.div_ceil(SLAB_CHUNK_SLOTS)
-        );
+        let full_chunks = dir.slab.chunks();
+        assert!(full_chunks >= 50_000 / 1024);
         for n in (100..50_000u64).rev() {
             dir.delete(&key(n), 100_000 + n);
             model.remove(&key(n));
         }
-        assert_eq!(dir.slab.chunks.len(), 1, "trailing empty chunks dropped");
+        assert_eq!(
+            dir.slab.chunks(),
+            1,
+            "trailing empty chunks dropped, of {full_chunks}"
+        );
         assert!(
             capacity(&dir) <= INDEX_SHARDS * INDEX_SHRINK_CAPACITY_MIN,
             "tables shrank to their floor: {} of {full_capacity}",
             capacity(&dir)
         );
         check_against(&dir, &model);
+        let third = dir.index.find(&dir.slab, &key(3));
         dir.delete(&key(7), 200_000);
         dir.delete(&key(3), 200_001);
         model.remove(&key(7));
         model.remove(&key(3));
-        dir.put(b"new", at(1, 200_002));
-        model.insert(b"new".to_vec(), 200_002);
+        dir.put(&key(99_999_999), at(1, 200_002));
+        model.insert(key(99_999_999), 200_002);
         assert_eq!(
-            dir.index.find(&dir.slab, b"new"),
-            Some(3),
+            dir.index.find(&dir.slab, &key(99_999_999)),
+            third,
             "lowest free id first"
         );
         check_against(&dir, &model);

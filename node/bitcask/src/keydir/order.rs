@@ -132,6 +132,15 @@ impl Order {
         }
     }
 
+    /// Replaces `old`, whose key is `key`, with `new` (same key, new slot).
+    pub(super) fn repoint(&mut self, slab: &Slab, key: &[u8], old: u32, new: u32) {
+        let (index, at) = self.bound(slab, key, true);
+        match self.chunks.get_mut(index).and_then(|c| c.ids.get_mut(at)) {
+            Some(id) if *id == old => *id = new,
+            _ => debug_assert!(false, "repointing a key the order does not hold"),
+        }
+    }
+
     /// Removes `id`, whose key is `key` (its slot must still be in the slab).
     pub(super) fn remove(&mut self, slab: &Slab, key: &[u8], id: u32) {
         let (index, at) = self.bound(slab, key, true);

@@ -90,7 +90,7 @@ fn put_varint(out: &mut [u8], pos: &mut usize, mut value: u64) {
 }
 
 /// Reads a LEB128 value written by [`put_varint`] (slots are only ever
-/// built by [`Slot::new`], so the bytes are well-formed).
+/// built by [`encode`], so the bytes are well-formed).
 fn get_varint(bytes: &[u8], pos: &mut usize) -> u64 {
     let mut value = 0u64;
     let mut shift = 0;
@@ -105,41 +105,40 @@ fn get_varint(bytes: &[u8], pos: &mut usize) -> u64 {
     }
 }
 
-/// One entry: the key, then its location, in one allocation.
-#[derive(Debug)]
-pub(super) struct Slot(Box<[u8]>);
+/// Encodes `key`'s slot (layout above) into `out`, replacing what it held.
+pub(super) fn encode(key: &[u8], location: &Location, out: &mut Vec<u8>) {
+    let mut tail = [0u8; LOCATION_BYTES_MAX];
+    tail[LOCATION_FILE_OFFSET..LOCATION_FILE_OFFSET + 4]
+        .copy_from_slice(&location.file.to_le_bytes());
+    tail[LOCATION_RECORD_OFFSET..LOCATION_RECORD_OFFSET + 4]
+        .copy_from_slice(&location.offset.to_le_bytes());
+    let mut pos = LOCATION_VARINTS_OFFSET;
+    put_varint(&mut tail, &mut pos, u64::from(location.value_len));
+    put_varint(&mut tail, &mut pos, location.seq);
+    put_varint(&mut tail, &mut pos, location.expiry_ms);
+    let meta = location.meta.as_bytes();
+    tail[pos] = meta.len() as u8;
+    pos += 1;
+    tail[pos..pos + meta.len()].copy_from_slice(meta);
+    pos += meta.len();
+    out.clear();
+    out.push(pos as u8);
+    out.extend_from_slice(key);
+    out.extend_from_slice(&tail[..pos]);
+}
 
-impl Slot {
-    pub(super) fn new(key: &[u8], location: &Location) -> Slot {
-        let mut tail = [0u8; LOCATION_BYTES_MAX];
-        tail[LOCATION_FILE_OFFSET..LOCATION_FILE_OFFSET + 4]
-            .copy_from_slice(&location.file.to_le_bytes());
-        tail[LOCATION_RECORD_OFFSET..LOCATION_RECORD_OFFSET + 4]
-            .copy_from_slice(&location.offset.to_le_bytes());
-        let mut pos = LOCATION_VARINTS_OFFSET;
-        put_varint(&mut tail, &mut pos, u64::from(location.value_len));
-        put_varint(&mut tail, &mut pos, location.seq);
-        put_varint(&mut tail, &mut pos, location.expiry_ms);
-        let meta = location.meta.as_bytes();
-        tail[pos] = meta.len() as u8;
-        pos += 1;
-        tail[pos..pos + meta.len()].copy_from_slice(meta);
-        pos += meta.len();
-        // Exactly sized: the allocation is the per-key memory figure.
-        let mut bytes = Vec::with_capacity(SLOT_KEY_OFFSET + key.len() + pos);
-        bytes.push(pos as u8);
-        bytes.extend_from_slice(key);
-        bytes.extend_from_slice(&tail[..pos]);
-        Slot(bytes.into_boxed_slice())
-    }
+/// One entry's bytes as the slab holds them: the key, then its location.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SlotRef<'a>(pub(super) &'a [u8]);
 
+impl<'a> SlotRef<'a> {
     #[inline]
-    pub(super) fn key(&self) -> &[u8] {
+    pub(super) fn key(self) -> &'a [u8] {
         let location_len = self.0[SLOT_LOCATION_LEN_OFFSET] as usize;
         &self.0[SLOT_KEY_OFFSET..self.0.len() - location_len]
     }
 
-    pub(super) fn location(&self) -> Location {
+    pub(super) fn location(self) -> Location {
         let location_len = self.0[SLOT_LOCATION_LEN_OFFSET] as usize;
         let bytes = &self.0[self.0.len() - location_len..];
         let mut pos = LOCATION_VARINTS_OFFSET;
@@ -165,6 +164,12 @@ impl Slot {
 mod tests {
     use super::*;
 
+    fn encoded(key: &[u8], location: &Location) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode(key, location, &mut out);
+        out
+    }
+
     fn at(file: u32, seq: u64) -> Location {
         Location {
             file,
@@ -177,10 +182,10 @@ mod tests {
     }
 
     /// Pins the per-key size: the budget is 64 B of key directory per key
-    /// beyond the key (measured by `engine-probe`: slot + 16-byte pointer in
-    /// the B-tree + the B-tree's own slack, about 11 B). A benchmark key of
-    /// 25 bytes with an 8-byte meta, a 100-byte value and a sequence number
-    /// around a million must stay a 48-byte allocation.
+    /// beyond the key (measured by `engine-probe`). A benchmark key of 25
+    /// bytes with an 8-byte meta, a 100-byte value and a sequence number
+    /// around a million must stay a 48-byte slot (a 56-byte cell), 40 bytes
+    /// without the meta (a 48-byte cell).
     #[test]
     fn slot_size_is_pinned_for_a_benchmark_key_with_an_8_byte_meta() {
         let key = b"user:00000000000000123456";
@@ -192,24 +197,22 @@ mod tests {
             expiry_ms: 0,
             meta: RecordMeta::new(&[0x81, 0x01, 0x02, 0x83, 0x7f, 0x05, 0x00, 0x01]).unwrap(),
         };
-        let slot = Slot::new(key, &location);
+        let bytes = encoded(key, &location);
+        let slot = SlotRef(&bytes);
         // 1 location length + 25 key + 4 file + 4 offset + 1 value length
         // + 3 seq + 1 expiry + 1 meta length + 8 meta.
-        assert_eq!(slot.0.len(), 48);
+        assert_eq!(bytes.len(), 48);
         assert_eq!(slot.key(), key);
         assert_eq!(slot.location(), location);
-        let no_meta = Slot::new(
+        let no_meta = encoded(
             key,
             &Location {
                 meta: RecordMeta::EMPTY,
                 ..location
             },
         );
-        assert_eq!(no_meta.0.len(), 40);
-        assert_eq!(
-            Slot::new(b"k", &at(1, 1)).0.len(),
-            SLOT_HEADER_SIZE_BYTES + 1
-        );
+        assert_eq!(no_meta.len(), 40);
+        assert_eq!(encoded(b"k", &at(1, 1)).len(), SLOT_HEADER_SIZE_BYTES + 1);
     }
 
     #[test]
@@ -230,7 +233,8 @@ mod tests {
                 meta,
             };
             let key = vec![0xffu8; 300];
-            let slot = Slot::new(&key, &location);
+            let bytes = encoded(&key, &location);
+            let slot = SlotRef(&bytes);
             assert_eq!(slot.location(), location);
             assert_eq!(slot.key(), &key[..]);
         }
