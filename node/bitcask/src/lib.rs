@@ -18,8 +18,10 @@
 //! - [`format`](mod@format): byte layout of headers, records and hint entries; file names.
 //! - Every file access goes through the [`vfs`] crate's [`vfs::Vfs`] (the
 //!   real disk in production; its simulated disks in tests).
-//! - `keydir`: the ordered key directory (one allocation per key: key,
-//!   varint location and record meta inline).
+//! - `keydir`: the key directory: slots (key, varint location and record
+//!   meta) inline in a size-class slab (`keydir::slab`, layout in
+//!   `keydir::slot`), found by a sharded hash index and in key order by
+//!   `keydir::order`.
 //! - `record_meta`: [`RecordMeta`], the opaque per-record bytes a put or
 //!   tombstone may carry (kept in records, hints and the key directory).
 //! - `hint`: writing and loading hint files.

@@ -153,6 +153,7 @@ impl HashIndex {
 }
 
 /// The key directory plus the live-byte accounting that depends on it.
+#[derive(Default)]
 pub struct KeyDir {
     slab: Slab,
     /// Ids by the hash of their key.
@@ -175,23 +176,6 @@ pub struct KeyDir {
     /// high-water mark, not lowered by deletes or overwrites (recovery
     /// recomputes it from the live entries: [`KeyDir::reset_expiry_high`]).
     expiry_high_ms: u64,
-}
-
-impl Default for KeyDir {
-    fn default() -> KeyDir {
-        KeyDir {
-            slab: Slab::default(),
-            index: HashIndex::default(),
-            order: Order::default(),
-            loading: false,
-            scratch: Vec::new(),
-            len: 0,
-            live_bytes: HashMap::new(),
-            key_bytes: 0,
-            applied_seq: 0,
-            expiry_high_ms: 0,
-        }
-    }
 }
 
 impl std::fmt::Debug for KeyDir {

@@ -51,14 +51,15 @@ fn class_of(len: usize) -> usize {
         .unwrap_or(BOXED_CLASS)
 }
 
+/// A chunk of the boxed class: one optional boxed slot per cell.
+type BoxedChunk = Box<[Option<Box<[u8]>>]>;
+
 /// Where a class keeps its slots.
 enum Cells {
     /// Chunks of `cell`-byte cells.
     Inline { cell: usize, chunks: Vec<Box<[u8]>> },
     /// Chunks of boxed slots.
-    Boxed {
-        chunks: Vec<Box<[Option<Box<[u8]>>]>>,
-    },
+    Boxed { chunks: Vec<BoxedChunk> },
 }
 
 /// One size class.
