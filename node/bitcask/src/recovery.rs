@@ -207,14 +207,35 @@ fn load_files(
     let published = opts.published_prefix.as_ref();
     // Hints are loaded in write order; the directory's order is built once,
     // sorted, when every file is in. The hash index is sized once, for
-    // every entry the hints claim (an overestimate when keys were
-    // overwritten), instead of growing step by step.
-    let claimed: u64 = ordered
-        .iter()
-        .filter(|id| plan.hints.contains(id))
-        .filter_map(|id| hint::claimed_entries(vfs, dir, id))
-        .sum();
-    let mut keydir = KeyDir::loading(usize::try_from(claimed).unwrap_or(usize::MAX));
+    // every entry the hints claim plus, for files without one (the active
+    // segment), their length at the hinted files' bytes per entry: an
+    // overestimate when keys were overwritten, and growing step by step
+    // would rehash every key loaded so far.
+    let (mut entries, mut hinted_bytes, mut unhinted_bytes) = (0u64, 0u64, 0u64);
+    for id in ordered {
+        match plan
+            .hints
+            .contains(id)
+            .then(|| hint::claimed_entries(vfs, dir, id))
+            .flatten()
+        {
+            Some((count, data_len)) => {
+                entries = entries.saturating_add(count);
+                hinted_bytes = hinted_bytes.saturating_add(data_len);
+            }
+            None => {
+                let len = vfs
+                    .open(&path_in(dir, &id.data_name()))
+                    .and_then(|file| file.len())
+                    .unwrap_or(0);
+                unhinted_bytes = unhinted_bytes.saturating_add(len);
+            }
+        }
+    }
+    if let Some(bytes_per_entry) = hinted_bytes.checked_div(entries.max(1)).filter(|&b| b > 0) {
+        entries = entries.saturating_add(unhinted_bytes / bytes_per_entry);
+    }
+    let mut keydir = KeyDir::loading(usize::try_from(entries).unwrap_or(usize::MAX));
     let mut files = FileSet::default();
     let mut active = None;
     let last_index = ordered.len().checked_sub(1);

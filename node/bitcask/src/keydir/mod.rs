@@ -240,7 +240,7 @@ impl KeyDir {
             a.0.cmp(&b.0)
                 .then_with(|| slab.key(a.1)[skip..].cmp(&slab.key(b.1)[skip..]))
         });
-        self.order = Order::from_sorted(slab, sorted.iter().map(|&(_, id)| id));
+        self.order = Order::from_sorted(slab, &sorted, skip);
     }
 
     #[inline]

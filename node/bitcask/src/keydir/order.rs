@@ -162,25 +162,35 @@ pub(super) struct Order {
 pub(super) type Position = (usize, usize);
 
 impl Order {
-    /// Builds the order from ids already sorted by key.
-    pub(super) fn from_sorted(slab: &Slab, ids: impl ExactSizeIterator<Item = u32>) -> Order {
-        let mut chunks = Vec::with_capacity(ids.len().div_ceil(ORDER_BULK_FILL));
-        let mut part = Vec::with_capacity(ORDER_BULK_FILL);
-        let close = |part: &[u32]| {
-            // Sorted: the first and last keys share what all of them share.
-            let skip = common_prefix(slab.key(part[0]), slab.key(part[part.len() - 1]));
-            Chunk::new(slab, part, skip)
-        };
-        for id in ids {
-            part.push(id);
-            if part.len() == ORDER_BULK_FILL {
-                chunks.push(close(&part));
-                part.clear();
-            }
-        }
-        if !part.is_empty() {
-            chunks.push(close(&part));
-        }
+    /// Builds the order from ids already sorted by key, each beside the 8
+    /// bytes of its key after the first `shared` (which every key shares),
+    /// big-endian and zero-padded: a chunk's words come from those bytes
+    /// when its prefix ends within them, without reading a slot.
+    pub(super) fn from_sorted(slab: &Slab, sorted: &[(u64, u32)], shared: usize) -> Order {
+        let chunks = sorted
+            .chunks(ORDER_BULK_FILL)
+            .map(|part| {
+                let (first, last) = (slab.key(part[0].1), slab.key(part[part.len() - 1].1));
+                // Sorted: the first and last keys share what all of them share.
+                let skip = common_prefix(first, last);
+                let mut ids = Vec::with_capacity(ORDER_CHUNK_IDS_MAX);
+                ids.extend(part.iter().map(|&(_, id)| id));
+                let mut words = Vec::with_capacity(ORDER_CHUNK_IDS_MAX);
+                match skip.checked_sub(shared).filter(|&shift| shift <= 4) {
+                    Some(shift) => words.extend(
+                        part.iter()
+                            .map(|&(eight, _)| ((eight << (8 * shift)) >> 32) as u32),
+                    ),
+                    None => words.extend(ids.iter().map(|&id| word(slab.key(id), skip))),
+                }
+                Chunk {
+                    first: first.into(),
+                    skip,
+                    ids,
+                    words,
+                }
+            })
+            .collect();
         Order { chunks }
     }
 
