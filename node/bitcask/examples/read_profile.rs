@@ -1,6 +1,7 @@
 //! A read loop to profile the engine's point reads on their own: loads
 //! `KEYS` keys with 4 KiB values (the `engine-compare` read data set: 25-byte
-//! keys, random values, no fsync, random order), reads every key once, then
+//! keys, values cut from a random pool, no fsync, random order), reads every
+//! key once, then
 //! runs `READS` uniform random `get_with`s over `THREADS` threads and prints
 //! the rate. Run it under `perf record` to see where a read goes:
 //!
@@ -12,7 +13,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use bitcask::{Batch, Engine, Options, SyncPolicy};
+use bitcask::{Engine, Options, SyncPolicy};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, RngCore, SeedableRng};
@@ -21,6 +22,8 @@ use rand::{Rng, RngCore, SeedableRng};
 const KEY_SIZE_BYTES: usize = 25;
 /// Length of every value.
 const VALUE_SIZE_BYTES: usize = 4096;
+/// The random bytes values are cut from.
+const VALUE_POOL_BYTES: usize = 64 << 20;
 
 fn key(id: u64) -> [u8; KEY_SIZE_BYTES] {
     let mut key = [0u8; KEY_SIZE_BYTES];
@@ -48,12 +51,14 @@ fn main() {
     let mut rng = SmallRng::seed_from_u64(7);
     let mut order: Vec<u64> = (0..keys).collect();
     order.shuffle(&mut rng);
-    let mut value = vec![0u8; VALUE_SIZE_BYTES];
+    // Values are windows of a random pool, as `engine-compare` makes them.
+    let mut pool = vec![0u8; VALUE_POOL_BYTES];
+    rng.fill_bytes(&mut pool);
     let loading = Instant::now();
     for id in &order {
-        rng.fill_bytes(&mut value);
+        let at = rng.random_range(0..VALUE_POOL_BYTES - VALUE_SIZE_BYTES);
         engine
-            .write_batch(&Batch::new().put(key(*id), value.clone()))
+            .put(&key(*id), &pool[at..at + VALUE_SIZE_BYTES])
             .expect("put");
     }
     let secs = loading.elapsed().as_secs_f64();

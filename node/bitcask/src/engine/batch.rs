@@ -98,6 +98,59 @@ impl Batch {
         self.seq = Some(seq);
         self
     }
+
+    /// This batch as the write path reads it, over `ops` (its ops, borrowed).
+    pub(crate) fn lend<'a>(&'a self, ops: &'a [OpRef<'a>]) -> BatchRef<'a> {
+        BatchRef {
+            ops,
+            meta: &self.meta,
+            seq: self.seq,
+        }
+    }
+}
+
+/// One op of a batch as the write path reads it: borrowed, so a single put
+/// ([`crate::Engine::put`]) is written without copying its value into a
+/// [`Batch`] first.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum OpRef<'a> {
+    Put {
+        key: &'a [u8],
+        value: &'a [u8],
+        expiry_ms: u64,
+        meta: RecordMeta,
+    },
+    Delete {
+        key: &'a [u8],
+        meta: RecordMeta,
+    },
+}
+
+impl<'a> From<&'a Op> for OpRef<'a> {
+    fn from(op: &'a Op) -> OpRef<'a> {
+        match op {
+            Op::Put {
+                key,
+                value,
+                expiry_ms,
+                meta,
+            } => OpRef::Put {
+                key,
+                value,
+                expiry_ms: *expiry_ms,
+                meta: *meta,
+            },
+            Op::Delete { key, meta } => OpRef::Delete { key, meta: *meta },
+        }
+    }
+}
+
+/// A batch as the write path reads it (see [`OpRef`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BatchRef<'a> {
+    pub(crate) ops: &'a [OpRef<'a>],
+    pub(crate) meta: &'a [u8],
+    pub(crate) seq: Option<u64>,
 }
 
 /// Sequence numbers a batch received.

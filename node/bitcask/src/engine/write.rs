@@ -7,9 +7,10 @@ use std::sync::atomic::Ordering;
 
 use vfs::VfsFile;
 
+use super::batch::{BatchRef, OpRef};
 use super::files::FileMeta;
 use super::read::Handle;
-use super::{Batch, Engine, Op, RecordLocation, Shared, Written, lock, write};
+use super::{Batch, Engine, RecordLocation, RecordMeta, Shared, Written, lock, write};
 use crate::error::{Error, Result};
 use crate::format::{
     DATA_MAGIC, FileId, HintEntry, RecordKind, encode_record, path_in, record_size,
@@ -74,8 +75,18 @@ impl Engine {
 
     /// Stores `key` → `value`, absent from reads with `now_ms >= expiry_ms`.
     pub fn put_with_expiry(&self, key: &[u8], value: &[u8], expiry_ms: u64) -> Result<u64> {
-        let batch = Batch::new().put_with_expiry(key, value, expiry_ms);
-        Ok(self.write_batch(&batch)?.first_seq)
+        let ops = [OpRef::Put {
+            key,
+            value,
+            expiry_ms,
+            meta: RecordMeta::EMPTY,
+        }];
+        let batch = BatchRef {
+            ops: &ops,
+            meta: &[],
+            seq: None,
+        };
+        Ok(self.shared.write_batch(&batch, None)?.first_seq)
     }
 
     /// Deletes `key`; returns the tombstone's sequence number.
@@ -85,7 +96,8 @@ impl Engine {
 
     /// Writes a batch atomically: after a crash all of it or none of it is there.
     pub fn write_batch(&self, batch: &Batch) -> Result<Written> {
-        self.shared.write_batch(batch, None)
+        let ops: Vec<OpRef<'_>> = batch.ops.iter().map(OpRef::from).collect();
+        self.shared.write_batch(&batch.lend(&ops), None)
     }
 
     /// [`Engine::write_batch`], also telling where each op's record went:
@@ -99,7 +111,8 @@ impl Engine {
         locations: &mut Vec<RecordLocation>,
     ) -> Result<Written> {
         locations.clear();
-        self.shared.write_batch(batch, Some(locations))
+        let ops: Vec<OpRef<'_>> = batch.ops.iter().map(OpRef::from).collect();
+        self.shared.write_batch(&batch.lend(&ops), Some(locations))
     }
 
     /// Highest sequence number stored.
@@ -115,7 +128,7 @@ impl Engine {
 }
 
 impl Shared {
-    fn validate(&self, batch: &Batch) -> Result<usize> {
+    fn validate(&self, batch: &BatchRef<'_>) -> Result<usize> {
         if batch.meta.len() > METADATA_SIZE_BYTES_MAX {
             return Err(Error::MetadataTooLarge {
                 len: batch.meta.len(),
@@ -123,12 +136,12 @@ impl Shared {
             });
         }
         let mut size = record_size(0, batch.meta.len(), 0);
-        for op in &batch.ops {
+        for op in batch.ops {
             let (key, value_len, meta) = match op {
-                Op::Put {
+                OpRef::Put {
                     key, value, meta, ..
                 } => (key, value.len(), meta),
-                Op::Delete { key, meta } => (key, 0, meta),
+                OpRef::Delete { key, meta } => (key, 0, meta),
             };
             // `RecordMeta::new` already refused anything longer; checked
             // again here because a record or hint must never claim more.
@@ -166,7 +179,7 @@ impl Shared {
 
     fn write_batch(
         self: &Arc<Self>,
-        batch: &Batch,
+        batch: &BatchRef<'_>,
         locations: Option<&mut Vec<RecordLocation>>,
     ) -> Result<Written> {
         let size = self.validate(batch)?;
@@ -213,7 +226,7 @@ impl Shared {
                 let seq = first_seq + i as u64;
                 let offset = (base + buf.len() as u64) as u32;
                 match op {
-                    Op::Put {
+                    OpRef::Put {
                         key,
                         value,
                         expiry_ms,
@@ -236,9 +249,9 @@ impl Shared {
                             expiry_ms: *expiry_ms,
                             meta: *meta,
                         };
-                        updates.push(Update::Put(key.clone(), location));
+                        updates.push(Update::Put(key.to_vec(), location));
                     }
-                    Op::Delete { key, meta } => {
+                    OpRef::Delete { key, meta } => {
                         encode_record(
                             buf,
                             RecordKind::Tombstone,
@@ -248,7 +261,7 @@ impl Shared {
                             key,
                             &[],
                         );
-                        updates.push(Update::Delete(key.clone(), seq));
+                        updates.push(Update::Delete(key.to_vec(), seq));
                     }
                 }
             }
@@ -263,15 +276,7 @@ impl Shared {
                 );
             }
             let commit_offset = (base + buf.len() as u64) as u32;
-            encode_record(
-                buf,
-                RecordKind::Commit,
-                commit_seq,
-                0,
-                &[],
-                &[],
-                &batch.meta,
-            );
+            encode_record(buf, RecordKind::Commit, commit_seq, 0, &[], &[], batch.meta);
             updates.push(Update::Seq(commit_seq));
             if let Err(e) = active.file.write_all_at(buf, base) {
                 let path = path_in(&self.dir, &active.id.data_name());
@@ -280,10 +285,10 @@ impl Shared {
             active.len += buf.len() as u64;
             active.hasher.update(buf);
             active.max_seq = commit_seq;
-            active.last_commit = Some((commit_seq, batch.meta.clone()));
+            active.last_commit = Some((commit_seq, batch.meta.to_vec()));
             for (op, update) in batch.ops.iter().zip(&updates) {
                 let hinted = match (op, update) {
-                    (Op::Put { key, .. }, Update::Put(_, location)) => {
+                    (OpRef::Put { key, .. }, Update::Put(_, location)) => {
                         active.hint.add(&HintEntry {
                             kind: RecordKind::Put,
                             key,
@@ -294,17 +299,17 @@ impl Shared {
                             meta: location.meta.as_bytes(),
                         })
                     }
-                    (Op::Delete { key, meta }, Update::Delete(_, seq)) => active
+                    (OpRef::Delete { key, meta }, Update::Delete(_, seq)) => active
                         .hint
                         .add(&HintEntry::tombstone(key, meta.as_bytes(), *seq)),
                     _ => unreachable!("updates are built in op order"),
                 };
                 hinted.map_err(|e| self.poison(e))?;
             }
-            active.hint.commit(&batch.meta, commit_offset, commit_seq);
+            active.hint.commit(batch.meta, commit_offset, commit_seq);
             writer.written_total += buf.len() as u64;
             writer.last_seq = commit_seq;
-            writer.last_meta = Some(batch.meta.clone());
+            writer.last_meta = Some(batch.meta.to_vec());
             let end = writer.written_total;
             let file_end = writer.active.as_ref().map_or(0, |a| a.len);
             if self.opts.sync == SyncPolicy::Always {
@@ -435,7 +440,7 @@ pub(crate) fn apply_updates(keydir: &mut KeyDir, updates: Vec<Update>) {
 /// Where the records of `batch` go when it is appended at `base` of the
 /// active segment `file`: each record's size follows from its op alone.
 fn record_locations(
-    batch: &Batch,
+    batch: &BatchRef<'_>,
     file: FileId,
     base: u64,
     first_seq: u64,
@@ -444,10 +449,10 @@ fn record_locations(
     let mut offset = base;
     for (i, op) in batch.ops.iter().enumerate() {
         let len = match op {
-            Op::Put {
+            OpRef::Put {
                 key, value, meta, ..
             } => record_size(key.len(), value.len(), meta.len()),
-            Op::Delete { key, meta } => record_size(key.len(), 0, meta.len()),
+            OpRef::Delete { key, meta } => record_size(key.len(), 0, meta.len()),
         };
         out.push(RecordLocation {
             file,

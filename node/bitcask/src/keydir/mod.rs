@@ -36,6 +36,7 @@ use std::hash::BuildHasher;
 use std::ops::Bound;
 
 use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 
 use order::Order;
 use slab::Slab;
@@ -108,19 +109,16 @@ impl HashIndex {
             .copied()
     }
 
-    /// Adds `id` for `key`, which the index does not hold.
-    fn insert(&mut self, slab: &Slab, key: &[u8], id: u32) {
+    /// `key`'s entry: its id, or the free bucket a new id for it goes
+    /// into (room is made first, so inserting needs no rehash).
+    fn entry<'a>(&'a mut self, slab: &Slab, key: &[u8]) -> Entry<'a, u32> {
         let (hash, shard) = self.hash(key);
         let hasher = &self.hasher;
-        self.shards[shard].insert_unique(hash, id, |&id| hasher.hash_one(slab.key(id)));
-    }
-
-    /// Replaces `key`'s id `old` with `new`.
-    fn repoint(&mut self, key: &[u8], old: u32, new: u32) {
-        let (hash, shard) = self.hash(key);
-        if let Ok(mut entry) = self.shards[shard].find_entry(hash, |&id| id == old) {
-            *entry.get_mut() = new;
-        }
+        self.shards[shard].entry(
+            hash,
+            |&id| slab.key(id) == key,
+            |&id| hasher.hash_one(slab.key(id)),
+        )
     }
 
     /// Removes `key`'s id and returns it.
@@ -262,14 +260,17 @@ impl KeyDir {
             location.record_size(key.len()) as u64;
         encode(key, &location, &mut self.scratch);
         let slot = &self.scratch;
-        match self.index.find(&self.slab, key) {
-            Some(id) => {
+        // One hash and one probe: the entry is either the key's id or the
+        // free bucket its new id goes into.
+        match self.index.entry(&self.slab, key) {
+            Entry::Occupied(mut entry) => {
+                let id = *entry.get();
                 let old = self.slab.slot(id).location();
                 if !self.slab.overwrite(id, slot) {
                     // Another size class: a new cell, and both indexes
                     // told the new id (the key, so its place, is the same).
                     let moved = self.slab.alloc(slot);
-                    self.index.repoint(key, id, moved);
+                    *entry.get_mut() = moved;
                     if !self.loading {
                         self.order.repoint(&self.slab, key, id, moved);
                     }
@@ -277,9 +278,9 @@ impl KeyDir {
                 }
                 self.forget_bytes(key.len(), &old);
             }
-            None => {
+            Entry::Vacant(entry) => {
                 let id = self.slab.alloc(slot);
-                self.index.insert(&self.slab, key, id);
+                entry.insert(id);
                 if !self.loading {
                     self.order.insert(&self.slab, key, id);
                 }
