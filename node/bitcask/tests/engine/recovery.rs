@@ -8,7 +8,7 @@
 //! - a bad hint falls back to scanning and is rewritten identically;
 //! - leftover temp files and a never-synced new segment are cleaned up.
 
-use bitcask::{Batch, Engine, Error, PublishedPrefix, SyncPolicy};
+use bitcask::{Batch, Engine, Error, Options, PublishedPrefix, SyncPolicy};
 use vfs::sim::SimFs;
 
 use crate::common::{open_sim, sim_dir, sim_files, sim_options};
@@ -226,6 +226,29 @@ fn a_record_checked_by_one_process_is_checked_again_by_the_next() {
     bytes[200] ^= 0xff;
     fs.write_file(&path, &bytes);
     let engine = open_sim(&fs, SyncPolicy::Never, 512);
+    assert_exactly_one_damaged_record(&engine, victim);
+}
+
+/// ... and so is one whose map left the handle cache: the next read maps
+/// the file again and checks the record in full, so damage done meanwhile
+/// is caught.
+#[test]
+fn a_record_checked_through_an_evicted_map_is_checked_again() {
+    let (fs, sealed) = sealed_segments();
+    let victim = &sealed[1];
+    let opts = Options {
+        open_files_max: 2,
+        ..sim_options(&fs, SyncPolicy::Never, 512)
+    };
+    let engine = Engine::open(sim_dir(), opts).unwrap();
+    for i in 0..40u32 {
+        let item = engine.get(format!("key{i:02}").as_bytes(), 0).unwrap();
+        assert_eq!(item.unwrap().value, vec![i as u8; 100]);
+    }
+    let path = sim_dir().join(victim);
+    let mut bytes = fs.read_file(&path).unwrap();
+    bytes[200] ^= 0xff;
+    fs.write_file(&path, &bytes);
     assert_exactly_one_damaged_record(&engine, victim);
 }
 
