@@ -165,12 +165,11 @@ impl LoadedHint {
     }
 }
 
-/// The entry count and data length data file `id`'s hint claims in its
-/// trailer, without reading or checking the rest: a capacity estimate for
-/// recovery. The count is bounded by what the hint's length can hold, so a
-/// damaged trailer cannot make it larger than the file justifies. `None`
-/// when there is no readable hint.
-pub(crate) fn claimed_entries(vfs: &dyn Vfs, dir: &Path, id: &FileId) -> Option<(u64, u64)> {
+/// The entry count data file `id`'s hint claims in its trailer, without
+/// reading or checking the rest: a capacity estimate for recovery, bounded
+/// by what the hint's length can hold, so a damaged trailer cannot make it
+/// larger than the file justifies. `None` when there is no readable hint.
+pub(crate) fn claimed_entries(vfs: &dyn Vfs, dir: &Path, id: &FileId) -> Option<u64> {
     let file = vfs.open(&path_in(dir, &id.hint_name())).ok()?;
     let len = file.len().ok()?;
     let body = len.checked_sub((FILE_HEADER_SIZE_BYTES + HINT_TRAILER_SIZE_BYTES) as u64)?;
@@ -179,10 +178,11 @@ pub(crate) fn claimed_entries(vfs: &dyn Vfs, dir: &Path, id: &FileId) -> Option<
         .ok()?;
     let (trailer, _) = decode_hint_trailer(&trailer)?;
     // Every entry is at least its fixed part and one key byte.
-    let entries = trailer
-        .entry_count
-        .min(body / (HINT_ENTRY_HEADER_SIZE_BYTES as u64 + 1));
-    Some((entries, trailer.data_len))
+    Some(
+        trailer
+            .entry_count
+            .min(body / (HINT_ENTRY_HEADER_SIZE_BYTES as u64 + 1)),
+    )
 }
 
 /// Reads (or maps, per `how`) and checks the hint of data file `id`, whose

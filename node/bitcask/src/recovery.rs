@@ -208,31 +208,31 @@ fn load_files(
     // Hints are loaded in write order; the directory's order is built once,
     // sorted, when every file is in. The hash index is sized once, for
     // every entry the hints claim plus, for files without one (the active
-    // segment), their length at the hinted files' bytes per entry: an
-    // overestimate when keys were overwritten, and growing step by step
-    // would rehash every key loaded so far.
+    // segment), their length at the hinted files' bytes per entry (lengths
+    // as the files really are, not as the unchecked trailers say): growing
+    // step by step would rehash every key loaded so far. The claim counts
+    // overwritten and deleted keys too; `finish_loading` fits the index to
+    // the keys that are there.
     let (mut entries, mut hinted_bytes, mut unhinted_bytes) = (0u64, 0u64, 0u64);
     for id in ordered {
+        let len = vfs
+            .open(&path_in(dir, &id.data_name()))
+            .and_then(|file| file.len())
+            .unwrap_or(0);
         match plan
             .hints
             .contains(id)
             .then(|| hint::claimed_entries(vfs, dir, id))
             .flatten()
         {
-            Some((count, data_len)) => {
+            Some(count) => {
                 entries = entries.saturating_add(count);
-                hinted_bytes = hinted_bytes.saturating_add(data_len);
+                hinted_bytes = hinted_bytes.saturating_add(len);
             }
-            None => {
-                let len = vfs
-                    .open(&path_in(dir, &id.data_name()))
-                    .and_then(|file| file.len())
-                    .unwrap_or(0);
-                unhinted_bytes = unhinted_bytes.saturating_add(len);
-            }
+            None => unhinted_bytes = unhinted_bytes.saturating_add(len),
         }
     }
-    if let Some(bytes_per_entry) = hinted_bytes.checked_div(entries.max(1)).filter(|&b| b > 0) {
+    if let Some(bytes_per_entry) = hinted_bytes.checked_div(entries).filter(|&b| b > 0) {
         entries = entries.saturating_add(unhinted_bytes / bytes_per_entry);
     }
     let mut keydir = KeyDir::loading(usize::try_from(entries).unwrap_or(usize::MAX));

@@ -45,7 +45,7 @@ pub use slot::{Location, SLOT_HEADER_SIZE_BYTES};
 
 /// Most keys [`KeyDir::loading`] makes room for up front (a larger estimate
 /// grows the table as keys arrive instead).
-const LOADING_RESERVE_KEYS_MAX: usize = 1 << 28;
+const LOADING_RESERVE_KEYS_MAX: usize = 1 << 24;
 /// Sorts at the end of loading that need this much scratch or more ask for
 /// at least [`SORT_SCRATCH_MAPPED_BYTES`]: glibc serves any request above
 /// 32 MiB (its largest mmap threshold) with a mapping of its own, returned
@@ -122,7 +122,10 @@ impl HashIndex {
     }
 
     /// Removes `key`'s id and returns it.
-    fn remove(&mut self, slab: &Slab, key: &[u8]) -> Option<u32> {
+    /// Removes `key`'s id and returns it; with `shrink`, a shard left
+    /// mostly empty shrinks (not while recovery loads: it sized the index
+    /// for what is still to come).
+    fn remove(&mut self, slab: &Slab, key: &[u8], shrink: bool) -> Option<u32> {
         let (hash, shard) = self.hash(key);
         let hasher = &self.hasher;
         let table = &mut self.shards[shard];
@@ -130,12 +133,26 @@ impl HashIndex {
             .find_entry(hash, |&id| slab.key(id) == key)
             .ok()?
             .remove();
-        if table.capacity() > INDEX_SHRINK_CAPACITY_MIN
+        if shrink
+            && table.capacity() > INDEX_SHRINK_CAPACITY_MIN
             && table.len() * INDEX_SHRINK_RATIO < table.capacity()
         {
             table.shrink_to(table.len() * 2, |&id| hasher.hash_one(slab.key(id)));
         }
         Some(id)
+    }
+
+    /// Shrinks every shard holding less than half of what it has room for
+    /// to its length and an eighth (recovery's estimate counts overwritten
+    /// and deleted keys too).
+    fn fit(&mut self, slab: &Slab) {
+        let hasher = &self.hasher;
+        for table in &mut self.shards {
+            if table.capacity() > INDEX_SHRINK_CAPACITY_MIN && table.len() * 2 < table.capacity() {
+                let len = table.len();
+                table.shrink_to(len + len / 8, |&id| hasher.hash_one(slab.key(id)));
+            }
+        }
     }
 
     /// Makes room for about `keys` keys in all, spread over the shards.
@@ -239,6 +256,8 @@ impl KeyDir {
                 .then_with(|| slab.key(a.1)[skip..].cmp(&slab.key(b.1)[skip..]))
         });
         self.order = Order::from_sorted(slab, &sorted, skip);
+        drop(sorted);
+        self.index.fit(&self.slab);
     }
 
     #[inline]
@@ -316,7 +335,7 @@ impl KeyDir {
     /// Records that `key` was deleted by the record with `seq`.
     pub fn delete(&mut self, key: &[u8], seq: u64) {
         self.applied_seq = self.applied_seq.max(seq);
-        let Some(id) = self.index.remove(&self.slab, key) else {
+        let Some(id) = self.index.remove(&self.slab, key, !self.loading) else {
             return;
         };
         if !self.loading {
@@ -612,6 +631,36 @@ mod tests {
                 Ok(())
             })
             .unwrap();
+    }
+
+    /// Recovery's estimate counts every record of the hints, overwritten
+    /// and deleted keys included: loading ends with the index fitted to the
+    /// keys that are there, and deletes while loading do not shrink it.
+    #[test]
+    fn loading_fits_an_oversized_index_at_the_end() {
+        let mut dir = KeyDir::loading(500_000);
+        let capacity =
+            |dir: &KeyDir| -> usize { dir.index.shards.iter().map(HashTable::capacity).sum() };
+        let reserved = capacity(&dir);
+        assert!(reserved >= 500_000);
+        let key = |n: u64| format!("key{n:08}").into_bytes();
+        for n in 0..20_000u64 {
+            dir.put(&key(n), at(1, n + 1));
+        }
+        for n in 0..10_000u64 {
+            dir.delete(&key(n), 30_000 + n);
+        }
+        assert_eq!(capacity(&dir), reserved, "no shrink while loading");
+        dir.finish_loading();
+        assert!(
+            capacity(&dir) <= 2 * 10_000 + INDEX_SHARDS * INDEX_SHRINK_CAPACITY_MIN,
+            "fitted: {}",
+            capacity(&dir)
+        );
+        for n in 10_000..20_000u64 {
+            assert_eq!(dir.get(&key(n)).map(|l| l.seq), Some(n + 1));
+        }
+        assert_eq!(dir.iter().count(), 10_000);
     }
 
     /// Deleting most keys gives the slab's trailing chunks and most of the
