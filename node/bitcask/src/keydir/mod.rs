@@ -39,7 +39,7 @@ use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
 
 use order::Order;
-use slab::Slab;
+use slab::{COMPACT_MOVES_PER_DELETE, Slab};
 use slot::encode;
 pub use slot::{Location, SLOT_HEADER_SIZE_BYTES};
 
@@ -122,6 +122,14 @@ impl HashIndex {
     }
 
     /// Removes `key`'s id and returns it.
+    /// Replaces `key`'s id `old` with `new`.
+    fn repoint(&mut self, key: &[u8], old: u32, new: u32) {
+        let (hash, shard) = self.hash(key);
+        if let Ok(mut entry) = self.shards[shard].find_entry(hash, |&id| id == old) {
+            *entry.get_mut() = new;
+        }
+    }
+
     /// Removes `key`'s id and returns it; with `shrink`, a shard left
     /// mostly empty shrinks (not while recovery loads: it sized the index
     /// for what is still to come).
@@ -346,6 +354,27 @@ impl KeyDir {
         self.len -= 1;
         self.key_bytes -= key.len() as u64;
         self.forget_bytes(key.len(), &old);
+        if !self.loading {
+            self.compact(id);
+        }
+    }
+
+    /// Moves a few slots of the class `freed` is in from its last chunk
+    /// into its lowest free cells (when the class is under half full), so
+    /// deletes anywhere give chunks back, not only deletes at the top.
+    fn compact(&mut self, freed: u32) {
+        for _ in 0..COMPACT_MOVES_PER_DELETE {
+            let Some(from) = self.slab.compaction_candidate(freed) else {
+                return;
+            };
+            let to = self.slab.move_down(from);
+            self.scratch.clear();
+            self.scratch.extend_from_slice(self.slab.key(from));
+            let key = &self.scratch;
+            self.index.repoint(key, from, to);
+            self.order.repoint(&self.slab, key, from, to);
+            self.slab.release(from);
+        }
     }
 
     /// Notes a sequence number that touched no key (a commit record).
@@ -633,6 +662,37 @@ mod tests {
             .unwrap();
     }
 
+    /// Deletes scattered over the whole key space (not only the newest
+    /// keys) give slab chunks back: the class compacts from the top.
+    #[test]
+    fn scattered_deletes_give_slab_chunks_back() {
+        let mut dir = KeyDir::default();
+        let mut model = BTreeMap::new();
+        let key = |n: u64| format!("key{n:08}").into_bytes();
+        for n in 0..40_000u64 {
+            dir.put(&key(n), at(1, n + 1));
+            model.insert(key(n), n + 1);
+        }
+        let full = dir.slab.chunks();
+        // Keep every tenth key, deleting in a scattered order.
+        for step in 0..40_000u64 {
+            let n = (step * 7919) % 40_000;
+            if n % 10 != 0 {
+                dir.delete(&key(n), 100_000 + step);
+                model.remove(&key(n));
+            }
+        }
+        check_against(&dir, &model);
+        for (k, seq) in &model {
+            assert_eq!(dir.get(k).map(|l| l.seq), Some(*seq));
+        }
+        assert!(
+            dir.slab.chunks() * 4 <= full,
+            "{} of {full} chunks left for a tenth of the keys",
+            dir.slab.chunks()
+        );
+    }
+
     /// Recovery's estimate counts every record of the hints, overwritten
     /// and deleted keys included: loading ends with the index fitted to the
     /// keys that are there, and deletes while loading do not shrink it.
@@ -701,10 +761,14 @@ mod tests {
         model.remove(&key(3));
         dir.put(&key(99_999_999), at(1, 200_002));
         model.insert(key(99_999_999), 200_002);
+        // The two deletes each moved the class's top slot into the freed
+        // cell (it is under half full), so the new key takes the cell just
+        // above the 98 left: the lowest free one.
+        let class_bits = third.unwrap() & 0xf000_0000;
         assert_eq!(
             dir.index.find(&dir.slab, &key(99_999_999)),
-            third,
-            "lowest free id first"
+            Some(class_bits | 98),
+            "compacted, then the lowest free cell"
         );
         check_against(&dir, &model);
     }

@@ -43,6 +43,13 @@ const CHUNK_CELLS: usize = 1024;
 const CHUNK_SHIFT: u32 = CHUNK_CELLS.trailing_zeros();
 const _: () = assert!(CHUNK_CELLS.is_power_of_two() && CHUNK_CELLS <= u16::MAX as usize);
 
+/// A class holding fewer live slots than 1/this of its cells compacts:
+/// each delete moves a few slots from its last chunk into its lowest free
+/// cells, so scattered deletes empty trailing chunks too.
+const COMPACT_BELOW_FULL_RATIO: usize = 2;
+/// Slots a delete moves down, at most, while its class compacts.
+pub(super) const COMPACT_MOVES_PER_DELETE: usize = 2;
+
 /// The class a slot of `len` bytes goes to.
 fn class_of(len: usize) -> usize {
     CELL_BYTES
@@ -71,6 +78,8 @@ struct Class {
     free: BinaryHeap<Reverse<u32>>,
     /// Indexes below this are in a chunk.
     high: u32,
+    /// Live slots in all.
+    live_total: u32,
 }
 
 impl Class {
@@ -87,6 +96,7 @@ impl Class {
             live: Vec::new(),
             free: BinaryHeap::new(),
             high: 0,
+            live_total: 0,
         }
     }
 
@@ -167,12 +177,14 @@ impl Class {
         };
         self.set(index, slot);
         self.live[(index >> CHUNK_SHIFT) as usize] += 1;
+        self.live_total += 1;
         Some(index)
     }
 
     fn release(&mut self, index: u32) {
         self.clear(index);
         self.live[(index >> CHUNK_SHIFT) as usize] -= 1;
+        self.live_total -= 1;
         self.free.push(Reverse(index));
         if self.live.last() == Some(&0) {
             while self.live.last() == Some(&0) {
@@ -185,6 +197,35 @@ impl Class {
             self.high = (self.chunks() as u32) << CHUNK_SHIFT;
             let high = self.high;
             self.free.retain(|&Reverse(index)| index < high);
+            if self.free.capacity() > 2 * self.free.len() + CHUNK_CELLS {
+                self.free.shrink_to_fit();
+            }
+        }
+    }
+
+    /// The highest live index, when the class is less than half full and
+    /// a free cell lies below it: the slot compaction moves down next.
+    fn compaction_candidate(&self) -> Option<u32> {
+        if self.live_total as usize * COMPACT_BELOW_FULL_RATIO >= self.high as usize {
+            return None;
+        }
+        let lowest_free = self.free.peek()?.0;
+        let last = self.chunks().checked_sub(1)?;
+        let start = (last as u32) << CHUNK_SHIFT;
+        (start..self.high)
+            .rev()
+            .find(|&index| self.is_live(index))
+            .filter(|&index| index > lowest_free)
+    }
+
+    fn is_live(&self, index: u32) -> bool {
+        let (chunk, at) = (
+            (index >> CHUNK_SHIFT) as usize,
+            index as usize & (CHUNK_CELLS - 1),
+        );
+        match &self.cells {
+            Cells::Inline { cell, chunks } => chunks[chunk][at * cell] != 0,
+            Cells::Boxed { chunks } => chunks[chunk][at].is_some(),
         }
     }
 
@@ -276,6 +317,25 @@ impl Slab {
     pub(super) fn release(&mut self, id: u32) {
         let (class, index) = split(id);
         self.classes[class].release(index);
+    }
+
+    /// The slot compaction of `id`'s class (a class just freed a cell of)
+    /// should move down next, if any.
+    pub(super) fn compaction_candidate(&self, id: u32) -> Option<u32> {
+        let (class, _) = split(id);
+        let index = self.classes[class].compaction_candidate()?;
+        Some(((class as u32) << CLASS_SHIFT) | index)
+    }
+
+    /// Copies slot `id` into its class's lowest free cell and returns the
+    /// new id; the old cell stays live until released.
+    pub(super) fn move_down(&mut self, id: u32) -> u32 {
+        let (class, index) = split(id);
+        let slot = self.classes[class].get(index).to_vec();
+        let moved = self.classes[class]
+            .alloc(&slot)
+            .expect("a class compacts only with a free cell below");
+        ((class as u32) << CLASS_SHIFT) | moved
     }
 
     /// Every live slot with its id.
