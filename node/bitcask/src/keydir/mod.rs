@@ -1,30 +1,35 @@
 //! The key directory: from each live key to where its latest value lives,
 //! found by hash for point lookups and in key order for scans.
 //!
-//! - `slot.rs`: one entry, [`Location`] and key in one allocation.
-//! - `order.rs`: the slab ids sorted by key, in chunks.
-//! - this file: the slab that owns the slots, the hash index over it, and
+//! - `slot.rs`: one entry's bytes: the key, then its [`Location`].
+//! - `slab.rs`: the owner of every slot, inline in size-class cells, by
+//!   `u32` id.
+//! - `order.rs`: the ids sorted by key, in chunks with 4-byte key words.
+//! - this file: the sharded hash index, the directory over the three, and
 //!   the live-byte accounting.
 //!
 //! Three structures, one owner. The slab holds every slot and names it by a
-//! `u32` id that does not change while the key lives; the hash index (a
-//! `hashbrown::HashTable` of ids, compared and rehashed through the slab)
-//! answers "where is this key" in one probe, so a read costs a few cache
-//! misses whatever the number of keys; the order (ids sorted by key) answers
-//! ranges and prefix scans. Overwriting a key replaces its slot under the
-//! same id and touches neither index; only new and deleted keys move ids.
+//! `u32` id; the hash index (256 `hashbrown::HashTable` shards of ids,
+//! compared and rehashed through the slab) answers "where is this key" in
+//! one probe, so a read costs a few cache misses whatever the number of
+//! keys; the order answers ranges and prefix scans. An overwrite rewrites
+//! the slot in its cell when the new one is of the same size class and
+//! touches neither index; otherwise the slot moves to a cell of its new
+//! class and both indexes are told the new id. New keys, deleted keys and
+//! compaction (slots moved down into free cells after deletes) change ids
+//! too, always in both indexes before the old cell is freed.
 //!
 //! Memory per key beyond the key (1 M keys of 25 bytes, no record meta):
-//! the slot's allocation (15 bytes of location and length, 23 with malloc's
-//! rounding), its 16-byte pointer in the slab, about 10.5 bytes of hash
-//! table (4-byte id plus a control byte, at the table's load factor) and
-//! 4.6–6 bytes of order: about 46 bytes asked of the allocator, 54 resident
-//! (`engine-probe`, BENCHMARKS.md section (e)).
+//! the slot's 48-byte cell (23 bytes past the key), about 10.5 bytes of
+//! hash table (a 4-byte id and a control byte, at the table's load factor)
+//! and about 9 bytes of order (an id and a word, chunks 7/8 full after a
+//! restart): about 43 bytes, by the allocator's count and resident alike
+//! (`engine-probe`, BENCHMARKS.md).
 //!
 //! While recovery loads hints ([`KeyDir::loading`]), only the slab and the
-//! hash index are kept; [`KeyDir::finish_loading`] sorts the survivors once
-//! and builds the order in bulk, instead of inserting a million keys one at
-//! a time in write order.
+//! hash index are kept; [`KeyDir::finish_loading`] sorts the survivors once,
+//! builds the order in bulk and fits the index to them, instead of
+//! inserting a million keys one at a time in write order.
 
 mod order;
 mod slab;

@@ -1,9 +1,9 @@
-//! One key directory entry: the key and where its latest value lives, in
-//! one heap allocation (a [`Slot`]); the directory (`keydir/mod.rs`) keeps
-//! the slots in a slab and finds them by hash and by order.
+//! One key directory entry: the key and where its latest value lives, as
+//! the bytes the slab (`keydir/slab.rs`) keeps in a cell, encoded by
+//! [`encode`] and read through a [`SlotRef`].
 //!
-//! Slot layout (one boxed byte slice per key; its length is in the fat
-//! pointer the slab holds):
+//! Slot layout (its length is the cell's first byte, or the boxed slice's
+//! length for a slot too long for a cell):
 //!
 //! | offset | size | field |
 //! |---:|---:|---|
