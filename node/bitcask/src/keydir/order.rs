@@ -243,7 +243,8 @@ impl Order {
 
     /// Where `id`, whose key is `key`, is: found by key, or (should the
     /// order ever disagree with the slab, which the tests say it does not)
-    /// by a walk of every chunk, so a slip costs time, never a dangling id.
+    /// by a walk of every chunk, so a misplaced id is still found and
+    /// removed or repointed (it is logged as an error).
     fn locate(&self, slab: &Slab, key: &[u8], id: u32) -> Option<Position> {
         let (index, at) = self.bound(slab, key, true);
         if self.chunks.get(index).and_then(|c| c.ids.get(at)) == Some(&id) {

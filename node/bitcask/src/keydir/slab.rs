@@ -1,5 +1,6 @@
-//! The slab: owner of every key directory slot, named by a `u32` id that
-//! does not change while the slot keeps its size class.
+//! The slab: owner of every key directory slot, named by a `u32` id (which
+//! changes when a slot moves to another size class or compaction moves it
+//! down; the key directory repoints its indexes then).
 //!
 //! Slots live inline in fixed-size cells, one class per cell size
 //! ([`CELL_BYTES`]), so a key costs its cell and nothing else: no heap
@@ -13,11 +14,12 @@
 //!
 //! Id layout: the class in the top [`CLASS_BITS`] bits, the cell's index in
 //! its class below them. Each class reuses its lowest free index first and
-//! drops a trailing chunk once no slot in it is live, so after mass
-//! deletes a class shrinks as far as its highest live index allows.
+//! drops a trailing chunk once no slot in it is live; a class under half
+//! full compacts (the key directory moves slots of its last chunk into its
+//! lowest free cells, a few per delete), so after deletes anywhere a class
+//! shrinks to about twice its live slots.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::BTreeSet;
 
 use super::slot::SlotRef;
 
@@ -74,12 +76,15 @@ struct Class {
     cells: Cells,
     /// Live slots per chunk.
     live: Vec<u16>,
-    /// Freed indexes below `high`, lowest first.
-    free: BinaryHeap<Reverse<u32>>,
+    /// Freed indexes below `high` (ordered: the lowest is reused first, and
+    /// dropping trailing chunks cuts the set's tail).
+    free: BTreeSet<u32>,
     /// Indexes below this are in a chunk.
     high: u32,
     /// Live slots in all.
     live_total: u32,
+    /// At least the highest live index (compaction scans down from it).
+    top_live: u32,
 }
 
 impl Class {
@@ -94,14 +99,16 @@ impl Class {
         Class {
             cells,
             live: Vec::new(),
-            free: BinaryHeap::new(),
+            free: BTreeSet::new(),
             high: 0,
             live_total: 0,
+            top_live: 0,
         }
     }
 
+    /// The slot in cell `index`, `None` for a free cell.
     #[inline]
-    fn get(&self, index: u32) -> &[u8] {
+    fn cell(&self, index: u32) -> Option<&[u8]> {
         let (chunk, at) = (
             (index >> CHUNK_SHIFT) as usize,
             index as usize & (CHUNK_CELLS - 1),
@@ -110,13 +117,16 @@ impl Class {
             Cells::Inline { cell, chunks } => {
                 let bytes = &chunks[chunk][at * cell..(at + 1) * cell];
                 let len = bytes[0] as usize;
-                debug_assert!(len > 0, "an id the indexes hold names a live slot");
-                &bytes[1..1 + len]
+                (len > 0).then(|| &bytes[1..1 + len])
             }
-            Cells::Boxed { chunks } => chunks[chunk][at]
-                .as_deref()
-                .expect("an id the indexes hold names a live slot"),
+            Cells::Boxed { chunks } => chunks[chunk][at].as_deref(),
         }
+    }
+
+    #[inline]
+    fn get(&self, index: u32) -> &[u8] {
+        self.cell(index)
+            .expect("an id the indexes hold names a live slot")
     }
 
     /// Stores `slot` (of this class) at `index`.
@@ -153,8 +163,8 @@ impl Class {
     /// Stores `slot` in a free cell; `None` when the class holds
     /// [`INDEX_MASK`] + 1 slots already.
     fn alloc(&mut self, slot: &[u8]) -> Option<u32> {
-        let index = match self.free.pop() {
-            Some(Reverse(index)) => index,
+        let index = match self.free.pop_first() {
+            Some(index) => index,
             None => {
                 let index = self.high;
                 if index > INDEX_MASK {
@@ -178,6 +188,7 @@ impl Class {
         self.set(index, slot);
         self.live[(index >> CHUNK_SHIFT) as usize] += 1;
         self.live_total += 1;
+        self.top_live = self.top_live.max(index);
         Some(index)
     }
 
@@ -185,7 +196,7 @@ impl Class {
         self.clear(index);
         self.live[(index >> CHUNK_SHIFT) as usize] -= 1;
         self.live_total -= 1;
-        self.free.push(Reverse(index));
+        self.free.insert(index);
         if self.live.last() == Some(&0) {
             while self.live.last() == Some(&0) {
                 self.live.pop();
@@ -195,56 +206,36 @@ impl Class {
                 }
             }
             self.high = (self.chunks() as u32) << CHUNK_SHIFT;
-            let high = self.high;
-            self.free.retain(|&Reverse(index)| index < high);
-            if self.free.capacity() > 2 * self.free.len() + CHUNK_CELLS {
-                self.free.shrink_to_fit();
-            }
+            drop(self.free.split_off(&self.high));
+            self.top_live = self.top_live.min(self.high.saturating_sub(1));
         }
     }
 
     /// The highest live index, when the class is less than half full and
-    /// a free cell lies below it: the slot compaction moves down next.
-    fn compaction_candidate(&self) -> Option<u32> {
+    /// a free cell lies below its last chunk: the slot compaction moves
+    /// down next (moving slots within the only chunk would free nothing).
+    fn compaction_candidate(&mut self) -> Option<u32> {
         if self.live_total as usize * COMPACT_BELOW_FULL_RATIO >= self.high as usize {
             return None;
         }
-        let lowest_free = self.free.peek()?.0;
         let last = self.chunks().checked_sub(1)?;
         let start = (last as u32) << CHUNK_SHIFT;
-        (start..self.high)
-            .rev()
-            .find(|&index| self.is_live(index))
-            .filter(|&index| index > lowest_free)
+        if *self.free.first()? >= start {
+            return None;
+        }
+        let from = self.top_live.min(self.high - 1);
+        let top = (start..=from).rev().find(|&index| self.is_live(index))?;
+        self.top_live = top;
+        Some(top)
     }
 
     fn is_live(&self, index: u32) -> bool {
-        let (chunk, at) = (
-            (index >> CHUNK_SHIFT) as usize,
-            index as usize & (CHUNK_CELLS - 1),
-        );
-        match &self.cells {
-            Cells::Inline { cell, chunks } => chunks[chunk][at * cell] != 0,
-            Cells::Boxed { chunks } => chunks[chunk][at].is_some(),
-        }
+        self.cell(index).is_some()
     }
 
     /// Every live slot with its index, in index order.
     fn live(&self) -> impl Iterator<Item = (u32, &[u8])> + '_ {
-        (0..self.high).filter_map(move |index| {
-            let (chunk, at) = (
-                (index >> CHUNK_SHIFT) as usize,
-                index as usize & (CHUNK_CELLS - 1),
-            );
-            match &self.cells {
-                Cells::Inline { cell, chunks } => {
-                    let bytes = &chunks[chunk][at * cell..(at + 1) * cell];
-                    let len = bytes[0] as usize;
-                    (len > 0).then(|| (index, &bytes[1..1 + len]))
-                }
-                Cells::Boxed { chunks } => chunks[chunk][at].as_deref().map(|s| (index, s)),
-            }
-        })
+        (0..self.high).filter_map(move |index| Some((index, self.cell(index)?)))
     }
 }
 
@@ -321,7 +312,7 @@ impl Slab {
 
     /// The slot compaction of `id`'s class (a class just freed a cell of)
     /// should move down next, if any.
-    pub(super) fn compaction_candidate(&self, id: u32) -> Option<u32> {
+    pub(super) fn compaction_candidate(&mut self, id: u32) -> Option<u32> {
         let (class, _) = split(id);
         let index = self.classes[class].compaction_candidate()?;
         Some(((class as u32) << CLASS_SHIFT) | index)

@@ -163,22 +163,12 @@ impl<'a> SlotRef<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keydir::tests::at;
 
     fn encoded(key: &[u8], location: &Location) -> Vec<u8> {
         let mut out = Vec::new();
         encode(key, location, &mut out);
         out
-    }
-
-    fn at(file: u32, seq: u64) -> Location {
-        Location {
-            file,
-            offset: 32,
-            value_len: 10,
-            seq,
-            expiry_ms: 0,
-            meta: RecordMeta::EMPTY,
-        }
     }
 
     /// Pins the per-key size: the budget is 64 B of key directory per key

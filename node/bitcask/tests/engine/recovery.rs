@@ -191,6 +191,14 @@ fn a_bad_record_below_the_published_prefix_is_corruption() {
     );
 }
 
+/// Flips byte 200 of `file`: inside a record of a [`sealed_segments`] file.
+fn flip_byte_200(fs: &SimFs, file: &str) {
+    let path = sim_dir().join(file);
+    let mut bytes = fs.read_file(&path).unwrap();
+    bytes[200] ^= 0xff;
+    fs.write_file(&path, &bytes);
+}
+
 /// Reads `key00`..`key39` (as [`sealed_segments`] wrote them): every value
 /// intact but exactly one, in `victim`, which is corruption.
 fn assert_exactly_one_damaged_record(engine: &Engine, victim: &str) {
@@ -221,10 +229,7 @@ fn a_record_checked_by_one_process_is_checked_again_by_the_next() {
         assert_eq!(item.unwrap().value, vec![i as u8; 100]);
     }
     engine.close().unwrap();
-    let path = sim_dir().join(victim);
-    let mut bytes = fs.read_file(&path).unwrap();
-    bytes[200] ^= 0xff;
-    fs.write_file(&path, &bytes);
+    flip_byte_200(&fs, victim);
     let engine = open_sim(&fs, SyncPolicy::Never, 512);
     assert_exactly_one_damaged_record(&engine, victim);
 }
@@ -245,10 +250,7 @@ fn a_record_checked_through_an_evicted_map_is_checked_again() {
         let item = engine.get(format!("key{i:02}").as_bytes(), 0).unwrap();
         assert_eq!(item.unwrap().value, vec![i as u8; 100]);
     }
-    let path = sim_dir().join(victim);
-    let mut bytes = fs.read_file(&path).unwrap();
-    bytes[200] ^= 0xff;
-    fs.write_file(&path, &bytes);
+    flip_byte_200(&fs, victim);
     assert_exactly_one_damaged_record(&engine, victim);
 }
 
@@ -271,10 +273,7 @@ fn sealed_segments() -> (SimFs, Vec<String>) {
 fn a_bad_record_in_a_sealed_segment_is_corruption_naming_file_and_offset() {
     let (fs, sealed) = sealed_segments();
     let victim = &sealed[1];
-    let path = sim_dir().join(victim);
-    let mut bytes = fs.read_file(&path).unwrap();
-    bytes[200] ^= 0xff;
-    fs.write_file(&path, &bytes);
+    flip_byte_200(&fs, victim);
     // With its hint the engine opens (it never reads values at restart)...
     let engine = open_sim(&fs, SyncPolicy::Never, 512);
     // ...but reading the damaged record reports it; so does every later read
