@@ -697,17 +697,29 @@ pub(super) mod tests {
             .unwrap();
     }
 
+    /// `key00000042` for 42.
+    fn numbered(n: u64) -> Vec<u8> {
+        format!("key{n:08}").into_bytes()
+    }
+
+    /// A directory holding `numbered(0..keys)` put at sequences 1.., and
+    /// the same as a model.
+    fn filled(keys: u64) -> (KeyDir, BTreeMap<Vec<u8>, u64>) {
+        let mut dir = KeyDir::default();
+        let mut model = BTreeMap::new();
+        for n in 0..keys {
+            dir.put(&numbered(n), at(1, n + 1));
+            model.insert(numbered(n), n + 1);
+        }
+        (dir, model)
+    }
+
     /// Deletes scattered over the whole key space (not only the newest
     /// keys) give slab chunks back: the class compacts from the top.
     #[test]
     fn scattered_deletes_give_slab_chunks_back() {
-        let mut dir = KeyDir::default();
-        let mut model = BTreeMap::new();
-        let key = |n: u64| format!("key{n:08}").into_bytes();
-        for n in 0..40_000u64 {
-            dir.put(&key(n), at(1, n + 1));
-            model.insert(key(n), n + 1);
-        }
+        let (mut dir, mut model) = filled(40_000);
+        let key = numbered;
         let full = dir.slab.chunks();
         // Keep every tenth key, deleting in a scattered order.
         for step in 0..40_000u64 {
@@ -762,13 +774,8 @@ pub(super) mod tests {
     /// hash tables back, and a new key takes the lowest free id.
     #[test]
     fn mass_deletes_give_memory_back() {
-        let mut dir = KeyDir::default();
-        let mut model = BTreeMap::new();
-        let key = |n: u64| format!("key{n:08}").into_bytes();
-        for n in 0..50_000u64 {
-            dir.put(&key(n), at(1, n + 1));
-            model.insert(key(n), n + 1);
-        }
+        let (mut dir, mut model) = filled(50_000);
+        let key = numbered;
         let capacity =
             |dir: &KeyDir| -> usize { dir.index.shards.iter().map(HashTable::capacity).sum() };
         let full_capacity = capacity(&dir);
