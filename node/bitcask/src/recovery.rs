@@ -31,7 +31,7 @@ use crate::format::{
 };
 use crate::hint::{self, HintRead, HintWriter};
 use crate::keydir::{KeyDir, Location};
-use crate::options::Options;
+use crate::options::{FILL_AHEAD_BYTES, Options};
 use crate::record_meta::RecordMeta;
 use vfs::{Vfs, VfsFile};
 
@@ -694,14 +694,25 @@ fn recover_active(
                 ),
             });
         }
-        tracing::warn!(
-            file = %id.data_name(),
-            offset = committed_end,
-            cut_bytes = len - committed_end,
-            fault_at,
-            reason = ?why,
-            "truncating an incomplete or torn tail of the active segment"
-        );
+        if is_fill_ahead(file.as_ref(), committed_end, len) {
+            // What the write path writes ahead (`FILL_AHEAD_BYTES`) and a
+            // clean close would have cut.
+            tracing::debug!(
+                file = %id.data_name(),
+                offset = committed_end,
+                cut_bytes = len - committed_end,
+                "cutting the zeros written ahead of the active segment's end"
+            );
+        } else {
+            tracing::warn!(
+                file = %id.data_name(),
+                offset = committed_end,
+                cut_bytes = len - committed_end,
+                fault_at,
+                reason = ?why,
+                "truncating an incomplete or torn tail of the active segment"
+            );
+        }
         file.truncate(committed_end)
             .map_err(|e| Error::io(&path, e))?;
     }
@@ -725,11 +736,25 @@ fn recover_active(
         id: *id,
         file,
         len: committed_end,
+        filled: committed_end,
         hasher,
         hint,
         max_seq,
         last_commit,
     }))
+}
+
+/// Whether `from..len` is no longer than the write path ever fills ahead
+/// and holds only zeros.
+fn is_fill_ahead(file: &dyn VfsFile, from: u64, len: u64) -> bool {
+    let Some(tail) = len.checked_sub(from) else {
+        return false;
+    };
+    if tail > 3 * FILL_AHEAD_BYTES {
+        return false;
+    }
+    let mut bytes = vec![0u8; tail as usize];
+    file.read_exact_at(&mut bytes, from).is_ok() && bytes.iter().all(|&b| b == 0)
 }
 
 fn header_is_complete(file: &dyn VfsFile, len: u64) -> bool {

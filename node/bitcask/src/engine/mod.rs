@@ -215,9 +215,17 @@ impl Shared {
             let _ = thread.join();
         }
         // A poisoned engine reports why (sync_file refuses to fsync again).
-        let writer = lock(&self.writer);
-        match &writer.active {
-            Some(active) => self.sync_file(active.file.as_ref(), &active.id.data_name()),
+        let mut writer = lock(&self.writer);
+        match &mut writer.active {
+            Some(active) => {
+                let name = active.id.data_name();
+                if !self.poisoned.is_poisoned() {
+                    active.cut_fill().map_err(|e| {
+                        self.poison(Error::io(crate::format::path_in(&self.dir, &name), e))
+                    })?;
+                }
+                self.sync_file(active.file.as_ref(), &name)
+            }
             None => self.check_poison_after_sync(),
         }
     }

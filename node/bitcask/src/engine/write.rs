@@ -17,7 +17,9 @@ use crate::format::{
 };
 use crate::hint::HintWriter;
 use crate::keydir::{KeyDir, Location};
-use crate::options::{METADATA_SIZE_BYTES_MAX, RECORD_META_BYTES_MAX, SyncPolicy};
+use crate::options::{
+    FILL_AHEAD_BYTES, METADATA_SIZE_BYTES_MAX, RECORD_META_BYTES_MAX, SyncPolicy,
+};
 
 /// The active segment and the writer's state.
 #[derive(Debug)]
@@ -26,10 +28,49 @@ pub(crate) struct Active {
     pub(crate) id: FileId,
     pub(crate) file: Arc<dyn VfsFile>,
     pub(crate) len: u64,
+    /// Where the zeros written ahead of `len` end ([`FILL_AHEAD_BYTES`]);
+    /// never below `len`. The file is cut back to `len` when it is sealed
+    /// or the engine closes.
+    pub(crate) filled: u64,
     pub(crate) hasher: crc32fast::Hasher,
     pub(crate) hint: HintWriter,
     pub(crate) max_seq: u64,
     pub(crate) last_commit: Option<(u64, Vec<u8>)>,
+}
+
+/// What the fill ahead writes.
+static ZEROS: [u8; FILL_AHEAD_BYTES as usize] = [0; FILL_AHEAD_BYTES as usize];
+
+impl Active {
+    /// Makes sure zeros (or earlier data) lie in the file up to the block
+    /// boundary past `end`, unless that takes more than two blocks.
+    fn fill_ahead(&mut self, end: u64) -> std::io::Result<()> {
+        if end <= self.filled {
+            return Ok(());
+        }
+        let target = end.next_multiple_of(FILL_AHEAD_BYTES);
+        let mut at = self.filled.max(self.len);
+        if target - at > 2 * FILL_AHEAD_BYTES {
+            return Ok(());
+        }
+        while at < target {
+            let n = (target - at).min(FILL_AHEAD_BYTES);
+            self.file.write_all_at(&ZEROS[..n as usize], at)?;
+            at += n;
+            self.filled = at;
+        }
+        Ok(())
+    }
+
+    /// Cuts the zeros written ahead off the file (before it is sealed or
+    /// the engine closes), so a file at rest ends with its last batch.
+    pub(crate) fn cut_fill(&mut self) -> std::io::Result<()> {
+        if self.filled > self.len {
+            self.file.truncate(self.len)?;
+            self.filled = self.len;
+        }
+        Ok(())
+    }
 }
 
 /// A key-directory change waiting for its fsync (sync policy `Always`).
@@ -278,11 +319,15 @@ impl Shared {
             let commit_offset = (base + buf.len() as u64) as u32;
             encode_record(buf, RecordKind::Commit, commit_seq, 0, &[], &[], batch.meta);
             updates.push(Update::Seq(commit_seq));
-            if let Err(e) = active.file.write_all_at(buf, base) {
+            let written = active
+                .fill_ahead(base + buf.len() as u64)
+                .and_then(|()| active.file.write_all_at(buf, base));
+            if let Err(e) = written {
                 let path = path_in(&self.dir, &active.id.data_name());
                 return Err(self.poison(Error::io(path, e)));
             }
             active.len += buf.len() as u64;
+            active.filled = active.filled.max(active.len);
             active.hasher.update(buf);
             active.max_seq = commit_seq;
             active.last_commit = Some((commit_seq, batch.meta.to_vec()));
@@ -375,6 +420,7 @@ impl Shared {
             id,
             file,
             len: header_bytes.len() as u64,
+            filled: header_bytes.len() as u64,
             hasher,
             hint,
             max_seq: 0,
@@ -384,9 +430,12 @@ impl Shared {
 
     /// Seals the active segment: fsync, hint, and it joins the sealed list.
     pub(crate) fn seal_active(&self, writer: &mut Writer) -> Result<()> {
-        let Some(active) = writer.active.take() else {
+        let Some(mut active) = writer.active.take() else {
             return Ok(());
         };
+        active
+            .cut_fill()
+            .map_err(|e| self.poison(Error::io(path_in(&self.dir, &active.id.data_name()), e)))?;
         self.sync_file(active.file.as_ref(), &active.id.data_name())?;
         // Everything written so far is durable now.
         let pending: Vec<(u64, u64, Vec<Update>)> = writer.pending.drain(..).collect();

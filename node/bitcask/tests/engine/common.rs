@@ -51,3 +51,27 @@ pub fn value_for(key: &[u8], version: u64, len: usize) -> Vec<u8> {
     }
     value
 }
+
+/// The first `len` bytes of an active segment's file `bytes`, after
+/// checking that the rest is zeros the write path filled ahead (at most
+/// three [`bitcask::FILL_AHEAD_BYTES`] blocks).
+pub fn active_prefix(mut bytes: Vec<u8>, len: u64, what: &str) -> Vec<u8> {
+    let len = usize::try_from(len).expect("length fits");
+    assert!(
+        bytes.len() >= len,
+        "{what}: file of {} bytes, the engine says {len}",
+        bytes.len()
+    );
+    let tail = &bytes[len..];
+    assert!(
+        tail.len() as u64 <= 3 * bitcask::FILL_AHEAD_BYTES,
+        "{what}: {} bytes past the end",
+        tail.len()
+    );
+    assert!(
+        tail.iter().all(|&b| b == 0),
+        "{what}: non-zero bytes past the end"
+    );
+    bytes.truncate(len);
+    bytes
+}

@@ -287,13 +287,10 @@ impl Replica {
             self.name
         );
         let active = engine.active_file().map(|info| {
-            let bytes = self.read(&info.name);
-            assert_eq!(
-                bytes.len() as u64,
+            let bytes = common::active_prefix(
+                self.read(&info.name),
                 info.len,
-                "{}: length of the active {}",
-                self.name,
-                info.name
+                &format!("{}: the active {}", self.name, info.name),
             );
             assert_eq!(
                 crc32fast::hash(&bytes),

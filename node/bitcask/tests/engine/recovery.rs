@@ -6,9 +6,11 @@
 //! - a bad record below the published prefix, or in a sealed file, is an
 //!   error naming the file and offset, never a silent skip;
 //! - a bad hint falls back to scanning and is rewritten identically;
-//! - leftover temp files and a never-synced new segment are cleaned up.
+//! - leftover temp files and a never-synced new segment are cleaned up;
+//! - the zeros the write path fills ahead never outlive a close, a seal or
+//!   a recovery, and a batch too large for them is written directly.
 
-use bitcask::{Batch, Engine, Error, Options, PublishedPrefix, SyncPolicy};
+use bitcask::{Batch, Engine, Error, FILL_AHEAD_BYTES, Options, PublishedPrefix, SyncPolicy};
 use vfs::sim::SimFs;
 
 use crate::common::{open_sim, sim_dir, sim_files, sim_options};
@@ -373,4 +375,78 @@ fn reopening_after_a_kill_makes_the_recovered_state_durable() {
         10,
         "the reopened state was not made durable"
     );
+}
+
+/// Length of `name` in the data directory of `fs`.
+fn file_len(fs: &SimFs, name: &str) -> u64 {
+    fs.read_file(&sim_dir().join(name))
+        .expect("the file exists")
+        .len() as u64
+}
+
+#[test]
+fn zeros_filled_ahead_are_cut_by_recovery_and_by_close() {
+    let fs = SimFs::new();
+    let engine = open_sim(&fs, SyncPolicy::Never, 1 << 20);
+    for i in 0..10u32 {
+        engine.put(format!("k{i}").as_bytes(), b"v").unwrap();
+    }
+    let active = engine.active_file().expect("an active segment");
+    assert_eq!(
+        file_len(&fs, &active.name),
+        FILL_AHEAD_BYTES,
+        "the write path fills the file to the block boundary"
+    );
+    std::mem::forget(engine); // SIGKILL: the zeros stay
+    let reopened = open_sim(&fs, SyncPolicy::Never, 1 << 20);
+    assert_eq!(reopened.stats().keys, 10);
+    assert_eq!(
+        reopened.active_file().expect("still active"),
+        active,
+        "recovery kept every batch and nothing else"
+    );
+    assert_eq!(
+        file_len(&fs, &active.name),
+        active.len,
+        "recovery cut the zeros"
+    );
+    reopened.put(b"k10", b"v").unwrap();
+    let before_close = reopened.active_file().expect("an active segment");
+    assert!(file_len(&fs, &active.name) > before_close.len);
+    reopened.close().unwrap();
+    assert_eq!(
+        file_len(&fs, &active.name),
+        before_close.len,
+        "a closed engine leaves no zeros behind"
+    );
+    let engine = open_sim(&fs, SyncPolicy::Never, 1 << 20);
+    assert_eq!(engine.stats().keys, 11);
+    assert_eq!(engine.active_file().expect("active"), before_close);
+}
+
+#[test]
+fn a_batch_larger_than_the_fill_is_written_directly_and_reads_back() {
+    let fs = SimFs::new();
+    let engine = open_sim(&fs, SyncPolicy::Never, 4 << 20);
+    engine.put(b"small", b"v").unwrap();
+    let big = vec![7u8; 3 * FILL_AHEAD_BYTES as usize];
+    engine.put(b"big", &big).unwrap();
+    let active = engine.active_file().expect("an active segment");
+    assert_eq!(
+        file_len(&fs, &active.name),
+        active.len,
+        "no fill past a batch larger than two blocks"
+    );
+    engine.put(b"after", b"v").unwrap();
+    let active = engine.active_file().expect("an active segment");
+    assert_eq!(
+        file_len(&fs, &active.name),
+        active.len.next_multiple_of(FILL_AHEAD_BYTES),
+        "the next small batch fills to the boundary again"
+    );
+    std::mem::forget(engine);
+    let engine = open_sim(&fs, SyncPolicy::Never, 4 << 20);
+    assert_eq!(engine.get(b"big", 0).unwrap().unwrap().value, big);
+    assert_eq!(engine.get(b"after", 0).unwrap().unwrap().value, b"v");
+    assert_eq!(engine.active_file().expect("active"), active);
 }
