@@ -35,14 +35,13 @@ pub const BATCH_SIZE_BYTES_LIMIT: usize = 1024 * 1024 * 1024;
 /// exceeds [`BATCH_SIZE_BYTES_LIMIT`]. A location claiming more is refused
 /// before anything is read.
 pub const RECORD_SIZE_BYTES_MAX: usize = BATCH_SIZE_BYTES_LIMIT;
-/// Zeros are written ahead of the active segment's end in aligned blocks
-/// of this size, so a batch smaller than that lands in page-cache pages that
-/// already exist and the kernel neither allocates nor zeroes a page per
-/// write (a third of a 4 KiB unsynced put; node/bitcask/BENCHMARKS.md). A
-/// batch that would need more than two blocks is written without them. The
-/// active segment's file is cut back to its last batch when it is sealed or
-/// the engine closes; after a kill, recovery cuts the zeros
-/// (node/bitcask/FORMAT.md, "Batches").
+/// Before a batch that ends past the zeros already written ahead of the
+/// active segment's end, zeros are written from the batch's end to the next
+/// multiple of this size, so most batches land in page-cache pages that
+/// already exist and the kernel does not allocate and zero a page per
+/// append (node/bitcask/BENCHMARKS.md). The active segment's file is cut
+/// back to its last batch when it is sealed or the engine closes; after a
+/// kill, recovery cuts the zeros (node/bitcask/FORMAT.md, "Batches").
 pub const FILL_AHEAD_BYTES: u64 = 64 * 1024;
 /// Smallest rotation threshold (tests use tiny segments to rotate often).
 pub const SEGMENT_SIZE_BYTES_MIN: u64 = 64;

@@ -744,16 +744,13 @@ fn recover_active(
     }))
 }
 
-/// Whether `from..len` is no longer than the write path ever fills ahead
-/// and holds only zeros.
+/// Whether `from..len` is what the write path fills ahead of a last batch
+/// ending at `from`: zeros up to the next block boundary.
 fn is_fill_ahead(file: &dyn VfsFile, from: u64, len: u64) -> bool {
-    let Some(tail) = len.checked_sub(from) else {
-        return false;
-    };
-    if tail > 3 * FILL_AHEAD_BYTES {
+    if len <= from || len != from.next_multiple_of(FILL_AHEAD_BYTES) {
         return false;
     }
-    let mut bytes = vec![0u8; tail as usize];
+    let mut bytes = vec![0u8; (len - from) as usize];
     file.read_exact_at(&mut bytes, from).is_ok() && bytes.iter().all(|&b| b == 0)
 }
 

@@ -6,7 +6,8 @@
 //! creations, renames and deletions only at `sync_dir` of their directory.
 //! [`SimFs::power_cut`] returns the disk as a machine would find it after a
 //! power failure: the durable names, each with its synced bytes, optionally
-//! plus a torn piece of what was written after the last sync.
+//! plus an in-order prefix of the writes and truncations made since its last
+//! sync, the first write left out torn at a byte.
 
 use std::collections::HashMap;
 use std::io;
@@ -21,8 +22,10 @@ use crate::traits::{Vfs, VfsFile};
 pub enum Torn {
     /// Only fsynced bytes survive.
     Nothing,
-    /// Of each file's unsynced tail, a pseudo-random prefix survives (chosen
-    /// from this seed), as when a write is cut in the middle.
+    /// Of each file's writes and truncations since its last sync, a
+    /// pseudo-random prefix (chosen from this seed) reached the disk in
+    /// order, the write after it cut at a pseudo-random byte: what a
+    /// machine finds when the power went in the middle of a write-back.
     Prefix(u64),
 }
 
@@ -49,12 +52,38 @@ struct SyncHold {
     waiting: u64,
 }
 
+/// A change to a file since its last sync.
+#[derive(Debug)]
+enum Unsynced {
+    Write(usize, Vec<u8>),
+    Truncate(usize),
+}
+
 #[derive(Debug, Default)]
 struct FileState {
     data: Vec<u8>,
     synced: Vec<u8>,
     /// A write or truncate went below the synced length since the last sync.
     rewritten: bool,
+    /// Every change since the last sync, in order (what a power cut may
+    /// have written back a prefix of).
+    unsynced: Vec<Unsynced>,
+}
+
+/// `bytes` written at `offset` of `data`, the file growing with zeros.
+fn write_into(data: &mut Vec<u8>, offset: usize, bytes: &[u8]) {
+    if data.len() < offset + bytes.len() {
+        data.resize(offset + bytes.len(), 0);
+    }
+    data[offset..offset + bytes.len()].copy_from_slice(bytes);
+}
+
+/// xorshift64: deterministic for a seed, no extra dependency.
+fn next_random(rng: &mut u64) -> u64 {
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    *rng
 }
 
 #[derive(Debug)]
@@ -100,10 +129,8 @@ impl VfsFile for SimFile {
         if offset < state.synced.len() {
             state.rewritten = true;
         }
-        if state.data.len() < offset + buf.len() {
-            state.data.resize(offset + buf.len(), 0);
-        }
-        state.data[offset..offset + buf.len()].copy_from_slice(buf);
+        write_into(&mut state.data, offset, buf);
+        state.unsynced.push(Unsynced::Write(offset, buf.to_vec()));
         Ok(())
     }
 
@@ -137,6 +164,7 @@ impl VfsFile for SimFile {
             state.synced.extend_from_slice(&tail);
         }
         state.rewritten = false;
+        state.unsynced.clear();
         self.faults.syncs.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
@@ -151,6 +179,7 @@ impl VfsFile for SimFile {
             state.rewritten = true;
         }
         state.data.resize(len as usize, 0);
+        state.unsynced.push(Unsynced::Truncate(len as usize));
         Ok(())
     }
 }
@@ -240,20 +269,24 @@ impl SimFs {
         for path in paths {
             let state = lock(&durable[path].state);
             let mut data = state.synced.clone();
-            if rng != 0 && !state.rewritten && state.data.len() > data.len() {
-                // xorshift: deterministic for a seed, no extra dependency.
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                let extra = state.data.len() - data.len();
-                let keep = (rng % (extra as u64 + 1)) as usize;
-                data.extend_from_slice(&state.data[state.synced.len()..state.synced.len() + keep]);
+            if rng != 0 && !state.unsynced.is_empty() {
+                let whole = (next_random(&mut rng) % (state.unsynced.len() as u64 + 1)) as usize;
+                for change in &state.unsynced[..whole] {
+                    match change {
+                        Unsynced::Write(offset, bytes) => write_into(&mut data, *offset, bytes),
+                        Unsynced::Truncate(len) => data.resize(*len, 0),
+                    }
+                }
+                if let Some(Unsynced::Write(offset, bytes)) = state.unsynced.get(whole) {
+                    let part = (next_random(&mut rng) % (bytes.len() as u64 + 1)) as usize;
+                    write_into(&mut data, *offset, &bytes[..part]);
+                }
             }
             let file = Arc::new(SimFile {
                 state: Mutex::new(FileState {
                     synced: data.clone(),
                     data,
-                    rewritten: false,
+                    ..FileState::default()
                 }),
                 faults: fresh.inner.faults.clone(),
             });
@@ -277,7 +310,7 @@ impl SimFs {
             state: Mutex::new(FileState {
                 data: bytes.to_vec(),
                 synced: bytes.to_vec(),
-                rewritten: false,
+                ..FileState::default()
             }),
             faults: self.inner.faults.clone(),
         });
@@ -382,6 +415,50 @@ mod tests {
         assert!(
             after.read_file(&dir.join("b")).is_none(),
             "b's name was never made durable"
+        );
+    }
+
+    #[test]
+    fn a_torn_power_cut_keeps_a_prefix_of_the_changes_in_order() {
+        let fs = SimFs::new();
+        let dir = Path::new("/d");
+        let a = fs.create(&dir.join("a")).unwrap();
+        fs.sync_dir(dir).unwrap();
+        a.write_all_at(&[0u8; 8], 0).unwrap();
+        a.sync().unwrap();
+        // Below the synced length, then past it, then a cut.
+        a.write_all_at(b"abcd", 0).unwrap();
+        a.write_all_at(b"efgh", 8).unwrap();
+        a.truncate(10).unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        for seed in 0..200 {
+            let found = fs
+                .power_cut(Torn::Prefix(seed))
+                .read_file(&dir.join("a"))
+                .unwrap();
+            // Every change before the torn one applied, none after it.
+            let mut expected = vec![0u8; 8];
+            let mut ok = false;
+            for torn_at in 0..=4 {
+                let mut candidate = expected.clone();
+                candidate[..torn_at].copy_from_slice(&b"abcd"[..torn_at]);
+                ok |= candidate == found;
+            }
+            expected[..4].copy_from_slice(b"abcd");
+            for torn_at in 0..=4 {
+                let mut candidate = expected.clone();
+                candidate.extend_from_slice(&b"efgh"[..torn_at]);
+                ok |= candidate == found;
+            }
+            expected.extend_from_slice(b"ef");
+            ok |= expected == found;
+            assert!(ok, "seed {seed}: {found:?} is no prefix of the changes");
+            seen.insert(found);
+        }
+        assert!(
+            seen.len() >= 8,
+            "200 seeds reached only {} outcomes",
+            seen.len()
         );
     }
 

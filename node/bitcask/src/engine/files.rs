@@ -5,6 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use vfs::VfsFile;
 
@@ -149,12 +150,27 @@ impl Engine {
     /// crc32 of the first `len` bytes of a data file the engine holds.
     pub fn checksum_prefix(&self, name: &str, len: u64) -> Result<u32> {
         let path = path_in(&self.shared.dir, name);
-        let known = {
+        let (known, active) = {
             let files = read(&self.shared.files);
-            files.paths.values().any(|p| *p == path)
+            let num = files
+                .paths
+                .iter()
+                .find_map(|(num, p)| (*p == path).then_some(*num));
+            let active =
+                num.is_some_and(|num| files.active.is_some_and(|(active, _)| active == num));
+            (num.is_some(), active)
         };
         if !known {
             return Err(Error::UnknownFile(name.to_string()));
+        }
+        // Past its published length the active segment's file holds zeros
+        // written ahead, or a batch still being written: not data.
+        let published = self.shared.active_published.load(Ordering::SeqCst);
+        if active && len > published {
+            return Err(Error::InvalidOption {
+                name: "len",
+                reason: format!("{name} is active with {published} bytes published, not {len}"),
+            });
         }
         let file = self
             .shared

@@ -28,8 +28,9 @@ pub(crate) struct Active {
     pub(crate) id: FileId,
     pub(crate) file: Arc<dyn VfsFile>,
     pub(crate) len: u64,
-    /// Where the zeros written ahead of `len` end ([`FILL_AHEAD_BYTES`]);
-    /// never below `len`. The file is cut back to `len` when it is sealed
+    /// Where the zeros written ahead of `len` end ([`FILL_AHEAD_BYTES`]):
+    /// `len` rounded up to a block while the engine writes, `len` after
+    /// recovery or a cut. The file is cut back to `len` when it is sealed
     /// or the engine closes.
     pub(crate) filled: u64,
     pub(crate) hasher: crc32fast::Hasher,
@@ -42,23 +43,20 @@ pub(crate) struct Active {
 static ZEROS: [u8; FILL_AHEAD_BYTES as usize] = [0; FILL_AHEAD_BYTES as usize];
 
 impl Active {
-    /// Makes sure zeros (or earlier data) lie in the file up to the block
-    /// boundary past `end`, unless that takes more than two blocks.
+    /// Before a batch ending at `end` is written: if it passes the zeros
+    /// already there, writes zeros from `end` to the next block boundary,
+    /// so the file's length is always `len` rounded up to a block (the
+    /// same on every replica fed the same batches, whatever its restarts).
     fn fill_ahead(&mut self, end: u64) -> std::io::Result<()> {
         if end <= self.filled {
             return Ok(());
         }
         let target = end.next_multiple_of(FILL_AHEAD_BYTES);
-        let mut at = self.filled.max(self.len);
-        if target - at > 2 * FILL_AHEAD_BYTES {
-            return Ok(());
+        if target > end {
+            self.file
+                .write_all_at(&ZEROS[..(target - end) as usize], end)?;
         }
-        while at < target {
-            let n = (target - at).min(FILL_AHEAD_BYTES);
-            self.file.write_all_at(&ZEROS[..n as usize], at)?;
-            at += n;
-            self.filled = at;
-        }
+        self.filled = target;
         Ok(())
     }
 

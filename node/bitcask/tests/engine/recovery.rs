@@ -8,10 +8,11 @@
 //! - a bad hint falls back to scanning and is rewritten identically;
 //! - leftover temp files and a never-synced new segment are cleaned up;
 //! - the zeros the write path fills ahead never outlive a close, a seal or
-//!   a recovery, and a batch too large for them is written directly.
+//!   a recovery (after a kill, a power cut or a failed write), and never
+//!   reach a sealed file on disk.
 
 use bitcask::{Batch, Engine, Error, FILL_AHEAD_BYTES, Options, PublishedPrefix, SyncPolicy};
-use vfs::sim::SimFs;
+use vfs::sim::{SimFs, Torn};
 
 use crate::common::{open_sim, sim_dir, sim_files, sim_options};
 
@@ -425,28 +426,107 @@ fn zeros_filled_ahead_are_cut_by_recovery_and_by_close() {
 }
 
 #[test]
-fn a_batch_larger_than_the_fill_is_written_directly_and_reads_back() {
+fn the_file_is_the_data_rounded_up_to_a_block_whatever_the_batch_size() {
     let fs = SimFs::new();
     let engine = open_sim(&fs, SyncPolicy::Never, 4 << 20);
-    engine.put(b"small", b"v").unwrap();
     let big = vec![7u8; 3 * FILL_AHEAD_BYTES as usize];
-    engine.put(b"big", &big).unwrap();
+    for (key, value) in [(&b"small"[..], &b"v"[..]), (b"big", &big), (b"after", b"v")] {
+        engine.put(key, value).unwrap();
+        let active = engine.active_file().expect("an active segment");
+        assert_eq!(
+            file_len(&fs, &active.name),
+            active.len.next_multiple_of(FILL_AHEAD_BYTES),
+            "after {}",
+            String::from_utf8_lossy(key)
+        );
+    }
     let active = engine.active_file().expect("an active segment");
-    assert_eq!(
-        file_len(&fs, &active.name),
-        active.len,
-        "no fill past a batch larger than two blocks"
-    );
-    engine.put(b"after", b"v").unwrap();
-    let active = engine.active_file().expect("an active segment");
-    assert_eq!(
-        file_len(&fs, &active.name),
-        active.len.next_multiple_of(FILL_AHEAD_BYTES),
-        "the next small batch fills to the boundary again"
-    );
     std::mem::forget(engine);
     let engine = open_sim(&fs, SyncPolicy::Never, 4 << 20);
     assert_eq!(engine.get(b"big", 0).unwrap().unwrap().value, big);
     assert_eq!(engine.get(b"after", 0).unwrap().unwrap().value, b"v");
     assert_eq!(engine.active_file().expect("active"), active);
+}
+
+#[test]
+fn a_sealed_segment_is_durable_without_the_zeros() {
+    let fs = SimFs::new();
+    let engine = open_sim(&fs, SyncPolicy::Always, 4096);
+    let mut n = 0u32;
+    while engine.sealed_data_files().is_empty() {
+        engine.put(format!("k{n}").as_bytes(), &[1u8; 300]).unwrap();
+        n += 1;
+    }
+    let sealed = engine.sealed_files();
+    // Fails if a seal fsyncs before it cuts the zeros.
+    let after = fs.power_cut(Torn::Nothing);
+    drop(engine);
+    for file in &sealed {
+        let bytes = after
+            .read_file(&sim_dir().join(&file.name))
+            .expect("durable");
+        assert_eq!(
+            (bytes.len() as u64, crc32fast::hash(&bytes)),
+            (file.len, file.crc),
+            "{}",
+            file.name
+        );
+    }
+    assert_eq!(
+        open_sim(&after, SyncPolicy::Always, 4096).stats().keys,
+        u64::from(n)
+    );
+}
+
+#[test]
+fn a_failed_fill_poisons_and_reopening_cuts_what_was_written() {
+    let fs = SimFs::new();
+    let engine = open_sim(&fs, SyncPolicy::Never, 1 << 20);
+    engine.put(b"a", b"1").unwrap();
+    let before = engine.active_file().expect("an active segment");
+    fs.fail_writes_after(Some(0)); // the zeros of the next block fail
+    let err = engine
+        .put(b"big", &vec![9u8; FILL_AHEAD_BYTES as usize])
+        .unwrap_err();
+    assert!(matches!(err, Error::Io { .. }), "{err}");
+    assert!(matches!(
+        engine.put(b"c", b"3"),
+        Err(Error::Poisoned { .. })
+    ));
+    assert_eq!(engine.active_file().unwrap(), before);
+    drop(engine); // poisoned: whatever was written stays
+    fs.fail_writes_after(None);
+    let engine = open_sim(&fs, SyncPolicy::Never, 1 << 20);
+    assert_eq!(engine.active_file().unwrap(), before);
+    assert_eq!(file_len(&fs, &before.name), before.len);
+    assert_eq!(engine.get(b"a", 0).unwrap().unwrap().value, b"1");
+    assert_eq!(engine.get(b"big", 0).unwrap(), None);
+}
+
+#[test]
+fn durable_zeros_past_a_published_prefix_are_cut_after_a_power_cut() {
+    let fs = SimFs::new();
+    let engine = open_sim(&fs, SyncPolicy::Never, 1 << 20);
+    engine.put(b"a", b"1").unwrap();
+    engine.sync().unwrap();
+    let synced = engine.active_file().expect("an active segment");
+    engine.put(b"b", b"2").unwrap();
+    let after = fs.power_cut(Torn::Prefix(11));
+    drop(engine);
+    assert_eq!(file_len(&after, &synced.name), FILL_AHEAD_BYTES);
+    let opts = Options {
+        published_prefix: Some(PublishedPrefix {
+            file: synced.name.clone(),
+            len: synced.len,
+        }),
+        ..sim_options(&after, SyncPolicy::Never, 1 << 20)
+    };
+    let engine = Engine::open(sim_dir(), opts).unwrap();
+    assert_eq!(engine.get(b"a", 0).unwrap().unwrap().value, b"1");
+    let active = engine.active_file().expect("an active segment");
+    assert_eq!(
+        file_len(&after, &active.name),
+        active.len,
+        "recovery cut the zeros"
+    );
 }
