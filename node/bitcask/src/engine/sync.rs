@@ -135,9 +135,11 @@ impl Shared {
             .map_err(|e| self.poison(Error::io(path_in(&self.dir, name), e)))
     }
 
+    /// The poison, if any, whether or not the engine is closing: closing a
+    /// poisoned engine reports why it is poisoned, not that it is closed.
     pub(super) fn check_poison_after_sync(&self) -> Result<()> {
-        if self.poisoned.is_poisoned() {
-            return self.check_poison();
+        if let Some(cause) = self.poisoned.cause() {
+            return Err(Error::Poisoned { cause });
         }
         Ok(())
     }

@@ -63,6 +63,10 @@ fn a_failed_write_poisons_the_engine() {
         Err(Error::Poisoned { .. })
     ));
     assert_eq!(engine.get(b"b", 0).unwrap(), None);
+    match engine.close() {
+        Err(Error::Poisoned { cause }) => assert!(cause.contains("injected"), "{cause}"),
+        other => panic!("closing a poisoned engine must say why: {other:?}"),
+    }
 }
 
 #[test]
