@@ -325,7 +325,6 @@ impl Shared {
                 return Err(self.poison(Error::io(path, e)));
             }
             active.len += buf.len() as u64;
-            active.filled = active.filled.max(active.len);
             active.hasher.update(buf);
             active.max_seq = commit_seq;
             active.last_commit = Some((commit_seq, batch.meta.to_vec()));
