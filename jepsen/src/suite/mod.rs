@@ -31,7 +31,10 @@
 //! Variant builds go to their own target directory, `target/jepsen-builds`
 //! (`cargo build -p kvnode --features F --target-dir target/jepsen-builds`),
 //! and the binary is copied to `target/jepsen-builds/kvnode-<variant>`, so
-//! the real `target/debug/kvnode` is never replaced. `JEPSEN_CARGO` (split
+//! the real `target/debug/kvnode` is never replaced. `.ci/run` builds its
+//! product kvnode in the same directory first, so the variants reuse its
+//! dependencies (they build without the variables `cargo test` sets about
+//! the package under test, which some build scripts track). `JEPSEN_CARGO` (split
 //! on spaces, default `cargo`) is the cargo command, e.g. `flock LOCK env
 //! CARGO_INCREMENTAL=0 cargo` on a shared machine.
 
@@ -266,7 +269,18 @@ pub fn build_variant(workspace: &Path, features: &[&str]) -> anyhow::Result<Path
         "== building kvnode --features {feature_list} into {}",
         target.display()
     );
-    let status = Command::new(program)
+    let mut command = Command::new(program);
+    // Under `cargo test` (the controls test) this process carries the test
+    // package's CARGO_MANIFEST_DIR, CARGO_PKG_*, ...: build scripts that
+    // read one (ring reads CARGO_MANIFEST_DIR) would count as changed and
+    // rebuild half the dependencies that `.ci/run`'s product build left in
+    // the same target directory.
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(is_test_run_cargo_var) {
+            command.env_remove(&name);
+        }
+    }
+    let status = command
         .args(words)
         .args([
             "build",
@@ -297,6 +311,22 @@ pub fn build_variant(workspace: &Path, features: &[&str]) -> anyhow::Result<Path
         );
     }
     Ok(copy)
+}
+
+/// Whether `name` is one of the variables cargo sets for a test process it
+/// runs (about the package under test), not one a user sets to steer cargo.
+fn is_test_run_cargo_var(name: &str) -> bool {
+    const SET_FOR_A_TEST: &[&str] = &[
+        "CARGO_MANIFEST_DIR",
+        "CARGO_MANIFEST_PATH",
+        "CARGO_CRATE_NAME",
+        "CARGO_BIN_NAME",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+    ];
+    SET_FOR_A_TEST.contains(&name)
+        || name.starts_with("CARGO_PKG_")
+        || name.starts_with("CARGO_BIN_EXE_")
 }
 
 /// Where the copy of the build with `features` lives.
@@ -518,6 +548,29 @@ pub fn table(outcomes: &[Outcome]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn variant_builds_drop_the_test_package_variables_and_keep_the_users() {
+        for dropped in [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION_MAJOR",
+            "CARGO_BIN_EXE_kvnode",
+            "CARGO_TARGET_TMPDIR",
+        ] {
+            assert!(is_test_run_cargo_var(dropped), "{dropped}");
+        }
+        for kept in [
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_BUILD_JOBS",
+            "CARGO_INCREMENTAL",
+            "CARGO_NET_OFFLINE",
+            "PATH",
+        ] {
+            assert!(!is_test_run_cargo_var(kept), "{kept}");
+        }
+    }
 
     #[test]
     fn the_table_counts_every_anomaly_by_kind() {
