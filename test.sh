@@ -20,9 +20,9 @@ status=0
 cargo test --workspace "$@" 2>&1 | tee "$log" || status=$?
 # The lazy disk (power-loss builds) is a test-only feature: the log store's
 # and state machine's power cuts on it (the disk's own unit tests are vfs's,
-# in the run above). `--workspace` keeps the dependencies' features as in
-# that run, so only the crates under the lazy disk recompile (`-p kvnode`
-# would resolve them anew and compile every dependency a second time).
+# in the run above). `--workspace` keeps every crate's features as in that
+# run (kvnode's testing feature among them), so only the crates under the
+# lazy disk recompile.
 cargo test --workspace --features kvnode/lazy-disk --test node lazy_power_cut "$@" 2>&1 | tee -a "$log" || status=$?
 # One closing line for the whole workspace (cargo prints one per test binary,
 # and the last of those may be an empty doc-test run of a shell crate).

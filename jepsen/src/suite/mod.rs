@@ -28,15 +28,21 @@
 //! (`exactly-once` runs the `testing` variant): product builds do not have
 //! the test hooks at all.
 //!
-//! Variant builds go to their own target directory, `target/jepsen-builds`
-//! (`cargo build -p kvnode --features F --target-dir target/jepsen-builds`),
+//! Variant builds put their binaries in their own target directory,
+//! `target/jepsen-builds` (`cargo build -p kvnode --features F --target-dir
+//! target/jepsen-builds --config build.build-dir=<the workspace's target>`),
 //! and the binary is copied to `target/jepsen-builds/kvnode-<variant>`, so
-//! the real `target/debug/kvnode` is never replaced. `.ci/run` builds its
-//! product kvnode in the same directory first, so the variants reuse its
-//! dependencies (they build without the variables `cargo test` sets about
-//! the package under test, which some build scripts track). `JEPSEN_CARGO` (split
-//! on spaces, default `cargo`) is the cargo command, e.g. `flock LOCK env
-//! CARGO_INCREMENTAL=0 cargo` on a shared machine.
+//! the real `target/debug/kvnode` is never replaced. Their intermediate
+//! files go to the workspace's own build directory (`CARGO_TARGET_DIR` or
+//! `target`), where the workspace's builds left every dependency with the
+//! same features (the `workspace-hack` crate makes `-p kvnode` resolve them
+//! as `--workspace` does): a variant recompiles only the workspace crates.
+//! They build without the variables `cargo test` sets about the package
+//! under test, which some build scripts track, and with the caller's
+//! `CARGO_INCREMENTAL` (a different setting would count as a changed
+//! profile and rebuild the shared crates back and forth). `JEPSEN_CARGO`
+//! (split on spaces, default `cargo`) is the cargo command, e.g. `flock
+//! LOCK cargo` on a shared machine.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -280,19 +286,27 @@ pub fn build_variant(workspace: &Path, features: &[&str]) -> anyhow::Result<Path
             command.env_remove(&name);
         }
     }
+    command.args(words).args([
+        "build",
+        "-p",
+        "kvnode",
+        "--features",
+        &feature_list,
+        "--target-dir",
+    ]);
+    command.arg(&target);
+    // A build directory the caller named (CARGO_BUILD_BUILD_DIR) stays
+    // theirs; otherwise the workspace's own target directory.
+    if std::env::var_os("CARGO_BUILD_BUILD_DIR").is_none() {
+        let build_dir = std::env::var_os("CARGO_TARGET_DIR")
+            .map_or_else(|| workspace.join("target"), |dir| workspace.join(dir));
+        command.arg("--config").arg(format!(
+            "build.build-dir={}",
+            toml_string(&build_dir.to_string_lossy())
+        ));
+    }
     let status = command
-        .args(words)
-        .args([
-            "build",
-            "-p",
-            "kvnode",
-            "--features",
-            &feature_list,
-            "--target-dir",
-        ])
-        .arg(&target)
         .current_dir(workspace)
-        .env("CARGO_INCREMENTAL", "0")
         .status()
         .with_context(|| format!("running {cargo} build"))?;
     if !status.success() {
@@ -311,6 +325,24 @@ pub fn build_variant(workspace: &Path, features: &[&str]) -> anyhow::Result<Path
         );
     }
     Ok(copy)
+}
+
+/// `text` as a TOML basic string (for a `--config KEY=VALUE` argument).
+fn toml_string(text: &str) -> String {
+    let mut quoted = String::with_capacity(text.len() + 2);
+    quoted.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => quoted.push_str("\\\""),
+            '\\' => quoted.push_str("\\\\"),
+            c if c.is_control() => {
+                let _ = write!(quoted, "\\u{:04X}", u32::from(c));
+            }
+            c => quoted.push(c),
+        }
+    }
+    quoted.push('"');
+    quoted
 }
 
 /// Whether `name` is one of the variables cargo sets for a test process it
@@ -570,6 +602,13 @@ mod tests {
         ] {
             assert!(!is_test_run_cargo_var(kept), "{kept}");
         }
+    }
+
+    #[test]
+    fn a_build_directory_is_quoted_for_cargo_config() {
+        assert_eq!(toml_string("/work/main/target"), r#""/work/main/target""#);
+        assert_eq!(toml_string(r#"a"b\c"#), r#""a\"b\\c""#);
+        assert_eq!(toml_string("a\nb"), r#""a\u000Ab""#);
     }
 
     #[test]

@@ -5,8 +5,9 @@
 //! member round robin, must be rejected by the checker — the isolated
 //! follower returns versions older than writes acknowledged before the
 //! read. Needs root (namespace, iptables) and cargo: it builds the control
-//! into `target/jepsen-builds` (`JEPSEN_CARGO` names the cargo command; the
-//! first build there compiles the dependencies once).
+//! into `target/jepsen-builds` (`JEPSEN_CARGO` names the cargo command) on
+//! the dependencies the workspace's own build left in `target/`, so only
+//! the workspace crates compile.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
