@@ -1,3 +1,3 @@
 //! Feature unification only: this crate has no code. See its Cargo.toml
-//! for why it exists and `.ci/feature-sets` for the check that keeps it
+//! for why it exists and `.ci/product-build` for the check that keeps it
 //! exact.
