@@ -96,9 +96,9 @@ mod recovery;
 mod walk;
 
 pub use engine::{
-    Batch, Engine, Entry, FileInfo, FileStats, Item, ItemMeta, ItemRef, KeyRange, MergeReport, Op,
-    Pin, RecordLocation, RecordMeta, RecordView, Retain, Scan, Stats, StoredKind, StoredRecord,
-    StoredValue, Written,
+    Batch, Counted, Engine, Entry, FileInfo, FileStats, Item, ItemMeta, ItemRef, KeyRange,
+    MergeReport, Op, Pin, RecordLocation, RecordMeta, RecordView, Retain, Scan, Stats, StoredKind,
+    StoredRecord, StoredValue, Written,
 };
 pub use error::{Error, Result};
 pub use keydir::SLOT_HEADER_SIZE_BYTES;

@@ -67,9 +67,14 @@
 //!   housekeeping writes at most [`redis::CLEANUP_RECORDS_PER_ENTRY_MAX`]
 //!   (4096) records.
 //! - Per range read outside the log: [`range::RANGE_KEYS_MAX`] keys
-//!   (100 000) and [`range::RANGE_READ_BYTES_MAX`] bytes (6 MiB); per
+//!   visited (100 000) and [`range::RANGE_READ_BYTES_MAX`] bytes (6 MiB);
+//!   keys counted past those returned (a `limit` in key order,
+//!   `count_only`) come from the key directory's order without a visit,
+//!   unless some key may have expired: then at most
+//!   [`range::RANGE_COUNT_KEYS_MAX`] (1 000 000) are walked. Per
 //!   read-only transaction outside the log the same in all
-//!   ([`read_txn::READ_TXN_KEYS_MAX`], [`read_txn::READ_TXN_BYTES_MAX`]).
+//!   ([`read_txn::READ_TXN_KEYS_MAX`], [`read_txn::READ_TXN_COUNT_KEYS_MAX`],
+//!   [`read_txn::READ_TXN_BYTES_MAX`]).
 //!
 //! ## Example
 //! ```

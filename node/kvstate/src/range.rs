@@ -38,6 +38,15 @@ use crate::revision::{KeyMeta, RevisionError};
 /// one pass (so the keys and revisions read are one consistent state).
 /// 100 000 keys of a typical 50 bytes are about 10 MiB.
 pub const RANGE_KEYS_MAX: usize = 100_000;
+/// Keys a read outside the log ([`range`]) may walk to count them when it
+/// returns only some (a `limit` in key order, or `count_only`) and some
+/// key may have expired (a put with a TTL since the engine opened): the
+/// walk reads no record but holds the key directory's read lock, which
+/// the apply's writes wait for, ~0.25 s per million keys on the 2-core
+/// machine of BENCHMARKS.md (`bitcask/examples/count_profile.rs`). Without
+/// expiring keys, and at a past revision, the count comes from the key
+/// directory's order without visiting keys and is not bounded, as etcd's.
+pub const RANGE_COUNT_KEYS_MAX: usize = 1_000_000;
 /// Bytes a read outside the log ([`range`]) may visit: the keys in the
 /// range plus the values it returns. Below the node's largest client
 /// message (8 MiB), so a range that passes it also fits its answer.
@@ -147,11 +156,25 @@ impl RangeSpec {
     /// and cuts to the limit (a sort order or a revision filter is set);
     /// otherwise it fetches `limit + 1` keys in key order.
     fn fetches_all(&self) -> bool {
-        self.sort_order != SortOrder::None
-            || self.min_mod_revision != 0
+        self.sort_order != SortOrder::None || self.filters()
+    }
+
+    /// Whether a revision filter is set.
+    fn filters(&self) -> bool {
+        self.min_mod_revision != 0
             || self.max_mod_revision != 0
             || self.min_create_revision != 0
             || self.max_create_revision != 0
+    }
+
+    /// Whether the answer is the range's first keys in ascending key order
+    /// (no filter; no sort, or ascending by key, clientv3's
+    /// `WithFirstKey`): then a limit needs only its first `limit + 1` keys
+    /// read, whatever etcd fetches (the answer is the same).
+    fn in_key_order(&self) -> bool {
+        !self.filters()
+            && self.sort_target == SortTarget::Key
+            && self.sort_order != SortOrder::Descend
     }
 }
 
@@ -246,6 +269,14 @@ pub enum RangeError {
         /// The revision read.
         revision: u64,
     },
+    /// The read would count more keys than its budget allows.
+    #[error("the read counts more than {max} keys (the limit {limit})")]
+    TooManyCounted {
+        /// The limit's name.
+        limit: &'static str,
+        /// Its value.
+        max: usize,
+    },
     /// The read would visit more keys than its budget allows.
     #[error("the read visits more than {max} keys (the limit {limit})")]
     TooManyKeys {
@@ -309,7 +340,8 @@ pub fn range(
         let mut budget = Budget::new(
             ("RANGE_KEYS_MAX", RANGE_KEYS_MAX),
             ("RANGE_READ_BYTES_MAX", RANGE_READ_BYTES_MAX),
-        );
+        )
+        .counting(("RANGE_COUNT_KEYS_MAX", RANGE_COUNT_KEYS_MAX));
         match evaluate(engine, None, spec, now_ms, store_revision, &mut budget) {
             Err(RangeError::KeyChanged { .. }) => continue,
             other => return other,
@@ -360,7 +392,8 @@ pub fn range_at(
             let mut budget = Budget::new(
                 ("RANGE_KEYS_MAX", RANGE_KEYS_MAX),
                 ("RANGE_READ_BYTES_MAX", RANGE_READ_BYTES_MAX),
-            );
+            )
+            .counting(("RANGE_COUNT_KEYS_MAX", RANGE_COUNT_KEYS_MAX));
             evaluate(&engine, Some(&overlay), &current, now_ms, 0, &mut budget)
         };
         match attempt {
@@ -378,24 +411,48 @@ pub fn range_at(
     }
 }
 
-/// What reads may still cost: keys visited, and bytes of keys visited and
-/// values returned, each with the name and value of its limit for errors.
+/// What reads may still cost: keys visited, keys counted without being
+/// visited (a range's `count` past its limit), and bytes of keys visited
+/// and values returned, each with the name and value of its limit for
+/// errors.
 #[derive(Clone, Debug)]
 pub(crate) struct Budget {
     keys_left: usize,
     keys_limit: (&'static str, usize),
+    counted_left: usize,
+    counted_limit: (&'static str, usize),
     bytes_left: usize,
     bytes_limit: (&'static str, usize),
 }
 
 impl Budget {
-    /// A budget of `keys` keys and `bytes` bytes, each `(name, value)`.
+    /// A budget of `keys` keys and `bytes` bytes, each `(name, value)`;
+    /// it counts as many keys as it visits unless [`Budget::counting`]
+    /// says otherwise.
     pub(crate) fn new(keys: (&'static str, usize), bytes: (&'static str, usize)) -> Budget {
         Budget {
             keys_left: keys.1,
             keys_limit: keys,
+            counted_left: keys.1,
+            counted_limit: keys,
             bytes_left: bytes.1,
             bytes_limit: bytes,
+        }
+    }
+
+    /// The budget counting up to `counted` keys, `(name, value)`.
+    pub(crate) fn counting(self, counted: (&'static str, usize)) -> Budget {
+        Budget {
+            counted_left: counted.1,
+            counted_limit: counted,
+            ..self
+        }
+    }
+
+    fn too_many_counted(&self) -> RangeError {
+        RangeError::TooManyCounted {
+            limit: self.counted_limit.0,
+            max: self.counted_limit.1,
         }
     }
 
@@ -543,43 +600,121 @@ pub(crate) fn visit(
     let mut found = Vec::new();
     for (start, end) in bounds.parts() {
         let changed = overlay.map_or_else(Vec::new, |overlay| overlay.changed(&start, &end));
-        let deleted = changed
-            .iter()
-            .filter(|(_, pending)| *pending == Pending::Deleted)
-            .count();
         // One key past the budget tells that the budget is exceeded; each
         // deleted overlay key may hide one engine key.
         let room = budget.keys_left.saturating_sub(found.len());
         let scan = Scan {
             range: KeyRange::Range(Bound::Included(start), end),
             after: None,
-            limit: room.saturating_add(deleted).saturating_add(1),
+            limit: room.saturating_add(deleted(&changed)).saturating_add(1),
             keys_only: true,
         };
         let stored = engine.scan(&scan, now_ms)?;
-        let mut changed = changed.into_iter().peekable();
-        for entry in stored {
-            // The overlay's keys up to this one; the overlay's word wins.
-            let mut shadowed = false;
-            while let Some((key, pending)) = changed.next_if(|(key, _)| *key <= entry.key) {
-                shadowed = key == entry.key;
-                if let Pending::Written(meta) = pending {
-                    found.push(Found {
-                        key,
-                        meta,
-                        engine_seq: None,
-                    });
-                }
-            }
-            if !shadowed {
-                found.push(Found {
-                    meta: KeyMeta::decode(&entry.meta)?,
-                    key: entry.key,
-                    engine_seq: Some(entry.seq),
-                });
-            }
+        merge(stored, changed, true, &mut found)?;
+        if found.len() > budget.keys_left {
+            return Err(budget.too_many_keys());
         }
-        for (key, pending) in changed {
+    }
+    budget.take_keys(found.len())?;
+    budget.take_bytes(found.iter().map(|f| f.key.len()).sum())?;
+    Ok(found)
+}
+
+/// The first `first` present keys within `bounds`, as [`visit`] finds
+/// them, and the number of present keys in all of `bounds`: the engine's
+/// counted in the same pass over the key directory that finds its first
+/// keys (no record read), then each overlay key's word applied. Charges
+/// `budget` as [`visit`] for the keys returned, and its count for every
+/// key counted.
+pub(crate) fn visit_first(
+    engine: &Engine,
+    overlay: Option<&dyn Overlay>,
+    bounds: &KeyBounds,
+    now_ms: u64,
+    first: usize,
+    budget: &mut Budget,
+) -> Result<(Vec<Found>, u64), RangeError> {
+    let mut found = Vec::new();
+    let mut count = 0usize;
+    // Whether the engine visited keys to count them (some may have
+    // expired): only such a count is charged to the budget.
+    let mut walked = false;
+    for (start, end) in bounds.parts() {
+        let changed = overlay.map_or_else(Vec::new, |overlay| overlay.changed(&start, &end));
+        // Each deleted overlay key may hide one engine key.
+        let wanted = first.saturating_sub(found.len());
+        let scan = Scan {
+            range: KeyRange::Range(Bound::Included(start), end),
+            after: None,
+            limit: wanted.saturating_add(deleted(&changed)),
+            keys_only: true,
+        };
+        // Each overlay key may take one engine key off the count.
+        let counted_left = budget.counted_left.saturating_sub(count);
+        let (stored, counted) =
+            engine.scan_counted(&scan, now_ms, counted_left.saturating_add(changed.len()))?;
+        let counted = counted.ok_or_else(|| budget.too_many_counted())?;
+        let stored_count = counted.keys;
+        walked |= counted.walked;
+        // Each overlay key counts as the overlay says instead of as the
+        // engine does (nothing applies meanwhile where there is an overlay:
+        // the apply itself, or the history's read lock).
+        let written = changed
+            .iter()
+            .filter(|(_, pending)| matches!(pending, Pending::Written(_)))
+            .count();
+        let in_engine = changed
+            .iter()
+            .filter(|(key, _)| engine.meta(key, now_ms).is_some())
+            .count();
+        count += (stored_count + written).saturating_sub(in_engine);
+        if walked && count > budget.counted_left {
+            return Err(budget.too_many_counted());
+        }
+        if found.len() < first {
+            let whole = stored.len() == stored_count;
+            merge(stored, changed, whole, &mut found)?;
+        }
+    }
+    found.truncate(first);
+    if walked {
+        budget.counted_left -= count;
+    }
+    budget.take_keys(found.len())?;
+    budget.take_bytes(found.iter().map(|f| f.key.len()).sum())?;
+    Ok((found, count as u64))
+}
+
+/// Overlay keys that are deleted.
+fn deleted(changed: &[(Vec<u8>, Pending)]) -> usize {
+    changed
+        .iter()
+        .filter(|(_, pending)| *pending == Pending::Deleted)
+        .count()
+}
+
+/// Appends to `found` the engine's keys `stored` (ascending) under the
+/// overlay's `changed` (ascending; the overlay's word wins). When `whole`
+/// is false the engine had more keys past the last of `stored`, so
+/// overlay keys past it are left out (which engine keys lie between is
+/// not known).
+fn merge(
+    stored: Vec<bitcask::Entry>,
+    changed: Vec<(Vec<u8>, Pending)>,
+    whole: bool,
+    found: &mut Vec<Found>,
+) -> Result<(), RangeError> {
+    let last = if whole {
+        None
+    } else {
+        stored.last().map(|entry| entry.key.clone())
+    };
+    let mut changed = changed.into_iter().peekable();
+    for entry in stored {
+        // The overlay's keys up to this one; the overlay's word wins.
+        let mut shadowed = false;
+        while let Some((key, pending)) = changed.next_if(|(key, _)| *key <= entry.key) {
+            shadowed = key == entry.key;
             if let Pending::Written(meta) = pending {
                 found.push(Found {
                     key,
@@ -588,13 +723,27 @@ pub(crate) fn visit(
                 });
             }
         }
-        if found.len() > budget.keys_left {
-            return Err(budget.too_many_keys());
+        if !shadowed {
+            found.push(Found {
+                meta: KeyMeta::decode(&entry.meta)?,
+                key: entry.key,
+                engine_seq: Some(entry.seq),
+            });
         }
     }
-    budget.take_keys(found.len())?;
-    budget.take_bytes(found.iter().map(|f| f.key.len()).sum())?;
-    Ok(found)
+    for (key, pending) in changed {
+        if last.as_ref().is_some_and(|last| key > *last) {
+            break;
+        }
+        if let Pending::Written(meta) = pending {
+            found.push(Found {
+                key,
+                meta,
+                engine_seq: None,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The value of a key [`visit`] found, charged to `budget`.
@@ -677,17 +826,33 @@ pub(crate) fn evaluate(
     }
     check_revision(spec.revision, store_revision)?;
     let bounds = KeyBounds::new(&spec.key, &spec.range_end);
-    let mut found = visit(engine, overlay, &bounds, now_ms, budget)?;
-    let count = found.len() as u64;
+    // 0 = no limit; a limit past the address space is no limit either.
+    let limit = usize::try_from(spec.limit).unwrap_or(0);
     if spec.count_only {
+        let (_, count) = visit_first(engine, overlay, &bounds, now_ms, 0, budget)?;
         return Ok(RangeResult {
             kvs: Vec::new(),
             more: false,
             count,
         });
     }
-    // 0 = no limit; a limit past the address space is no limit either.
-    let limit = usize::try_from(spec.limit).unwrap_or(0);
+    // Only the first `limit + 1` keys are needed when they come in the
+    // answer's order (one past the limit tells `more`); the rest are
+    // counted, not visited.
+    let (mut found, count) = if spec.in_key_order() && limit > 0 {
+        visit_first(
+            engine,
+            overlay,
+            &bounds,
+            now_ms,
+            limit.saturating_add(1),
+            budget,
+        )?
+    } else {
+        let found = visit(engine, overlay, &bounds, now_ms, budget)?;
+        let count = found.len() as u64;
+        (found, count)
+    };
     if !spec.fetches_all() && limit > 0 {
         found.truncate(limit.saturating_add(1));
     }
@@ -782,6 +947,72 @@ mod tests {
 
     fn excluded(end: &[u8]) -> Bound<Vec<u8>> {
         Bound::Excluded(end.to_vec())
+    }
+
+    #[test]
+    fn a_count_past_the_budget_is_refused_naming_its_limit() {
+        use crate::apply::Applier;
+        use crate::command::{Command, Op, Proposal, Request};
+        let fs = vfs::sim::SimFs::new();
+        let options = bitcask::Options {
+            sync: bitcask::SyncPolicy::Never,
+            auto_merge: None,
+            vfs: Arc::new(fs),
+            ..bitcask::Options::default()
+        };
+        let engine = Engine::open("/sm", options).unwrap();
+        // k9 carries a TTL, so a count at a clock above 0 walks the keys.
+        let puts = (0..10)
+            .map(|i| Request {
+                session: None,
+                conditions: Vec::new(),
+                ops: vec![Op::Put {
+                    key: format!("k{i}").into_bytes(),
+                    value: b"v".to_vec(),
+                    ttl_ms: if i == 9 { 1_000_000 } else { 0 },
+                }],
+            })
+            .collect();
+        let mut applier = Applier::default();
+        let proposal = Proposal {
+            time_ms: 0,
+            command: Command::Writes(puts),
+        };
+        let revision = applier
+            .apply(&engine, 1, &proposal, Vec::new())
+            .unwrap()
+            .revision;
+        let spec = RangeSpec {
+            limit: 1,
+            ..RangeSpec::between("k", "l")
+        };
+        let budget =
+            |counted| Budget::new(("KEYS", 100), ("BYTES", 1 << 20)).counting(("COUNTED", counted));
+        let read = |counted| evaluate(&engine, None, &spec, 1, revision, &mut budget(counted));
+        assert_eq!(read(10).unwrap().count, 10);
+        let error = read(9).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                RangeError::TooManyCounted {
+                    limit: "COUNTED",
+                    max: 9
+                }
+            ),
+            "{error}"
+        );
+        assert!(error.to_string().contains("COUNTED"), "{error}");
+        // A count that needs no walk (a clock of 0: nothing expires) is
+        // not charged.
+        let unwalked = evaluate(&engine, None, &spec, 0, revision, &mut budget(1));
+        assert_eq!(unwalked.unwrap().count, 10);
+        // Without `counting`, a budget counts as many keys as it visits.
+        let mut visits_only = Budget::new(("KEYS", 9), ("BYTES", 1 << 20));
+        let error = evaluate(&engine, None, &spec, 1, revision, &mut visits_only).unwrap_err();
+        assert!(
+            matches!(error, RangeError::TooManyCounted { limit: "KEYS", .. }),
+            "{error}"
+        );
     }
 
     #[test]

@@ -28,6 +28,10 @@ use crate::txn::{TxnOp, TxnPlace, TxnRequest};
 /// ([`range::RANGE_KEYS_MAX`]), since the transaction holds the history's
 /// read lock (and so holds back the apply) as long as one such read.
 pub const READ_TXN_KEYS_MAX: usize = range::RANGE_KEYS_MAX;
+/// Keys one read-only transaction may count in all past those it visits
+/// (ranges with a limit or `count_only`): the limit of a single range read
+/// outside the log ([`range::RANGE_COUNT_KEYS_MAX`]), for the same reason.
+pub const READ_TXN_COUNT_KEYS_MAX: usize = range::RANGE_COUNT_KEYS_MAX;
 /// Bytes one read-only transaction may visit or return in all (keys
 /// visited, values compared, values returned): the limit of a single range
 /// read outside the log ([`RANGE_READ_BYTES_MAX`]), below the node's
@@ -131,7 +135,8 @@ fn evaluate(
     let mut budget = Budget::new(
         ("READ_TXN_KEYS_MAX", READ_TXN_KEYS_MAX),
         ("READ_TXN_BYTES_MAX", READ_TXN_BYTES_MAX),
-    );
+    )
+    .counting(("READ_TXN_COUNT_KEYS_MAX", READ_TXN_COUNT_KEYS_MAX));
     let mut succeeded = true;
     for (index, compare) in txn.compares.iter().enumerate() {
         let bounds = KeyBounds::new(&compare.key, &compare.range_end);

@@ -237,6 +237,53 @@ fn a_read_at_each_past_revision_returns_what_it_returned_then() {
     assert!(at_10.kvs.iter().all(|kv| kv.mod_revision <= 10));
 }
 
+/// At every past revision, a read with a limit or count-only (which
+/// visits only its first keys and counts the rest, the history's keys by
+/// what they were then) agrees with the read of every key.
+#[test]
+fn a_past_read_with_a_limit_or_count_only_agrees_with_the_whole_read() {
+    let mut cluster = Cluster::new();
+    workload(&mut cluster, 40);
+    let history = cluster.history();
+    let read = |spec: &RangeSpec| {
+        let engine = cluster.engine.clone();
+        range_at(move || engine.clone(), &history, spec, cluster.index)
+    };
+    let mut limited_reads = 0;
+    for revision in cluster.seen.keys().copied() {
+        for (key, range_end) in [("\0", "\0"), ("k1", "k4"), ("k2", ""), ("k3", "\0")] {
+            let base = RangeSpec {
+                revision,
+                ..RangeSpec::between(key, range_end)
+            };
+            let whole = read(&base).unwrap();
+            let counted = read(&RangeSpec {
+                count_only: true,
+                ..base.clone()
+            })
+            .unwrap();
+            assert_eq!(counted.count, whole.count, "count-only at {revision}");
+            for limit in 1..=3usize {
+                let limited = read(&RangeSpec {
+                    limit: limit as u64,
+                    ..base.clone()
+                })
+                .unwrap();
+                let shown = whole.kvs.len().min(limit);
+                assert_eq!(
+                    limited.kvs,
+                    whole.kvs[..shown],
+                    "limit {limit} at {revision}"
+                );
+                assert_eq!(limited.count, whole.count, "limit {limit} at {revision}");
+                assert_eq!(limited.more, whole.kvs.len() > limit);
+                limited_reads += usize::from(limited.more);
+            }
+        }
+    }
+    assert!(limited_reads > 100, "the limits cut: {limited_reads}");
+}
+
 /// A read-only transaction with `ranges` in both branches (no compare).
 fn read_only(ranges: Vec<RangeSpec>) -> TxnRequest {
     TxnRequest {

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use bitcask::{Engine, Options, SyncPolicy};
 use kvstate::apply::Applier;
 use kvstate::command::{Command, Op, Proposal, RESERVED_KEY_PREFIX, Request, SessionRef};
-use kvstate::range::{RangeError, RangeResult, RangeSpec, SortOrder, SortTarget, range};
+use kvstate::range::{
+    RANGE_KEYS_MAX, RangeError, RangeResult, RangeSpec, SortOrder, SortTarget, range,
+};
 use vfs::sim::SimFs;
 
 fn engine(fs: &SimFs) -> Engine {
@@ -171,6 +173,98 @@ fn limit_more_count_count_only_and_keys_only() {
     assert_eq!(keys(&keys_only), "abcd");
     assert!(keys_only.kvs.iter().all(|kv| kv.value.is_empty()));
     assert_eq!(keys_only.kvs[1].mod_revision, 8, "revisions still there");
+}
+
+/// A store past the visit limit: a range with a limit in key order, or
+/// count-only, visits its first keys and counts the rest from the key
+/// directory, as etcd answers it (`get --prefix --limit 1`, `--count-only`,
+/// clientv3's `WithFirstKey`); a read that must visit every key is still
+/// refused naming the limit.
+#[test]
+fn a_limit_or_count_only_counts_past_the_visit_limit() {
+    let fs = SimFs::new();
+    let engine = engine(&fs);
+    let mut applier = Applier::default();
+    let keys_total = RANGE_KEYS_MAX + 5;
+    let key = |i: usize| format!("p/{i:07}").into_bytes();
+    for (index, chunk) in (0..keys_total)
+        .collect::<Vec<_>>()
+        .chunks(10_000)
+        .enumerate()
+    {
+        let requests = chunk.iter().map(|&i| put(&key(i), "v", 0)).collect();
+        applier
+            .apply(
+                &engine,
+                index as u64 + 1,
+                &Proposal {
+                    time_ms: 0,
+                    command: Command::Writes(requests),
+                },
+                Vec::new(),
+            )
+            .unwrap();
+    }
+    let revision = applier.header().revision;
+    let prefix = RangeSpec::between("p/", "p0");
+    let read = |spec: RangeSpec| range(&engine, &spec, NOW_MS, revision);
+    let first = read(RangeSpec {
+        limit: 1,
+        ..prefix.clone()
+    })
+    .unwrap();
+    assert_eq!(first.kvs.len(), 1);
+    assert_eq!(first.kvs[0].key, key(0));
+    assert_eq!(first.kvs[0].value, b"v");
+    assert!(first.more);
+    assert_eq!(first.count, keys_total as u64);
+    let ascending = read(RangeSpec {
+        limit: 2,
+        sort_order: SortOrder::Ascend,
+        sort_target: SortTarget::Key,
+        ..prefix.clone()
+    })
+    .unwrap();
+    assert_eq!(ascending.kvs.len(), 2);
+    assert_eq!(ascending.kvs[1].key, key(1));
+    assert_eq!(ascending.count, keys_total as u64);
+    // Part of the range: the count is of the range, not of the store.
+    let part = read(RangeSpec {
+        key: key(keys_total - 3),
+        range_end: b"p0".to_vec(),
+        limit: 1,
+        ..RangeSpec::default()
+    })
+    .unwrap();
+    assert_eq!((part.count, part.more), (3, true));
+    let counted = read(RangeSpec {
+        count_only: true,
+        ..prefix.clone()
+    })
+    .unwrap();
+    assert_eq!(counted.count, keys_total as u64);
+    assert!(counted.kvs.is_empty());
+    // Every key, or a descending sort, visits every key: refused by name.
+    for refused in [
+        prefix.clone(),
+        RangeSpec {
+            limit: 1,
+            sort_order: SortOrder::Descend,
+            ..prefix.clone()
+        },
+    ] {
+        let error = read(refused).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                RangeError::TooManyKeys {
+                    limit: "RANGE_KEYS_MAX",
+                    ..
+                }
+            ),
+            "{error}"
+        );
+    }
 }
 
 #[test]

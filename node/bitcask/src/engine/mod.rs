@@ -49,7 +49,7 @@ pub use files::{FileInfo, Pin};
 pub(crate) use files::{FileMeta, FileSet, checksum_file};
 pub use merging::MergeReport;
 pub(crate) use read::{Check, RecordBytes};
-pub use read::{Entry, Item, ItemMeta, ItemRef, KeyRange, Scan};
+pub use read::{Counted, Entry, Item, ItemMeta, ItemRef, KeyRange, Scan};
 pub use records::{RecordLocation, RecordView, Retain, StoredKind, StoredRecord, StoredValue};
 pub use stats::{FileStats, Stats};
 pub(crate) use write::{Active, Writer};

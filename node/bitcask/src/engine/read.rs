@@ -74,6 +74,16 @@ pub struct Entry {
     pub meta: RecordMeta,
 }
 
+/// What [`Engine::scan_counted`] counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counted {
+    /// Unexpired keys in the range.
+    pub keys: usize,
+    /// Whether every key was visited to count them (some key may have
+    /// expired), rather than counted from the order's chunk lengths.
+    pub walked: bool,
+}
+
 /// Which keys a scan visits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KeyRange {
@@ -312,6 +322,39 @@ impl Engine {
 
     /// Visits keys in order. Expired entries are skipped.
     pub fn scan(&self, scan: &Scan, now_ms: u64) -> Result<Vec<Entry>> {
+        Ok(self.scan_inner(scan, now_ms, None)?.0)
+    }
+
+    /// [`Engine::scan`], and under the same hold of the key directory (one
+    /// consistent state) the number of unexpired keys in the whole range
+    /// after `scan.after`, past `scan.limit` too. Counting reads no record.
+    /// When no key can have expired at `now_ms` (none carries an expiry,
+    /// or `now_ms` is 0) the count comes from the order's chunk lengths, at
+    /// a cost that does not grow with the range. Otherwise every key in the
+    /// range is visited under the key directory's read lock (writers wait;
+    /// ~0.25 s per million keys, `examples/count_profile.rs`), so such a
+    /// count stops past `walk_max` keys and answers `None`.
+    pub fn scan_counted(
+        &self,
+        scan: &Scan,
+        now_ms: u64,
+        walk_max: usize,
+    ) -> Result<(Vec<Entry>, Option<Counted>)> {
+        let (entries, count) = self.scan_inner(scan, now_ms, Some(walk_max))?;
+        let count = count.expect("asked to count");
+        Ok((
+            entries,
+            Some(count).filter(|c| !c.walked || c.keys <= walk_max),
+        ))
+    }
+
+    /// The scan, counting when asked (a walk stops one key past `walk_max`).
+    fn scan_inner(
+        &self,
+        scan: &Scan,
+        now_ms: u64,
+        walk_max: Option<usize>,
+    ) -> Result<(Vec<Entry>, Option<Counted>)> {
         self.shared.note_now(now_ms);
         let (start, end) = bounds(&scan.range);
         let start = match (&scan.after, start) {
@@ -325,17 +368,41 @@ impl Engine {
         // them; then the page is collected again, so a page never mixes
         // records from before and after a batch.
         'attempt: for _ in 0..READ_ATTEMPTS_MAX {
-            let found: Vec<(Vec<u8>, Location)> = {
+            let (found, count): (Vec<(Vec<u8>, Location)>, Option<Counted>) = {
                 let keydir = read(&self.shared.keydir);
                 if range_is_empty(&start, &end) {
-                    return Ok(Vec::new());
+                    let none = Counted {
+                        keys: 0,
+                        walked: false,
+                    };
+                    return Ok((Vec::new(), walk_max.map(|_| none)));
                 }
-                keydir
-                    .range(as_ref_bound(&start), as_ref_bound(&end))
-                    .filter(|(_, location)| !location.expired(now_ms))
+                let (from, to) = (as_ref_bound(&start), as_ref_bound(&end));
+                let mut live = keydir
+                    .range(from, to)
+                    .filter(|(_, location)| !location.expired(now_ms));
+                let found: Vec<_> = live
+                    .by_ref()
                     .take(scan.limit)
                     .map(|(key, location)| (key.to_vec(), location))
-                    .collect()
+                    .collect();
+                let none_expired = now_ms == 0 || keydir.expiry_high_ms() == 0;
+                let count = walk_max.map(|max| {
+                    if none_expired {
+                        Counted {
+                            keys: keydir.count_range(from, to),
+                            walked: false,
+                        }
+                    } else {
+                        // One past the most asked for tells there are more.
+                        let rest = max.saturating_add(1).saturating_sub(found.len());
+                        Counted {
+                            keys: found.len() + live.take(rest).count(),
+                            walked: true,
+                        }
+                    }
+                });
+                (found, count)
             };
             let mut out = Vec::with_capacity(found.len());
             for (key, location) in found {
@@ -355,7 +422,7 @@ impl Engine {
                     meta: location.meta,
                 });
             }
-            return Ok(out);
+            return Ok((out, count));
         }
         Err(Error::Corruption {
             file: String::new(),

@@ -453,6 +453,24 @@ impl KeyDir {
             .map(|slot| (slot.key(), slot.location()))
     }
 
+    /// Number of entries with keys in the range, expired or not, from the
+    /// order's chunk lengths: two searches and no slot read, whatever the
+    /// range holds.
+    pub fn count_range(&self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> usize {
+        debug_assert!(!self.loading, "the order is built when loading ends");
+        let from = match start {
+            Bound::Unbounded => (0, 0),
+            Bound::Included(key) => self.order.bound(&self.slab, key, true),
+            Bound::Excluded(key) => self.order.bound(&self.slab, key, false),
+        };
+        let to = match end {
+            Bound::Unbounded => self.order.end(),
+            Bound::Included(key) => self.order.bound(&self.slab, key, false),
+            Bound::Excluded(key) => self.order.bound(&self.slab, key, true),
+        };
+        self.order.ids_between(from, to)
+    }
+
     /// Every entry, in key order.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], Location)> + '_ {
         self.range(Bound::Unbounded, Bound::Unbounded)
@@ -607,6 +625,31 @@ pub(super) mod tests {
         from_slab.sort_unstable();
         from_order.sort_unstable();
         assert_eq!(from_order, from_slab, "order and slab hold other ids");
+        // Counts from the chunk lengths agree with the model's, over ranges
+        // that start and end inside chunks, between them and past the ends.
+        let keys: Vec<&Vec<u8>> = model.keys().collect();
+        let step = (keys.len() / 40).max(1);
+        for (i, from) in keys.iter().enumerate().step_by(step) {
+            for to in keys[i..].iter().step_by(step * 3 + 1) {
+                let (lo, hi) = (
+                    Bound::Included(from.as_slice()),
+                    Bound::Excluded(to.as_slice()),
+                );
+                let want = model.range::<[u8], _>((lo, hi)).count();
+                assert_eq!(dir.count_range(lo, hi), want, "{from:?}..{to:?}");
+                let hi = Bound::Included(to.as_slice());
+                assert_eq!(dir.count_range(lo, hi), want + 1, "{from:?}..={to:?}");
+            }
+            let lo = Bound::Excluded(from.as_slice());
+            let want = model.range::<[u8], _>((lo, Bound::Unbounded)).count();
+            assert_eq!(dir.count_range(lo, Bound::Unbounded), want);
+        }
+        assert_eq!(
+            dir.count_range(Bound::Unbounded, Bound::Unbounded),
+            model.len()
+        );
+        let past: &[u8] = &[0xff; 40];
+        assert_eq!(dir.count_range(Bound::Included(past), Bound::Unbounded), 0);
         assert_eq!(dir.order.len(), model.len());
         assert_eq!(dir.len(), model.len());
         let listed: Vec<(Vec<u8>, u64)> = dir.iter().map(|(k, l)| (k.to_vec(), l.seq)).collect();
@@ -657,6 +700,7 @@ pub(super) mod tests {
                         .range::<[u8], _>((lo, hi))
                         .map(|(k, _)| k.clone())
                         .collect();
+                    assert_eq!(dir.count_range(lo, hi), want.len());
                     assert_eq!(got, want);
                 }
                 _ => {}

@@ -225,6 +225,24 @@ impl Order {
             })
     }
 
+    /// Where the order ends (one past its last id).
+    pub(super) fn end(&self) -> Position {
+        (self.chunks.len(), 0)
+    }
+
+    /// Ids from `from` up to `to` (excluded), from the chunks' lengths
+    /// alone: no slot read.
+    pub(super) fn ids_between(&self, from: Position, to: Position) -> usize {
+        let rank = |(chunk, index): Position| -> usize {
+            let before: usize = self.chunks[..chunk.min(self.chunks.len())]
+                .iter()
+                .map(|c| c.ids.len())
+                .sum();
+            before + self.chunks.get(chunk).map_or(0, |c| index.min(c.ids.len()))
+        };
+        rank(to).saturating_sub(rank(from))
+    }
+
     /// Inserts `id`, whose key `key` is not in the order yet.
     pub(super) fn insert(&mut self, slab: &Slab, key: &[u8], id: u32) {
         if self.chunks.is_empty() {

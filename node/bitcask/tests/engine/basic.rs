@@ -6,7 +6,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bitcask::{Batch, Engine, Error, KeyRange, Options, Scan, SyncPolicy};
+use bitcask::{Batch, Counted, Engine, Error, KeyRange, Options, Scan, SyncPolicy};
 use vfs::sim::SimFs;
 
 use crate::common::{open_sim, value_for};
@@ -148,6 +148,81 @@ fn expiry_is_judged_against_the_callers_clock() {
         .collect();
     assert_eq!(keys, vec![b"forever".to_vec()]);
     assert_eq!(engine.scan(&Scan::all(10), 0).unwrap().len(), 2);
+}
+
+#[test]
+fn a_counted_scan_counts_the_whole_range_in_the_same_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open_real(dir.path(), 4096);
+    for i in 0..40u32 {
+        engine.put(format!("k{i:03}").as_bytes(), b"v").unwrap();
+    }
+    engine.put(b"other", b"o").unwrap();
+    let counted = |keys, walked| Some(Counted { keys, walked });
+    let resumed = Scan {
+        after: Some(b"k009".to_vec()),
+        ..Scan::prefix("k", 0)
+    };
+    // No key carries an expiry: the count comes from the order, whatever
+    // the bound on a walk.
+    let (page, count) = engine.scan_counted(&Scan::prefix("k", 3), 0, 1).unwrap();
+    assert_eq!(page.len(), 3);
+    assert_eq!(count, counted(40, false));
+    assert_eq!(
+        engine.scan_counted(&resumed, 5_000, 0).unwrap(),
+        (Vec::new(), counted(30, false))
+    );
+    let between = Scan {
+        range: KeyRange::Range(
+            Bound::Included(b"k010".to_vec()),
+            Bound::Included(b"k019".to_vec()),
+        ),
+        ..Scan::all(0)
+    };
+    assert_eq!(
+        engine.scan_counted(&between, 0, 0).unwrap().1,
+        counted(10, false)
+    );
+    let (page, count) = engine.scan_counted(&Scan::all(100), 0, 5).unwrap();
+    assert_eq!((page.len(), count), (41, counted(41, false)));
+    // A key with an expiry: counted from the order while the caller's
+    // clock is 0 (nothing expires), walked otherwise, expired keys left out.
+    engine.put_with_expiry(b"k100", b"v", 1_000).unwrap();
+    let (page, count) = engine.scan_counted(&Scan::prefix("k", 3), 0, 1).unwrap();
+    assert_eq!((page.len(), count), (3, counted(41, false)));
+    assert_eq!(
+        engine
+            .scan_counted(&Scan::prefix("k", 3), 999, 100)
+            .unwrap()
+            .1,
+        counted(41, true)
+    );
+    assert_eq!(
+        engine
+            .scan_counted(&Scan::prefix("k", 3), 1_000, 100)
+            .unwrap()
+            .1,
+        counted(40, true)
+    );
+    // A walk stops past its bound: at the bound exactly, and one past it.
+    assert_eq!(
+        engine.scan_counted(&resumed, 1_000, 30).unwrap().1,
+        counted(30, true)
+    );
+    assert_eq!(engine.scan_counted(&resumed, 1_000, 29).unwrap().1, None);
+    let inverted = Scan {
+        range: KeyRange::Range(
+            Bound::Included(b"z".to_vec()),
+            Bound::Included(b"a".to_vec()),
+        ),
+        after: None,
+        limit: 10,
+        keys_only: true,
+    };
+    assert_eq!(
+        engine.scan_counted(&inverted, 1_000, 10).unwrap(),
+        (Vec::new(), counted(0, false))
+    );
 }
 
 #[test]

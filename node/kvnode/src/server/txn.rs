@@ -83,6 +83,7 @@ pub fn range_error(err: RangeError) -> Status {
         RangeError::KeyEmpty
         | RangeError::ReservedKey { .. }
         | RangeError::TooManyKeys { .. }
+        | RangeError::TooManyCounted { .. }
         | RangeError::TooManyBytes { .. }
         | RangeError::NotARead => Status::invalid_argument(err.to_string()),
         RangeError::KeyChanged { .. }

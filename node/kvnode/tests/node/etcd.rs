@@ -24,6 +24,8 @@
 //!   second watch resuming from a revision sees exactly the later events,
 //!   a watch from below the compact revision is cancelled naming it, and
 //!   one from the compact revision itself gets that revision's put;
+//! - a prefix read with a limit, and a count-only read, over more keys
+//!   than one range may visit answer with the whole prefix's count;
 //! - MemberList (client URLs are the members' etcd ports) and Status
 //!   (the leader, version, raft index and term);
 //! - a call not served (Auth.UserList) answers UNIMPLEMENTED at once.
@@ -993,6 +995,90 @@ async fn watches_see_puts_and_deletes_and_resume() {
             (EventType::Put, "w/d".into(), "4".into(), rc + 1),
         ]
     );
+    cluster.shutdown().await;
+}
+
+/// More keys than one range may visit (`RANGE_KEYS_MAX`): a prefix read
+/// with a limit and a count-only read answer with the whole prefix's
+/// count, as etcd's do (`etcdctl get --prefix --limit 1`, clientv3's
+/// `WithFirstKey`, `--count-only`), linearizable through a follower and
+/// serializable; a read of every key is refused naming the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_or_count_only_answers_past_the_keys_a_range_visits() {
+    use kvnode::server::etcd::ETCD_TXN_OPS_MAX;
+    use kvstate::range::RANGE_KEYS_MAX;
+    let root = tempfile::tempdir().unwrap();
+    let (cluster, _leader, follower) = cluster(root.path()).await;
+    let kv = KvClient::new(channel(&cluster, follower).await);
+    let total = RANGE_KEYS_MAX + 3;
+    let key = |i: usize| format!("many/{i:07}");
+    // Four writers, each a share of the transactions of ETCD_TXN_OPS_MAX
+    // puts (bounded: `total` keys, then they stop).
+    let txns: Vec<Vec<usize>> = (0..total)
+        .collect::<Vec<_>>()
+        .chunks(ETCD_TXN_OPS_MAX)
+        .map(<[usize]>::to_vec)
+        .collect();
+    let mut writers = Vec::new();
+    for writer in 0..4 {
+        let mut kv = kv.clone();
+        let mine: Vec<Vec<usize>> = txns.iter().skip(writer).step_by(4).cloned().collect();
+        writers.push(tokio::spawn(async move {
+            for keys in mine {
+                let success = keys
+                    .iter()
+                    .map(|&i| RequestOp {
+                        request: Some(request_op::Request::RequestPut(put(&key(i), "v"))),
+                    })
+                    .collect();
+                let answer = kv
+                    .txn(TxnRequest {
+                        success,
+                        ..Default::default()
+                    })
+                    .await
+                    .expect("a load transaction");
+                assert!(answer.into_inner().succeeded);
+            }
+        }));
+    }
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let prefix = |serializable| RangeRequest {
+        key: b"many/".to_vec().into(),
+        range_end: b"many0".to_vec().into(),
+        serializable,
+        ..Default::default()
+    };
+    for serializable in [false, true] {
+        let first = kv
+            .clone()
+            .range(RangeRequest {
+                limit: 1,
+                ..prefix(serializable)
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(keys(&first.kvs), vec![key(0)]);
+        assert!(first.more);
+        assert_eq!(first.count, total as i64);
+        let counted = kv
+            .clone()
+            .range(RangeRequest {
+                count_only: true,
+                ..prefix(serializable)
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(counted.kvs.is_empty());
+        assert_eq!(counted.count, total as i64);
+    }
+    let whole = kv.clone().range(prefix(false)).await.unwrap_err();
+    assert_eq!(whole.code(), Code::InvalidArgument, "{whole:?}");
+    assert!(whole.message().contains("RANGE_KEYS_MAX"), "{whole:?}");
     cluster.shutdown().await;
 }
 

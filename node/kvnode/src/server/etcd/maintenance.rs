@@ -56,11 +56,11 @@ use crate::state_machine::StateMachine;
 
 /// Keys one page of a Hash or HashKV read returns. Each page is one read
 /// at the hashed revision under the change history's read lock (the apply
-/// waits for it), and, as every range read, it visits every key from the
-/// page's first to the end to count them: so a hash needs the whole store
-/// to fit one range read's budget (`RANGE_KEYS_MAX`, 100 000 keys, and
-/// `RANGE_READ_BYTES_MAX` of keys) and is refused naming that limit
-/// beyond it; the lock is held for one page at a time.
+/// waits for it), held for one page at a time. A page visits only its own
+/// keys: it reads with expiry not judged, so the range's count (which a
+/// hash does not use) comes from the key directory's order without a walk
+/// (`kvstate::range::RANGE_COUNT_KEYS_MAX` does not apply), and a store
+/// of any size hashes.
 pub const HASH_PAGE_KEYS: u64 = 1000;
 /// How long Defragment waits, from its start, for this member's merge to
 /// finish before it answers `etcdserver: request timed out` (the merge
