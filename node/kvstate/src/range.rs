@@ -421,30 +421,39 @@ pub(crate) struct Budget {
     keys_limit: (&'static str, usize),
     counted_left: usize,
     counted_limit: (&'static str, usize),
+    /// Whether every key counted is charged, or only those a count walked
+    /// (see [`Budget::new`]).
+    charges_every_count: bool,
     bytes_left: usize,
     bytes_limit: (&'static str, usize),
 }
 
 impl Budget {
-    /// A budget of `keys` keys and `bytes` bytes, each `(name, value)`;
-    /// it counts as many keys as it visits unless [`Budget::counting`]
-    /// says otherwise.
+    /// A budget of `keys` keys and `bytes` bytes, each `(name, value)`,
+    /// that counts as many keys as it visits, charging every key counted:
+    /// the apply's, whose refusals must follow from the log alone (whether
+    /// a count walks depends on the member's own key directory: see
+    /// `bitcask::Engine::scan_counted`).
     pub(crate) fn new(keys: (&'static str, usize), bytes: (&'static str, usize)) -> Budget {
         Budget {
             keys_left: keys.1,
             keys_limit: keys,
             counted_left: keys.1,
             counted_limit: keys,
+            charges_every_count: true,
             bytes_left: bytes.1,
             bytes_limit: bytes,
         }
     }
 
-    /// The budget counting up to `counted` keys, `(name, value)`.
+    /// The budget of a read outside the log: it walks up to `counted` keys,
+    /// `(name, value)`, to count them, and charges only keys walked (a
+    /// count from the key directory's order costs nothing per key).
     pub(crate) fn counting(self, counted: (&'static str, usize)) -> Budget {
         Budget {
             counted_left: counted.1,
             counted_limit: counted,
+            charges_every_count: false,
             ..self
         }
     }
@@ -636,13 +645,15 @@ pub(crate) fn visit_first(
 ) -> Result<(Vec<Found>, u64), RangeError> {
     let mut found = Vec::new();
     let mut count = 0usize;
-    // Whether the engine visited keys to count them (some may have
-    // expired): only such a count is charged to the budget.
-    let mut walked = false;
     for (start, end) in bounds.parts() {
         let changed = overlay.map_or_else(Vec::new, |overlay| overlay.changed(&start, &end));
-        // Each deleted overlay key may hide one engine key.
-        let wanted = first.saturating_sub(found.len());
+        // No more than one key past the budget (which tells that it is
+        // exceeded); each deleted overlay key may hide one engine key.
+        let room = budget
+            .keys_left
+            .saturating_sub(found.len())
+            .saturating_add(1);
+        let wanted = first.saturating_sub(found.len()).min(room);
         let scan = Scan {
             range: KeyRange::Range(Bound::Included(start), end),
             after: None,
@@ -650,12 +661,9 @@ pub(crate) fn visit_first(
             keys_only: true,
         };
         // Each overlay key may take one engine key off the count.
-        let counted_left = budget.counted_left.saturating_sub(count);
-        let (stored, counted) =
-            engine.scan_counted(&scan, now_ms, counted_left.saturating_add(changed.len()))?;
+        let walk_max = budget.counted_left.saturating_add(changed.len());
+        let (stored, counted) = engine.scan_counted(&scan, now_ms, walk_max)?;
         let counted = counted.ok_or_else(|| budget.too_many_counted())?;
-        let stored_count = counted.keys;
-        walked |= counted.walked;
         // Each overlay key counts as the overlay says instead of as the
         // engine does (nothing applies meanwhile where there is an overlay:
         // the apply itself, or the history's read lock).
@@ -667,19 +675,20 @@ pub(crate) fn visit_first(
             .iter()
             .filter(|(key, _)| engine.meta(key, now_ms).is_some())
             .count();
-        count += (stored_count + written).saturating_sub(in_engine);
-        if walked && count > budget.counted_left {
-            return Err(budget.too_many_counted());
+        let part = (counted.keys + written).saturating_sub(in_engine);
+        count += part;
+        if counted.walked || budget.charges_every_count {
+            budget.counted_left = budget
+                .counted_left
+                .checked_sub(part)
+                .ok_or_else(|| budget.too_many_counted())?;
         }
         if found.len() < first {
-            let whole = stored.len() == stored_count;
+            let whole = stored.len() == counted.keys;
             merge(stored, changed, whole, &mut found)?;
         }
     }
     found.truncate(first);
-    if walked {
-        budget.counted_left -= count;
-    }
     budget.take_keys(found.len())?;
     budget.take_bytes(found.iter().map(|f| f.key.len()).sum())?;
     Ok((found, count as u64))
@@ -949,19 +958,19 @@ mod tests {
         Bound::Excluded(end.to_vec())
     }
 
-    #[test]
-    fn a_count_past_the_budget_is_refused_naming_its_limit() {
+    /// An engine on the in-memory disk holding `k0`..`k9`, `k9` with a TTL
+    /// when `expiring` (so a count at a clock above 0 walks the keys), and
+    /// its store revision.
+    fn ten_keys(expiring: bool) -> (Engine, u64) {
         use crate::apply::Applier;
         use crate::command::{Command, Op, Proposal, Request};
-        let fs = vfs::sim::SimFs::new();
         let options = bitcask::Options {
             sync: bitcask::SyncPolicy::Never,
             auto_merge: None,
-            vfs: Arc::new(fs),
+            vfs: Arc::new(vfs::sim::SimFs::new()),
             ..bitcask::Options::default()
         };
         let engine = Engine::open("/sm", options).unwrap();
-        // k9 carries a TTL, so a count at a clock above 0 walks the keys.
         let puts = (0..10)
             .map(|i| Request {
                 session: None,
@@ -969,23 +978,32 @@ mod tests {
                 ops: vec![Op::Put {
                     key: format!("k{i}").into_bytes(),
                     value: b"v".to_vec(),
-                    ttl_ms: if i == 9 { 1_000_000 } else { 0 },
+                    ttl_ms: if expiring && i == 9 { 1_000_000 } else { 0 },
                 }],
             })
             .collect();
-        let mut applier = Applier::default();
         let proposal = Proposal {
             time_ms: 0,
             command: Command::Writes(puts),
         };
-        let revision = applier
+        let revision = Applier::default()
             .apply(&engine, 1, &proposal, Vec::new())
             .unwrap()
             .revision;
-        let spec = RangeSpec {
+        (engine, revision)
+    }
+
+    fn limit_one() -> RangeSpec {
+        RangeSpec {
             limit: 1,
             ..RangeSpec::between("k", "l")
-        };
+        }
+    }
+
+    #[test]
+    fn a_count_past_the_budget_is_refused_naming_its_limit() {
+        let (engine, revision) = ten_keys(true);
+        let spec = limit_one();
         let budget =
             |counted| Budget::new(("KEYS", 100), ("BYTES", 1 << 20)).counting(("COUNTED", counted));
         let read = |counted| evaluate(&engine, None, &spec, 1, revision, &mut budget(counted));
@@ -1003,16 +1021,65 @@ mod tests {
         );
         assert!(error.to_string().contains("COUNTED"), "{error}");
         // A count that needs no walk (a clock of 0: nothing expires) is
-        // not charged.
+        // not charged to a read's budget.
         let unwalked = evaluate(&engine, None, &spec, 0, revision, &mut budget(1));
         assert_eq!(unwalked.unwrap().count, 10);
-        // Without `counting`, a budget counts as many keys as it visits.
-        let mut visits_only = Budget::new(("KEYS", 9), ("BYTES", 1 << 20));
-        let error = evaluate(&engine, None, &spec, 1, revision, &mut visits_only).unwrap_err();
+    }
+
+    /// The apply's budget charges every key counted, walked or not: two
+    /// members holding the same keys, one whose key directory makes its
+    /// count walk (a key with a TTL) and one whose does not, refuse or
+    /// answer alike.
+    #[test]
+    fn the_apply_charges_a_count_whether_or_not_it_walks() {
+        let spec = limit_one();
+        let count_only = RangeSpec {
+            count_only: true,
+            ..limit_one()
+        };
+        for expiring in [false, true] {
+            let (engine, revision) = ten_keys(expiring);
+            for spec in [&spec, &count_only] {
+                let mut tight = Budget::new(("KEYS", 9), ("BYTES", 1 << 20));
+                let error = evaluate(&engine, None, spec, 1, revision, &mut tight).unwrap_err();
+                assert!(
+                    matches!(error, RangeError::TooManyCounted { limit: "KEYS", .. }),
+                    "expiring {expiring}: {error}"
+                );
+                let mut enough = Budget::new(("KEYS", 10), ("BYTES", 1 << 20));
+                let read = evaluate(&engine, None, spec, 1, revision, &mut enough).unwrap();
+                assert_eq!(read.count, 10, "expiring {expiring}");
+            }
+        }
+    }
+
+    /// A limit far past the keys a read may visit visits no more than one
+    /// key past them before it is refused naming the limit.
+    #[test]
+    fn a_huge_limit_is_held_to_the_visit_budget() {
+        let (engine, revision) = ten_keys(false);
+        let spec = RangeSpec {
+            limit: 1 << 40,
+            ..RangeSpec::between("k", "l")
+        };
+        let mut budget = Budget::new(("KEYS", 3), ("BYTES", 1 << 20)).counting(("COUNTED", 100));
+        let error = evaluate(&engine, None, &spec, 0, revision, &mut budget).unwrap_err();
         assert!(
-            matches!(error, RangeError::TooManyCounted { limit: "KEYS", .. }),
+            matches!(error, RangeError::TooManyKeys { limit: "KEYS", .. }),
             "{error}"
         );
+        let found = visit_first(
+            &engine,
+            None,
+            &KeyBounds::new(b"k", b"l"),
+            0,
+            usize::MAX,
+            &mut Budget::new(("KEYS", 3), ("BYTES", 1 << 20)).counting(("COUNTED", 100)),
+        );
+        assert!(matches!(found, Err(RangeError::TooManyKeys { .. })));
+        let mut roomy = Budget::new(("KEYS", 100), ("BYTES", 1 << 20)).counting(("COUNTED", 100));
+        let whole = evaluate(&engine, None, &spec, 0, revision, &mut roomy).unwrap();
+        assert_eq!((whole.kvs.len(), whole.count, whole.more), (10, 10, false));
     }
 
     #[test]
