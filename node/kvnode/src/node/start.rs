@@ -232,7 +232,14 @@ impl Member<'_> {
             reads.clone(),
             config.faults.clone(),
         )
-        .with_metrics(member_metrics.clone());
+        .with_metrics(member_metrics.clone())
+        .with_etcd_addr(match &etcd {
+            Some(listener) => Some(local_addr(
+                listener,
+                config.etcd_addr.unwrap_or(config.client_addr),
+            )?),
+            None => None,
+        });
         let cluster_service =
             ClusterService::new(raft.clone(), state_machine.clone(), identity.clone())
                 .with_membership(Membership::new(
@@ -340,7 +347,8 @@ impl Member<'_> {
                 client_bound,
                 security,
             )
-            .with_merge(propose_merge_fn(raft.clone(), clock.clone()));
+            .with_merge(propose_merge_fn(raft.clone(), clock.clone()))
+            .with_peers(network.clone());
             servers.push(tokio::spawn(crate::server::etcd::serve(
                 listener,
                 front_end,

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use kvproto::raft::v1::raft_client::RaftClient;
 use kvproto::raft::v1::{
-    AppendEntriesRequest as PbAppendEntries, ForwardRequest, IdentifyRequest,
+    AppendEntriesRequest as PbAppendEntries, ForwardRequest, IdentifyRequest, IdentifyResponse,
     Identity as PbIdentity, ReadIndexRequest, TransferLeaderRequest as PbTransferLeader,
     VoteRequest as PbVote,
 };
@@ -251,6 +251,30 @@ impl Network {
         node: &NodeInfo,
         timeout: Duration,
     ) -> Result<(u64, u64, u64), String> {
+        let who = self.ask_identify(target, node, timeout).await?;
+        Ok((who.cluster_id, who.member_id, who.incarnation))
+    }
+
+    /// Asks a peer where its etcd port is (`Identify`'s `etcd_addr`):
+    /// `None` when it answers with none (no etcd port, or a build before
+    /// the field) or is another member than `target`.
+    pub async fn identify_etcd_addr(
+        &self,
+        target: u64,
+        node: &NodeInfo,
+        timeout: Duration,
+    ) -> Result<Option<String>, String> {
+        let who = self.ask_identify(target, node, timeout).await?;
+        let valid = who.member_id == target && host_port(&who.etcd_addr);
+        Ok(valid.then_some(who.etcd_addr))
+    }
+
+    async fn ask_identify(
+        &self,
+        target: u64,
+        node: &NodeInfo,
+        timeout: Duration,
+    ) -> Result<IdentifyResponse, String> {
         let peer = self.client(target, node);
         let mut client = peer.client().map_err(|err| err.to_string())?;
         let mut request = tonic::Request::new(IdentifyRequest {
@@ -260,12 +284,23 @@ impl Network {
         match tokio::time::timeout(timeout, client.identify(request)).await {
             Err(_) => Err(format!("no answer within {timeout:?}")),
             Ok(Err(status)) => Err(status.message().to_string()),
-            Ok(Ok(response)) => {
-                let who = response.into_inner();
-                Ok((who.cluster_id, who.member_id, who.incarnation))
-            }
+            Ok(Ok(response)) => Ok(response.into_inner()),
         }
     }
+}
+
+/// Whether `addr` is `host:port` within `NODE_ADDR_BYTES_MAX`, the host
+/// a name or an address (IPv6 in brackets): what may go into a URL.
+fn host_port(addr: &str) -> bool {
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return false;
+    };
+    addr.len() <= crate::raft::types::NODE_ADDR_BYTES_MAX
+        && !host.is_empty()
+        && port.parse::<u16>().is_ok()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".-_:[]".contains(&b))
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {

@@ -68,6 +68,9 @@ pub struct PeerService {
     /// The member's write path for forwarded writes; `None`: `Forward` is
     /// answered UNIMPLEMENTED (nothing written).
     writes: Option<crate::server::kv::KvService>,
+    /// The member's etcd port as bound, told in `Identify`; `None`: no
+    /// etcd port.
+    etcd_addr: Option<std::net::SocketAddr>,
 }
 
 impl std::fmt::Debug for PeerService {
@@ -97,7 +100,35 @@ impl PeerService {
             last_logged: Arc::default(),
             metrics: None,
             writes: None,
+            etcd_addr: None,
         }
+    }
+
+    /// Tells `etcd_addr` (the member's bound etcd port) in `Identify`.
+    pub fn with_etcd_addr(mut self, etcd_addr: Option<std::net::SocketAddr>) -> PeerService {
+        self.etcd_addr = etcd_addr;
+        self
+    }
+
+    /// The etcd address this member tells others
+    /// ([`crate::server::etcd::peers::advertised`]); empty without one.
+    fn advertised_etcd_addr(&self) -> String {
+        let Some(listen) = self.etcd_addr else {
+            return String::new();
+        };
+        let client_addr = if listen.ip().is_unspecified() {
+            use crate::raft::watch::MetricsWatch as _;
+            let receiver = self.raft.metrics();
+            let metrics = receiver.borrow();
+            metrics
+                .membership_config
+                .membership()
+                .get_node(&self.id)
+                .map(|node| node.client_addr.clone())
+        } else {
+            None
+        };
+        crate::server::etcd::peers::advertised(listen, client_addr.as_deref()).unwrap_or_default()
     }
 
     /// Takes writes other members forward (`Forward`) down `writes`.
@@ -305,6 +336,7 @@ impl RaftRpc for PeerService {
             cluster_id: self.identity.cluster_id(),
             member_id: self.identity.member_id(),
             incarnation: self.identity.incarnation(),
+            etcd_addr: self.advertised_etcd_addr(),
         }))
     }
 

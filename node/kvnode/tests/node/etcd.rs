@@ -26,7 +26,9 @@
 //!   one from the compact revision itself gets that revision's put;
 //! - a prefix read with a limit, and a count-only read, over more keys
 //!   than one range may visit answer with the whole prefix's count;
-//! - MemberList (client URLs are the members' etcd ports) and Status
+//! - MemberList (client URLs are the members' etcd ports as each tells
+//!   them, also with ports at no common offset and a member stopped) and
+//!   Status
 //!   (the leader, version, raft index and term);
 //! - a call not served (Auth.UserList) answers UNIMPLEMENTED at once.
 
@@ -61,11 +63,11 @@ pub(super) const ANSWER_WAIT: Duration = Duration::from_secs(30);
 /// then the leader's expiry, commit and apply on a loaded machine).
 const EXPIRY_WAIT: Duration = Duration::from_secs(30);
 
-/// Each member's etcd port = its client port + this. Members of one
-/// deployment share the offset (as `kvnode local`'s do): MemberList tells
-/// the other members' etcd ports by it (the stored membership does not
-/// hold etcd addresses yet). The cluster's loopback address is its own, so
-/// only its six random ports could take the one chosen.
+/// Each member's etcd port = its client port + this, in most clusters
+/// here (as `kvnode local`'s); MemberList names each member's etcd port as
+/// the member tells it, and one test puts them anywhere. The cluster's
+/// loopback address is its own, so only its six random ports could take
+/// the one chosen.
 const ETCD_PORT_OFFSET: u16 = 1;
 
 /// A three-member cluster with an etcd port each, its leader and a follower.
@@ -1085,31 +1087,44 @@ async fn a_limit_or_count_only_answers_past_the_keys_a_range_visits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_list_and_status_describe_the_cluster() {
     let root = tempfile::tempdir().unwrap();
-    let (cluster, leader, follower) = cluster(root.path()).await;
+    // Each etcd port wherever the system puts it: no offset from the client
+    // port tells it, so MemberList names each as the member tells it.
+    let (mut cluster, leader, follower) = cluster_configured(root.path(), |config| {
+        config.etcd_addr = Some(SocketAddr::new(config.client_addr.ip(), 0));
+    })
+    .await;
     let channel = channel(&cluster, follower).await;
-    let members = ClusterClient::new(channel.clone())
-        .member_list(MemberListRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(members.header.unwrap().member_id, follower);
-    let mut listed: Vec<(u64, Vec<String>, bool)> = members
-        .members
-        .iter()
-        .map(|m| (m.id, m.client_ur_ls.clone(), m.is_learner))
+    let list = || async {
+        let members = ClusterClient::new(channel.clone())
+            .member_list(MemberListRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(members.header.unwrap().member_id, follower);
+        assert!(members.members.iter().all(|m| m.peer_ur_ls.len() == 1));
+        let mut listed: Vec<(u64, Vec<String>, bool)> = members
+            .members
+            .iter()
+            .map(|m| (m.id, m.client_ur_ls.clone(), m.is_learner))
+            .collect();
+        listed.sort();
+        listed
+    };
+    let etcd_urls: Vec<String> = (1..=3)
+        .map(|id| format!("http://{}", etcd_addr(&cluster, id)))
         .collect();
-    listed.sort();
     let expected: Vec<(u64, Vec<String>, bool)> = (1..=3)
-        .map(|id| {
-            (
-                id,
-                vec![format!("http://{}", etcd_addr(&cluster, id))],
-                false,
-            )
-        })
+        .map(|id| (id, vec![etcd_urls[id as usize - 1].clone()], false))
         .collect();
-    assert_eq!(listed, expected);
-    assert!(members.members.iter().all(|m| m.peer_ur_ls.len() == 1));
+    assert_eq!(list().await, expected);
+    // A member that stopped answering is named by what it told last, also
+    // once that answer is no longer fresh (it is asked again, and is
+    // silent).
+    let stopped = (1..=3).find(|id| *id != leader && *id != follower).unwrap();
+    assert!(cluster.kill(stopped).await);
+    assert_eq!(list().await, expected);
+    tokio::time::sleep(kvnode::server::etcd::peers::ETCD_ADDR_FRESH).await;
+    assert_eq!(list().await, expected);
 
     let status = MaintenanceClient::new(channel.clone())
         .status(StatusRequest {})

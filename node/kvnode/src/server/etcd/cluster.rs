@@ -2,11 +2,11 @@
 //!
 //! MemberList answers the native membership: ids, `name` "member-<id>",
 //! peer URLs (the peer ports) and client URLs (the members' etcd ports,
-//! which clientv3's endpoint sync and `etcdctl --cluster` dial). The stored
-//! membership does not hold etcd addresses yet, so another member's etcd
-//! port is taken to sit at the same offset from its client port as this
-//! member's does (true for `kvnode local` and for members started alike);
-//! ARCHITECTURE.md, "The etcd v3 API", says what is left.
+//! which clientv3's endpoint sync and `etcdctl --cluster` dial), each as
+//! the member itself tells it in `Identify` ([`super::peers`]); a member
+//! that never told one is taken to have its etcd port at the same offset
+//! from its client port as this member's (true for `kvnode local` and for
+//! members started alike).
 //!
 //! MemberRemove and MemberPromote are the native calls (on the leader, as
 //! the native ones; another member answers `etcdserver: not leader`).
@@ -14,6 +14,7 @@
 //! member joins with an id and a client address that etcd's request does
 //! not carry, and its addresses do not change in place.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use kvproto::cluster::v1 as native;
@@ -29,6 +30,7 @@ use tonic::{Code, Request, Response, Status};
 
 use super::EtcdFrontEnd;
 use super::errors::{self, etcd_error, to_etcd};
+use crate::raft::types::NodeInfo;
 use crate::server::convert;
 
 /// A membership error as etcd answers it.
@@ -53,9 +55,32 @@ impl EtcdFrontEnd {
         if self.tls { "https" } else { "http" }
     }
 
+    /// The etcd address of each of `members`, by id: this member's own, the
+    /// others' as they told it ([`super::peers::EtcdPeers`]), else guessed
+    /// ([`EtcdFrontEnd::guessed_etcd_addr`]).
+    pub(crate) async fn etcd_addrs(&self, members: &[(u64, NodeInfo)]) -> HashMap<u64, String> {
+        let me = self.member_id();
+        let others: Vec<(u64, NodeInfo)> = members
+            .iter()
+            .filter(|(id, _)| *id != me)
+            .cloned()
+            .collect();
+        let mut addrs = match &self.peers {
+            Some(peers) if !others.is_empty() => peers.etcd_addrs(&others).await,
+            _ => HashMap::new(),
+        };
+        for (id, node) in members {
+            addrs
+                .entry(*id)
+                .or_insert_with(|| self.guessed_etcd_addr(*id, &node.client_addr));
+        }
+        addrs
+    }
+
     /// The etcd address of the member whose client address is
-    /// `client_addr` (see the module doc).
-    pub(crate) fn etcd_addr_of(&self, id: u64, client_addr: &str) -> String {
+    /// `client_addr` when it has not told one: this member's own, or the
+    /// same offset from the client port as this member's (module doc).
+    pub(crate) fn guessed_etcd_addr(&self, id: u64, client_addr: &str) -> String {
         if id == self.member_id() && !self.listen_addr.ip().is_unspecified() {
             return self.listen_addr.to_string();
         }
@@ -83,22 +108,33 @@ impl EtcdFrontEnd {
         }
     }
 
-    pub(crate) fn member(&self, member: native::Member) -> Member {
+    /// The native members in etcd's shape.
+    async fn members(&self, members: Vec<native::Member>) -> Vec<Member> {
+        let nodes: Vec<(u64, NodeInfo)> = members
+            .iter()
+            .map(|m| {
+                let node = NodeInfo {
+                    client_addr: m.client_addr.clone(),
+                    peer_addr: m.peer_addr.clone(),
+                };
+                (m.id, node)
+            })
+            .collect();
+        let mut etcd_addrs = self.etcd_addrs(&nodes).await;
         let scheme = self.scheme();
-        Member {
-            id: member.id,
-            name: format!("member-{}", member.id),
-            peer_ur_ls: vec![format!("{scheme}://{}", member.peer_addr)],
-            client_ur_ls: vec![format!(
-                "{scheme}://{}",
-                self.etcd_addr_of(member.id, &member.client_addr)
-            )],
-            is_learner: !member.voter,
-        }
-    }
-
-    fn members(&self, members: Vec<native::Member>) -> Vec<Member> {
-        members.into_iter().map(|m| self.member(m)).collect()
+        members
+            .into_iter()
+            .map(|member| {
+                let etcd_addr = etcd_addrs.remove(&member.id).unwrap_or_default();
+                Member {
+                    id: member.id,
+                    name: format!("member-{}", member.id),
+                    peer_ur_ls: vec![format!("{scheme}://{}", member.peer_addr)],
+                    client_ur_ls: vec![format!("{scheme}://{etcd_addr}")],
+                    is_learner: !member.voter,
+                }
+            })
+            .collect()
     }
 }
 
@@ -131,7 +167,7 @@ impl Cluster for EtcdFrontEnd {
         .into_inner();
         Ok(Response::new(MemberRemoveResponse {
             header: Some(self.header()),
-            members: self.members(answer.members),
+            members: self.members(answer.members).await,
         }))
     }
 
@@ -157,7 +193,7 @@ impl Cluster for EtcdFrontEnd {
                 .into_inner();
         Ok(Response::new(MemberListResponse {
             header: Some(self.header()),
-            members: self.members(answer.members),
+            members: self.members(answer.members).await,
         }))
     }
 
@@ -173,7 +209,7 @@ impl Cluster for EtcdFrontEnd {
                 .into_inner();
         Ok(Response::new(MemberPromoteResponse {
             header: Some(self.header()),
-            members: self.members(answer.members),
+            members: self.members(answer.members).await,
         }))
     }
 }

@@ -445,7 +445,24 @@ impl EtcdFrontEnd {
                 ),
             ));
         }
-        let etcd_addr = self.etcd_addr_of(leader, &addr);
+        let leader_node = {
+            let receiver = self.raft.metrics();
+            let metrics = receiver.borrow();
+            metrics
+                .membership_config
+                .membership()
+                .get_node(&leader)
+                .cloned()
+        };
+        let node = leader_node.unwrap_or(crate::raft::types::NodeInfo {
+            client_addr: addr.clone(),
+            peer_addr: String::new(),
+        });
+        let etcd_addr = self
+            .etcd_addrs(&[(leader, node)])
+            .await
+            .remove(&leader)
+            .unwrap_or_else(|| self.guessed_etcd_addr(leader, &addr));
         let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{etcd_addr}"))
             .map_err(|err| {
                 Status::internal(format!("the leader's etcd address {etcd_addr}: {err}"))

@@ -21,7 +21,8 @@
 //! - [`watch`]: the `Watch` service, over the native watch machinery.
 //! - [`lease`]: the `Lease` service, over the native lease commands and
 //!   the leader's renewal coalescer.
-//! - [`cluster`]: the `Cluster` service (membership).
+//! - [`cluster`]: the `Cluster` service (membership); [`peers`]: where
+//!   the other members' etcd ports are (each tells its own in `Identify`).
 //! - [`maintenance`]: the `Maintenance` service (Status, Alarm, MoveLeader,
 //!   Defragment as a merge through Raft, Hash and HashKV as a digest of
 //!   the applied state, Snapshot as the native backup archive).
@@ -42,6 +43,7 @@ pub mod kv;
 pub mod lease;
 pub mod lock;
 pub mod maintenance;
+pub mod peers;
 pub mod recipe;
 pub mod unserved;
 pub mod watch;
@@ -148,6 +150,9 @@ pub struct EtcdFrontEnd {
     /// merge whose apply would wait for the first under the state
     /// machine's lock. Never held while asking another member.
     pub(crate) defragments: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// Asks the other members where their etcd ports are; `None`: they
+    /// are guessed ([`EtcdFrontEnd::guessed_etcd_addr`]).
+    pub(crate) peers: Option<peers::EtcdPeers>,
 }
 
 impl EtcdFrontEnd {
@@ -171,12 +176,19 @@ impl EtcdFrontEnd {
             recipes: std::sync::Arc::new(recipe::RecipeLimits::new()),
             merge: None,
             defragments: std::sync::Arc::new(tokio::sync::Mutex::new(())),
+            peers: None,
         }
     }
 
     /// Serves Defragment by proposing merges through `propose`.
     pub fn with_merge(mut self, propose: ProposeMerge) -> EtcdFrontEnd {
         self.merge = Some(MergeProposer(propose));
+        self
+    }
+
+    /// Asks the other members over `network` where their etcd ports are.
+    pub fn with_peers(mut self, network: crate::raft::network::Network) -> EtcdFrontEnd {
+        self.peers = Some(peers::EtcdPeers::new(network));
         self
     }
 
