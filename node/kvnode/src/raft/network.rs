@@ -257,7 +257,9 @@ impl Network {
 
     /// Asks a peer where its etcd port is (`Identify`'s `etcd_addr`):
     /// `None` when it answers with none (no etcd port, or a build before
-    /// the field) or is another member than `target`.
+    /// the field), with one no URL can carry ([`host_port`]), or is not
+    /// `target` as this member knows it (another member id, another
+    /// cluster, another incarnation than the one learned).
     pub async fn identify_etcd_addr(
         &self,
         target: u64,
@@ -265,8 +267,12 @@ impl Network {
         timeout: Duration,
     ) -> Result<Option<String>, String> {
         let who = self.ask_identify(target, node, timeout).await?;
-        let valid = who.member_id == target && host_port(&who.etcd_addr);
-        Ok(valid.then_some(who.etcd_addr))
+        let ours = self.identity.cluster_id();
+        let known = self.identity.peer_incarnation(target);
+        let same = who.member_id == target
+            && (ours == 0 || who.cluster_id == ours)
+            && (known == 0 || who.incarnation == known);
+        Ok((same && host_port(&who.etcd_addr)).then_some(who.etcd_addr))
     }
 
     async fn ask_identify(
@@ -289,18 +295,26 @@ impl Network {
     }
 }
 
-/// Whether `addr` is `host:port` within `NODE_ADDR_BYTES_MAX`, the host
-/// a name or an address (IPv6 in brackets): what may go into a URL.
+/// Whether `addr` is `host:port` within `NODE_ADDR_BYTES_MAX` that a URL
+/// can carry as it is: the host a name or IPv4 address (letters, digits,
+/// `.`, `-`, `_`) or an IPv6 address in brackets, the port decimal digits
+/// only.
 fn host_port(addr: &str) -> bool {
     let Some((host, port)) = addr.rsplit_once(':') else {
         return false;
     };
-    addr.len() <= crate::raft::types::NODE_ADDR_BYTES_MAX
-        && !host.is_empty()
-        && port.parse::<u16>().is_ok()
-        && host
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b".-_:[]".contains(&b))
+    let port_ok =
+        !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok();
+    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => {
+            !host.is_empty()
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b".-_".contains(&b))
+        }
+    };
+    addr.len() <= crate::raft::types::NODE_ADDR_BYTES_MAX && port_ok && host_ok
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -556,6 +570,39 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_addresses_a_url_carries_as_they_are_pass() {
+        use super::host_port;
+        for good in [
+            "node-2:2379",
+            "10.0.0.5:2379",
+            "[fd00::2]:2379",
+            "a_b.example:1",
+        ] {
+            assert!(host_port(good), "{good}");
+        }
+        for bad in [
+            "",
+            "node",
+            ":2379",
+            "node:",
+            "node:+80",
+            "node:65536",
+            "fd00::2:2379",
+            "[:1",
+            "a]b:1",
+            "[zz]:1",
+            "a/b:1",
+            "user@host:1",
+            "h st:1",
+            "h%20:1",
+        ] {
+            assert!(!host_port(bad), "{bad}");
+        }
+        let long = format!("{}:1", "a".repeat(crate::raft::types::NODE_ADDR_BYTES_MAX));
+        assert!(!host_port(&long));
+    }
+
     use openraft::{Entry, EntryPayload};
 
     use super::*;

@@ -116,7 +116,7 @@ impl PeerService {
         let Some(listen) = self.etcd_addr else {
             return String::new();
         };
-        let client_addr = if listen.ip().is_unspecified() {
+        let client_addr = {
             use crate::raft::watch::MetricsWatch as _;
             let receiver = self.raft.metrics();
             let metrics = receiver.borrow();
@@ -125,8 +125,6 @@ impl PeerService {
                 .membership()
                 .get_node(&self.id)
                 .map(|node| node.client_addr.clone())
-        } else {
-            None
         };
         crate::server::etcd::peers::advertised(listen, client_addr.as_deref()).unwrap_or_default()
     }

@@ -1116,6 +1116,12 @@ async fn member_list_and_status_describe_the_cluster() {
     let expected: Vec<(u64, Vec<String>, bool)> = (1..=3)
         .map(|id| (id, vec![etcd_urls[id as usize - 1].clone()], false))
         .collect();
+    // The first MemberList asks each member (a new peer channel each, on
+    // a loaded machine): wait for the told addresses, then hold them.
+    let deadline = Instant::now() + ANSWER_WAIT;
+    while list().await != expected && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert_eq!(list().await, expected);
     // A member that stopped answering is named by what it told last, also
     // once that answer is no longer fresh (it is asked again, and is

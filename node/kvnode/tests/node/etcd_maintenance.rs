@@ -270,6 +270,9 @@ async fn defragment_merges_everywhere_and_snapshot_streams_a_restorable_archive(
         config.state_machine = crate::backup::small_segments();
         // Only the Defragment merges.
         config.merge_policy.enabled = false;
+        // Etcd ports wherever the system puts them: the follower reaches
+        // the leader's only by the address the leader tells.
+        config.etcd_addr = Some(std::net::SocketAddr::new(config.client_addr.ip(), 0));
     })
     .await;
     let mut kv = KvClient::new(channel(&cluster, follower).await);

@@ -25,26 +25,38 @@ use crate::raft::network::Network;
 use crate::raft::types::NodeInfo;
 
 /// How long one member may take to answer `Identify` for its etcd address
-/// before MemberList names it by its last answer or the guess.
-pub const ETCD_ADDR_ASK_TIMEOUT: Duration = Duration::from_millis(500);
+/// before MemberList names it by its last answer or the guess (room for a
+/// new peer channel's TLS handshake on a loaded machine).
+pub const ETCD_ADDR_ASK_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a member's answer is used without asking again.
 pub const ETCD_ADDR_FRESH: Duration = Duration::from_secs(10);
 
-/// The etcd address a member listening on `listen` tells the others:
-/// `listen` itself, or, when it listens on every address, its client
-/// address's host (`own_client_addr`, from the membership) with the etcd
-/// port. `None` when neither names a host.
+/// The etcd address a member listening on `listen` tells the others,
+/// given its own client address from the membership (`own_client_addr`,
+/// what `--initial-cluster` or `member add-learner` named): its host with
+/// the etcd port when that host is a name (the name clients were given
+/// and certificates carry); else `listen` itself when it names an
+/// address; else the client address's IP with the etcd port. `None` when
+/// none of them names a host.
 pub fn advertised(listen: SocketAddr, own_client_addr: Option<&str>) -> Option<String> {
-    if !listen.ip().is_unspecified() {
-        return Some(listen.to_string());
+    let host = own_client_addr
+        .and_then(|addr| addr.rsplit_once(':'))
+        .map(|(host, _)| host)
+        .filter(|host| !host.is_empty());
+    let ip = |host: &str| {
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .ok()
+    };
+    match host {
+        Some(name) if ip(name).is_none() => Some(format!("{name}:{}", listen.port())),
+        _ if !listen.ip().is_unspecified() => Some(listen.to_string()),
+        Some(host) if ip(host).is_some_and(|ip| !ip.is_unspecified()) => {
+            Some(format!("{host}:{}", listen.port()))
+        }
+        _ => None,
     }
-    let (host, _) = own_client_addr?.rsplit_once(':')?;
-    let unspecified = host
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .parse::<std::net::IpAddr>()
-        .is_ok_and(|ip| ip.is_unspecified());
-    (!host.is_empty() && !unspecified).then(|| format!("{host}:{}", listen.port()))
 }
 
 /// One member's last answer.
@@ -145,6 +157,11 @@ mod tests {
     fn a_member_tells_its_listen_address_or_its_client_host() {
         let listen: SocketAddr = "127.0.0.2:2379".parse().unwrap();
         assert_eq!(advertised(listen, None).as_deref(), Some("127.0.0.2:2379"));
+        // A client address by name wins over the bound address.
+        let named = advertised(listen, Some("node-2:7001"));
+        assert_eq!(named.as_deref(), Some("node-2:2379"));
+        let by_ip = advertised(listen, Some("10.9.9.9:7001"));
+        assert_eq!(by_ip.as_deref(), Some("127.0.0.2:2379"));
         let every: SocketAddr = "0.0.0.0:2379".parse().unwrap();
         let told = |client| advertised(every, Some(client));
         assert_eq!(told("node-2:7001").as_deref(), Some("node-2:2379"));
