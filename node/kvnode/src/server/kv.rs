@@ -912,22 +912,34 @@ impl Kv for KvService {
         self.prepare_read(consistency_of(request.consistency)?, request.min_index)
             .await?;
         let now = self.state_machine.cluster_time_ms();
+        // One key at the current revision (what etcd clients' `get KEY`
+        // sends) visits and counts at most one key: read on this worker, as
+        // a Get is, while no entry applies (`try_read_exact`).
+        let inline = (spec.revision == 0 && spec.range_end.is_empty())
+            .then(|| {
+                self.state_machine
+                    .try_read_exact(|engine| kvstate::range::range(engine, &spec, now, 0))
+            })
+            .flatten();
         let state_machine = self.state_machine.clone();
-        // Up to RANGE_KEYS_MAX keys and a sort: off the async workers. The
-        // current revision is read while no entry applies, so its header
-        // revision is exactly the state read (and no key changes under
-        // it); a past revision goes through the change history, and its
-        // header reports the store revision, as etcd's does.
-        let (result, revision) = tokio::task::spawn_blocking(move || {
-            if spec.revision == 0 {
-                state_machine.read_exact(|engine| kvstate::range::range(engine, &spec, now, 0))
-            } else {
-                let result = state_machine.range_at(&spec, now);
-                (result, state_machine.revision())
-            }
-        })
-        .await
-        .map_err(|err| Status::internal(format!("the range read failed: {err}")))?;
+        // Otherwise up to RANGE_KEYS_MAX keys and a sort: off the async
+        // workers. The current revision is read while no entry applies, so
+        // its header revision is exactly the state read (and no key changes
+        // under it); a past revision goes through the change history, and
+        // its header reports the store revision, as etcd's does.
+        let (result, revision) = match inline {
+            Some(read) => read,
+            None => tokio::task::spawn_blocking(move || {
+                if spec.revision == 0 {
+                    state_machine.read_exact(|engine| kvstate::range::range(engine, &spec, now, 0))
+                } else {
+                    let result = state_machine.range_at(&spec, now);
+                    (result, state_machine.revision())
+                }
+            })
+            .await
+            .map_err(|err| Status::internal(format!("the range read failed: {err}")))?,
+        };
         let result = result.map_err(txn::range_error)?;
         // After the read (see `get`).
         let header = Header {
