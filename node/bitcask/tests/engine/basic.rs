@@ -150,6 +150,19 @@ fn expiry_is_judged_against_the_callers_clock() {
     assert_eq!(engine.scan(&Scan::all(10), 0).unwrap().len(), 2);
 }
 
+/// A scan of the keys between two bounds.
+fn between(start: Bound<&str>, end: Bound<&str>, limit: usize, keys_only: bool) -> Scan {
+    Scan {
+        range: KeyRange::Range(
+            start.map(|k| k.as_bytes().to_vec()),
+            end.map(|k| k.as_bytes().to_vec()),
+        ),
+        after: None,
+        limit,
+        keys_only,
+    }
+}
+
 #[test]
 fn a_counted_scan_counts_the_whole_range_in_the_same_pass() {
     let dir = tempfile::tempdir().unwrap();
@@ -172,15 +185,9 @@ fn a_counted_scan_counts_the_whole_range_in_the_same_pass() {
         engine.scan_counted(&resumed, 5_000, 0).unwrap(),
         (Vec::new(), counted(30, false))
     );
-    let between = Scan {
-        range: KeyRange::Range(
-            Bound::Included(b"k010".to_vec()),
-            Bound::Included(b"k019".to_vec()),
-        ),
-        ..Scan::all(0)
-    };
+    let ten = between(Bound::Included("k010"), Bound::Included("k019"), 0, false);
     assert_eq!(
-        engine.scan_counted(&between, 0, 0).unwrap().1,
+        engine.scan_counted(&ten, 0, 0).unwrap().1,
         counted(10, false)
     );
     let (page, count) = engine.scan_counted(&Scan::all(100), 0, 5).unwrap();
@@ -210,15 +217,7 @@ fn a_counted_scan_counts_the_whole_range_in_the_same_pass() {
         counted(30, true)
     );
     assert_eq!(engine.scan_counted(&resumed, 1_000, 29).unwrap().1, None);
-    let inverted = Scan {
-        range: KeyRange::Range(
-            Bound::Included(b"z".to_vec()),
-            Bound::Included(b"a".to_vec()),
-        ),
-        after: None,
-        limit: 10,
-        keys_only: true,
-    };
+    let inverted = between(Bound::Included("z"), Bound::Included("a"), 10, true);
     assert_eq!(
         engine.scan_counted(&inverted, 1_000, 10).unwrap(),
         (Vec::new(), counted(0, false))
@@ -258,30 +257,14 @@ fn scans_by_prefix_range_resume_and_keys_only() {
             .iter()
             .all(|e| e.value.as_ref().unwrap().starts_with(&e.key))
     );
-    let range = Scan {
-        range: KeyRange::Range(
-            Bound::Included(b"k010".to_vec()),
-            Bound::Excluded(b"k013".to_vec()),
-        ),
-        after: None,
-        limit: 100,
-        keys_only: true,
-    };
+    let range = between(Bound::Included("k010"), Bound::Excluded("k013"), 100, true);
     let found = engine.scan(&range, 0).unwrap();
     assert_eq!(
         found.iter().map(|e| e.key.clone()).collect::<Vec<_>>(),
         vec![b"k010".to_vec(), b"k011".to_vec(), b"k012".to_vec()]
     );
     assert!(found.iter().all(|e| e.value.is_none()));
-    let inverted = Scan {
-        range: KeyRange::Range(
-            Bound::Included(b"z".to_vec()),
-            Bound::Included(b"a".to_vec()),
-        ),
-        after: None,
-        limit: 10,
-        keys_only: false,
-    };
+    let inverted = between(Bound::Included("z"), Bound::Included("a"), 10, false);
     assert!(engine.scan(&inverted, 0).unwrap().is_empty());
     assert_eq!(
         engine.scan(&Scan::prefix(vec![0xff], 10), 0).unwrap().len(),

@@ -104,6 +104,17 @@ pub fn known_leader(metrics: &Metrics) -> Option<u64> {
         .then_some(leader)
 }
 
+/// Member `id`'s addresses in the membership this member knows now.
+pub fn node_of(raft: &NodeRaft, id: u64) -> Option<NodeInfo> {
+    let receiver = raft.metrics();
+    let metrics = receiver.borrow();
+    metrics
+        .membership_config
+        .membership()
+        .get_node(&id)
+        .cloned()
+}
+
 /// Membership changes of one member (only its leader term changes
 /// anything).
 #[derive(Clone)]

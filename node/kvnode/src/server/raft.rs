@@ -116,16 +116,8 @@ impl PeerService {
         let Some(listen) = self.etcd_addr else {
             return String::new();
         };
-        let client_addr = {
-            use crate::raft::watch::MetricsWatch as _;
-            let receiver = self.raft.metrics();
-            let metrics = receiver.borrow();
-            metrics
-                .membership_config
-                .membership()
-                .get_node(&self.id)
-                .map(|node| node.client_addr.clone())
-        };
+        let client_addr =
+            crate::raft::membership::node_of(&self.raft, self.id).map(|node| node.client_addr);
         crate::server::etcd::peers::advertised(listen, client_addr.as_deref()).unwrap_or_default()
     }
 

@@ -445,15 +445,7 @@ impl EtcdFrontEnd {
                 ),
             ));
         }
-        let leader_node = {
-            let receiver = self.raft.metrics();
-            let metrics = receiver.borrow();
-            metrics
-                .membership_config
-                .membership()
-                .get_node(&leader)
-                .cloned()
-        };
+        let leader_node = crate::raft::membership::node_of(&self.raft, leader);
         let node = leader_node.unwrap_or(crate::raft::types::NodeInfo {
             client_addr: addr.clone(),
             peer_addr: String::new(),
