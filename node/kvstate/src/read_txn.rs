@@ -73,6 +73,21 @@ impl TxnRequest {
             .chain(&self.failure)
             .all(|op| matches!(op, TxnOp::Range(_)))
     }
+
+    /// Whether every compare and every op of both branches names one key
+    /// (no `range_end`) and every op is a range: such a transaction visits
+    /// at most one key per compare and op, so [`try_read_txn`] may answer
+    /// it on the caller's thread.
+    pub fn reads_single_keys(&self) -> bool {
+        self.compares
+            .iter()
+            .all(|compare| compare.range_end.is_empty())
+            && self
+                .success
+                .iter()
+                .chain(&self.failure)
+                .all(|op| matches!(op, TxnOp::Range(spec) if spec.range_end.is_empty()))
+    }
 }
 
 /// Evaluates the read-only transaction `txn` (see
@@ -121,6 +136,30 @@ pub fn read_txn(
             }
             other => return other,
         }
+    }
+}
+
+/// One attempt of [`read_txn`] if the history's read lock is free now (no
+/// entry is applying or waiting to), on the caller's thread: what an async
+/// handler tries for a transaction of single keys
+/// ([`TxnRequest::reads_single_keys`]) before it moves the transaction to
+/// a blocking thread. `None`: the lock was taken, or a merge moved a
+/// record the attempt read (which [`read_txn`] waits out); nothing was
+/// answered.
+pub fn try_read_txn(
+    engine: impl Fn() -> Arc<Engine>,
+    history: &RwLock<History>,
+    txn: &TxnRequest,
+    now_ms: u64,
+) -> Option<Result<ReadTxnAnswer, ReadTxnError>> {
+    let history = history.try_read().ok()?;
+    let engine = engine();
+    match evaluate(&engine, &history, txn, now_ms) {
+        Err(ReadTxnError {
+            error: RangeError::Engine(bitcask::Error::LocationGone { .. }),
+            ..
+        }) => None,
+        answer => Some(answer),
     }
 }
 

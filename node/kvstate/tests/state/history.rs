@@ -16,7 +16,7 @@ use kvstate::apply::Applier;
 use kvstate::command::{Command, Op, Outcome, Proposal, Request};
 use kvstate::history::{History, HistoryError, HistoryWindow};
 use kvstate::range::{RangeError, RangeResult, RangeSpec, range, range_at};
-use kvstate::read_txn::read_txn;
+use kvstate::read_txn::{read_txn, try_read_txn};
 use kvstate::txn::{Compare, CompareResult, CompareTarget, TxnOp, TxnRequest};
 use vfs::sim::SimFs;
 
@@ -341,6 +341,76 @@ fn a_read_only_txn_reads_each_range_at_its_own_revision() {
     };
     let err = read_txn(|| engine.clone(), &cluster.history(), &txn, 0).unwrap_err();
     assert!(matches!(err.error, RangeError::NotARead), "{err}");
+}
+
+#[test]
+fn a_txn_of_single_keys_reads_inline_as_the_blocking_read_does() {
+    let mut cluster = Cluster::new();
+    workload(&mut cluster, 30);
+    let revisions: Vec<u64> = cluster.seen.keys().copied().filter(|r| *r > 0).collect();
+    let engine = cluster.engine.clone();
+    let history = cluster.history();
+    // Each key of the workload at every past revision and at 0, behind a
+    // compare on one key, both ways round.
+    for result in [CompareResult::Greater, CompareResult::Less] {
+        let mut ranges = Vec::new();
+        for key in ["k0", "k1", "k2", "k3", "k4", "absent"] {
+            ranges.push(RangeSpec::key(key));
+            for &revision in &revisions {
+                ranges.push(RangeSpec {
+                    revision,
+                    ..RangeSpec::key(key)
+                });
+            }
+        }
+        let txn = TxnRequest {
+            compares: vec![Compare {
+                key: b"k1".to_vec(),
+                range_end: Vec::new(),
+                target: CompareTarget::Version(0),
+                result,
+            }],
+            ..read_only(ranges)
+        };
+        assert!(txn.reads_single_keys());
+        let inline = try_read_txn(|| engine.clone(), &history, &txn, cluster.index)
+            .expect("the history is free")
+            .unwrap();
+        let blocking = read_txn(|| engine.clone(), &history, &txn, cluster.index).unwrap();
+        assert_eq!(inline, blocking);
+        assert_eq!(inline.succeeded, result == CompareResult::Greater);
+    }
+    // Errors are the blocking read's too.
+    let future = read_only(vec![RangeSpec {
+        revision: cluster.applier.header().revision + 1,
+        ..RangeSpec::key("k0")
+    }]);
+    let inline = try_read_txn(|| engine.clone(), &history, &future, 0).expect("free");
+    assert_eq!(
+        inline.unwrap_err().to_string(),
+        read_txn(|| engine.clone(), &history, &future, 0)
+            .unwrap_err()
+            .to_string()
+    );
+    // While an entry applies (it holds the write lock) nothing is read.
+    let one = read_only(vec![RangeSpec::key("k0")]);
+    {
+        let _applying = history.write().unwrap();
+        assert!(try_read_txn(|| engine.clone(), &history, &one, 0).is_none());
+    }
+    assert!(try_read_txn(|| engine.clone(), &history, &one, 0).is_some());
+    // A range of several keys, or a compare over one, is not single keys.
+    assert!(!read_only(vec![all()]).reads_single_keys());
+    let over_a_range = TxnRequest {
+        compares: vec![Compare {
+            key: b"k".to_vec(),
+            range_end: b"l".to_vec(),
+            target: CompareTarget::Version(0),
+            result: CompareResult::Greater,
+        }],
+        ..one.clone()
+    };
+    assert!(!over_a_range.reads_single_keys());
 }
 
 #[test]

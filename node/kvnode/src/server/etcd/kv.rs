@@ -292,18 +292,35 @@ impl EtcdFrontEnd {
             .map_err(to_etcd)?;
         let state_machine = self.kv.state_machine().clone();
         let now = state_machine.cluster_time_ms();
-        // Up to READ_TXN_KEYS_MAX keys under the history's read lock: off
-        // the async workers.
-        let answer = tokio::task::spawn_blocking(move || {
-            kvstate::read_txn::read_txn(
-                || state_machine.engine(),
-                state_machine.history(),
-                &txn,
-                now,
-            )
-        })
-        .await
-        .map_err(|err| Status::internal(format!("the transaction's read failed: {err}")))?
+        // Single keys only (clientv3's multi-key get, STM's prefetch): at
+        // most one key per compare and op, read on this worker while no
+        // entry applies, as a one-key Range is.
+        let inline = txn
+            .reads_single_keys()
+            .then(|| {
+                kvstate::read_txn::try_read_txn(
+                    || state_machine.engine(),
+                    state_machine.history(),
+                    &txn,
+                    now,
+                )
+            })
+            .flatten();
+        // Otherwise up to READ_TXN_KEYS_MAX keys under the history's read
+        // lock: off the async workers.
+        let answer = match inline {
+            Some(answer) => answer,
+            None => tokio::task::spawn_blocking(move || {
+                kvstate::read_txn::read_txn(
+                    || state_machine.engine(),
+                    state_machine.history(),
+                    &txn,
+                    now,
+                )
+            })
+            .await
+            .map_err(|err| Status::internal(format!("the transaction's read failed: {err}")))?,
+        }
         .map_err(|err| {
             let message = err.to_string();
             let code = crate::server::txn::range_error(err.error).code();
