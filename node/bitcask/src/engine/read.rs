@@ -386,7 +386,7 @@ impl Engine {
                     .take(scan.limit)
                     .map(|(key, location)| (key.to_vec(), location))
                     .collect();
-                let none_expired = now_ms == 0 || keydir.expiry_high_ms() == 0;
+                let none_expired = now_ms == 0 || keydir.expiring_keys() == 0;
                 let count = walk_max.map(|max| {
                     if none_expired {
                         Counted {

@@ -211,6 +211,9 @@ pub struct KeyDir {
     /// high-water mark, not lowered by deletes or overwrites (recovery
     /// recomputes it from the live entries: [`KeyDir::reset_expiry_high`]).
     expiry_high_ms: u64,
+    /// Keys whose entry carries an expiry (expired or not): while 0, no
+    /// key can expire, so a range's count is its length in the order.
+    expiring: usize,
 }
 
 impl std::fmt::Debug for KeyDir {
@@ -295,6 +298,7 @@ impl KeyDir {
     pub fn put(&mut self, key: &[u8], location: Location) {
         self.applied_seq = self.applied_seq.max(location.seq);
         self.expiry_high_ms = self.expiry_high_ms.max(location.expiry_ms);
+        self.expiring += usize::from(location.expiry_ms != 0);
         *self.live_bytes.entry(location.file).or_default() +=
             location.record_size(key.len()) as u64;
         encode(key, &location, &mut self.scratch);
@@ -319,6 +323,7 @@ impl KeyDir {
                     }
                 }
                 self.forget_bytes(key.len(), &old);
+                self.expiring -= usize::from(old.expiry_ms != 0);
             }
             Entry::Vacant(entry) => {
                 let id = self.slab.alloc(slot);
@@ -336,6 +341,12 @@ impl KeyDir {
     /// passes it, some key may still be waiting to expire.
     pub fn expiry_high_ms(&self) -> u64 {
         self.expiry_high_ms
+    }
+
+    /// Keys present whose entry carries an expiry, expired or not (0: no
+    /// key can expire, whatever the time).
+    pub fn expiring_keys(&self) -> usize {
+        self.expiring
     }
 
     /// Recomputes the expiry high-water from the entries present (expired
@@ -369,6 +380,7 @@ impl KeyDir {
         self.len -= 1;
         self.key_bytes -= key.len() as u64;
         self.forget_bytes(key.len(), &old);
+        self.expiring -= usize::from(old.expiry_ms != 0);
         if !self.loading {
             self.compact(id);
         }
@@ -585,11 +597,13 @@ pub(super) mod tests {
     }
 
     /// A location whose meta length changes with `seq`, so overwrites move
-    /// slots between size classes.
+    /// slots between size classes, with an expiry when `seq` is a multiple
+    /// of 3 (so overwrites and deletes add and drop keys that carry one).
     fn at_varied(seq: u64) -> Location {
         let meta = vec![0x5a; (seq % 5) as usize * 4];
         Location {
             meta: RecordMeta::new(&meta).unwrap(),
+            expiry_ms: if seq.is_multiple_of(3) { seq } else { 0 },
             ..at(1, seq)
         }
     }
@@ -652,6 +666,11 @@ pub(super) mod tests {
         assert_eq!(dir.count_range(Bound::Included(past), Bound::Unbounded), 0);
         assert_eq!(dir.order.len(), model.len());
         assert_eq!(dir.len(), model.len());
+        assert_eq!(
+            dir.expiring_keys(),
+            dir.iter().filter(|(_, l)| l.expiry_ms != 0).count(),
+            "keys carrying an expiry"
+        );
         let listed: Vec<(Vec<u8>, u64)> = dir.iter().map(|(k, l)| (k.to_vec(), l.seq)).collect();
         let expected: Vec<(Vec<u8>, u64)> = model.iter().map(|(k, s)| (k.clone(), *s)).collect();
         assert_eq!(listed, expected);

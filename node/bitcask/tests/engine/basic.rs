@@ -222,6 +222,25 @@ fn a_counted_scan_counts_the_whole_range_in_the_same_pass() {
         engine.scan_counted(&inverted, 1_000, 10).unwrap(),
         (Vec::new(), counted(0, false))
     );
+    // Once no key carries an expiry (the one that did is overwritten
+    // without, then another is deleted), counts come from the order again.
+    engine.put_with_expiry(b"k101", b"v", 2_000).unwrap();
+    engine.put(b"k100", b"v").unwrap();
+    assert_eq!(
+        engine
+            .scan_counted(&Scan::prefix("k", 3), 999, 100)
+            .unwrap()
+            .1,
+        counted(42, true)
+    );
+    engine.delete(b"k101").unwrap();
+    assert_eq!(
+        engine
+            .scan_counted(&Scan::prefix("k", 3), 999, 0)
+            .unwrap()
+            .1,
+        counted(41, false)
+    );
 }
 
 #[test]
