@@ -100,8 +100,9 @@ pub fn require_lazy_disk(kvnode_bin: &Path) -> anyhow::Result<()> {
         bail!(
             "power-loss faults need a kvnode built with the {LAZY_DISK_FEATURE} feature \
              (`cargo build -p kvnode --features {LAZY_DISK_FEATURE} --target-dir \
-             target/jepsen-builds`, or `jepsen suite` builds it); {} has features [{}]: on a \
-             real disk a SIGKILL loses nothing and the fault would prove nothing",
+             target/jepsen-builds --config build.build-dir=target`, sharing what the \
+             workspace's own builds compiled, or `jepsen suite` builds it); {} has features \
+             [{}]: on a real disk a SIGKILL loses nothing and the fault would prove nothing",
             kvnode_bin.display(),
             features.join(",")
         );
@@ -124,8 +125,9 @@ pub fn require_testing(kvnode_bin: &Path, why: &str) -> anyhow::Result<()> {
     if !features.iter().any(|f| f == TESTING_FEATURE) {
         bail!(
             "{why} needs a kvnode built with the {TESTING_FEATURE} feature (`cargo build -p \
-             kvnode --features {TESTING_FEATURE} --target-dir target/jepsen-builds`, or `jepsen \
-             suite` builds it); {} has features [{}], and a product build ignores every \
+             kvnode --features {TESTING_FEATURE} --target-dir target/jepsen-builds --config \
+             build.build-dir=target`, sharing what the workspace's own builds compiled, or \
+             `jepsen suite` builds it); {} has features [{}], and a product build ignores every \
              {TEST_ENV_PREFIX}* setting",
             kvnode_bin.display(),
             features.join(",")
