@@ -31,7 +31,10 @@
 //! - `log-<first index, 20 digits>.seg`: log segments. Each starts with a
 //!   header (magic, format version, first index) and holds records, one per
 //!   entry, in index order. Only the last segment is appended to; it rotates
-//!   when the next batch would take it past [`LOG_SEGMENT_SIZE_BYTES`].
+//!   when the next batch would take it past [`LOG_SEGMENT_SIZE_BYTES`]. The
+//!   last segment may end in up to [`LOG_FILL_AHEAD_BYTES`] of zeros after
+//!   its records (see "Write path"); every other segment ends at its last
+//!   record.
 //! - `vote.meta`, `purged.meta`: the vote and the purge point; and
 //!   `committed.meta`, the committed log id, only with
 //!   [`LogStoreOptions::persist_committed`] (off by default: the committed id
@@ -54,10 +57,17 @@
 //! fsync, by operation:
 //! - append: one fsync of the segment per group of batches (none under the
 //!   negative control `nc-skip-log-fsync`, which also never persists the
-//!   committed id);
-//! - new segment (rotation, or the first append): its header is written,
-//!   the file fsynced, then the directory fsynced, before the batch that
-//!   needs it is laid out;
+//!   committed id). When a group's records pass the end of the zeros
+//!   written after the segment's records, the writer first writes
+//!   [`LOG_FILL_AHEAD_BYTES`] more zeros after them, under the same fsync:
+//!   later appends overwrite zeros, so the file's size and blocks stay as
+//!   they were and their fsync flushes data only, not the filesystem's
+//!   journal (`deploy/bench/fsync-modes.py`);
+//! - new segment (rotation, or the first append): the previous segment is
+//!   cut to its last record and fsynced (if zeros followed it), then the
+//!   new one's header is written, the file fsynced, then the directory
+//!   fsynced, before the batch that needs it is laid out; the writer cuts
+//!   the last segment's zeros the same way when the store closes;
 //! - metadata file (vote, committed, purge point): the `.tmp` file fsynced,
 //!   renamed, then the directory fsynced (not under `nc-rename-no-dir-fsync`);
 //! - truncate: a directory fsync after each removed segment (highest
@@ -88,7 +98,10 @@
 //! fsynced before the next is written, and a new segment is created only
 //! after the previous one is fsynced, so only the tail of the last segment
 //! can be torn: a bad record there with no valid record after it is cut off
-//! (and the cut fsynced). A bad record anywhere else, a bad header or a gap
+//! (and the cut fsynced); the writer's zeros after the last record (an
+//! all-zero header never checks) are cut the same way. A segment before the
+//! last never holds them: they are cut, durably, before the next segment is
+//! created. A bad record anywhere else, a bad header or a gap
 //! between segments is corruption: an error naming the file and offset.
 //! Every removal at open is followed by a directory fsync.
 
@@ -110,7 +123,7 @@ pub use format::{
     SEGMENT_MAGIC, SEGMENT_PREFIX, SEGMENT_SUFFIX, TMP_SUFFIX, VOTE_FILE, segment_name,
 };
 pub use limits::{
-    GROUP_COMMIT_BATCHES_MAX, LOG_CACHE_BYTES_MAX, LOG_ENTRY_SIZE_BYTES_MAX,
+    GROUP_COMMIT_BATCHES_MAX, LOG_CACHE_BYTES_MAX, LOG_ENTRY_SIZE_BYTES_MAX, LOG_FILL_AHEAD_BYTES,
     LOG_SEGMENT_SIZE_BYTES, META_FILE_BYTES_MAX,
 };
 pub use options::{FsyncObserver, LogStoreOptions};

@@ -306,13 +306,25 @@ impl<C: RaftTypeConfig> Scan<C> {
                 }
                 Err(bad) => {
                     if is_last && bad.torn && !valid_record_after(bytes, offset, index) {
-                        tracing::warn!(
-                            segment = %path.display(),
-                            offset,
-                            cut_bytes = bytes.len() - offset,
-                            reason = %bad.reason,
-                            "raft log: cutting a torn tail"
-                        );
+                        if bytes[offset..].iter().all(|&b| b == 0) {
+                            // The zeros the writer keeps past the records
+                            // (LOG_FILL_AHEAD_BYTES), left by a stop that
+                            // did not cut them.
+                            tracing::info!(
+                                segment = %path.display(),
+                                offset,
+                                cut_bytes = bytes.len() - offset,
+                                "raft log: cutting the zeros after the last record"
+                            );
+                        } else {
+                            tracing::warn!(
+                                segment = %path.display(),
+                                offset,
+                                cut_bytes = bytes.len() - offset,
+                                reason = %bad.reason,
+                                "raft log: cutting a torn tail"
+                            );
+                        }
                         file.truncate(offset as u64)
                             .map_err(|e| LogError::io("truncate", path, e))?;
                         file.sync().map_err(|e| LogError::io("fsync", path, e))?;

@@ -160,6 +160,7 @@ impl<C: RaftTypeConfig> LogStore<C> {
             dir,
             poison: poison.clone(),
             fsync_observer,
+            fill: None,
         };
         let writer = std::thread::Builder::new()
             .name("raft-log-writer".into())

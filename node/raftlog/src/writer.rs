@@ -12,7 +12,7 @@ use vfs::{Vfs, VfsFile};
 
 use crate::error::LogError;
 use crate::format::{PURGED_FILE, TMP_SUFFIX, segment_header};
-use crate::limits::GROUP_COMMIT_BATCHES_MAX;
+use crate::limits::{GROUP_COMMIT_BATCHES_MAX, LOG_FILL_AHEAD_BYTES};
 use crate::options::FsyncObserver;
 
 // ---------------------------------------------------------------------------
@@ -97,18 +97,35 @@ pub(crate) struct Writer {
     pub(crate) dir: PathBuf,
     pub(crate) poison: Arc<Poison>,
     pub(crate) fsync_observer: Option<FsyncObserver>,
+    /// The segment appended to last, and how far it holds records and
+    /// zeros ([`LOG_FILL_AHEAD_BYTES`]); `None` until the first append.
+    pub(crate) fill: Option<Fill>,
+}
+
+/// The zeros past the records of the segment appended to last.
+pub(crate) struct Fill {
+    file: Arc<dyn VfsFile>,
+    path: Arc<Path>,
+    /// End of the last record written.
+    written: u64,
+    /// End of the zeros written after it (at least `written`).
+    zeroed: u64,
 }
 
 impl Writer {
-    /// Runs commands until every sender is gone.
-    pub(crate) fn run(self, rx: mpsc::Receiver<Command>) {
+    /// Runs commands until every sender is gone, then cuts the zeros off
+    /// the last segment (recovery would cut them anyway, as a torn tail).
+    pub(crate) fn run(mut self, rx: mpsc::Receiver<Command>) {
         let mut next: Option<Command> = None;
         loop {
             let command = match next.take() {
                 Some(command) => command,
                 None => match rx.recv() {
                     Ok(command) => command,
-                    Err(_) => return,
+                    Err(_) => {
+                        let _ = self.guarded(|w| w.seal_fill());
+                        return;
+                    }
                 },
             };
             match command {
@@ -126,7 +143,7 @@ impl Writer {
                             Err(_) => break,
                         }
                     }
-                    let result = self.guarded(|| self.write_group(&group));
+                    let result = self.guarded(|w| w.write_group(&group));
                     for job in group {
                         let outcome = match &result {
                             Ok(()) => Ok(()),
@@ -146,17 +163,24 @@ impl Writer {
                     first_index,
                     reply,
                 } => {
-                    let result = self.guarded(|| self.create_segment(&path, first_index));
+                    // The segment before it stops being the last one: its
+                    // zeros go first (recovery accepts a torn tail, zeros
+                    // included, only in the last segment).
+                    let result = self.guarded(|w| {
+                        w.seal_fill()?;
+                        w.create_segment(&path, first_index)
+                    });
                     let _ = reply.send(result);
                 }
                 Command::SaveMeta { name, bytes, reply } => {
-                    let result = self.guarded(|| self.save_meta(name, &bytes));
+                    let result = self.guarded(|w| w.save_meta(name, &bytes));
                     let _ = reply.send(result);
                 }
                 Command::Truncate { remove, cut, reply } => {
-                    let result = self.guarded(|| {
+                    self.forget_fill(&remove);
+                    let result = self.guarded(|w| {
                         for path in &remove {
-                            self.remove_durably(path)?;
+                            w.remove_durably(path)?;
                         }
                         if let Some((file, path, len)) = &cut {
                             file.truncate(*len)
@@ -165,6 +189,13 @@ impl Writer {
                         }
                         Ok(())
                     });
+                    // A cut segment ends at the cut: no zeros after it.
+                    if let (Some(fill), Some((_, path, len))) = (&mut self.fill, &cut)
+                        && fill.path == *path
+                    {
+                        fill.written = *len;
+                        fill.zeroed = *len;
+                    }
                     let _ = reply.send(result);
                 }
                 Command::Purge {
@@ -172,10 +203,11 @@ impl Writer {
                     remove,
                     reply,
                 } => {
-                    let result = self.guarded(|| {
-                        self.save_meta(PURGED_FILE, &meta)?;
+                    self.forget_fill(&remove);
+                    let result = self.guarded(|w| {
+                        w.save_meta(PURGED_FILE, &meta)?;
                         for path in &remove {
-                            self.remove_durably(path)?;
+                            w.remove_durably(path)?;
                         }
                         Ok(())
                     });
@@ -186,13 +218,17 @@ impl Writer {
     }
 
     /// Runs a write operation unless poisoned; a failure poisons.
-    fn guarded<T>(&self, op: impl FnOnce() -> Result<T, LogError>) -> Result<T, LogError> {
+    fn guarded<T>(
+        &mut self,
+        op: impl FnOnce(&mut Self) -> Result<T, LogError>,
+    ) -> Result<T, LogError> {
         self.poison.check()?;
-        op().inspect_err(|err| self.poison.set(err))
+        op(self).inspect_err(|err| self.poison.set(err))
     }
 
-    fn write_group(&self, group: &[AppendJob]) -> Result<(), LogError> {
+    fn write_group(&mut self, group: &[AppendJob]) -> Result<(), LogError> {
         let mut wrote = false;
+        let mut end = 0;
         for job in group {
             if job.bytes.is_empty() {
                 continue;
@@ -201,6 +237,10 @@ impl Writer {
                 .write_all_at(&job.bytes, job.offset)
                 .map_err(|e| LogError::io("write", &job.path, e))?;
             wrote = true;
+            end = end.max(job.offset + job.bytes.len() as u64);
+        }
+        if wrote {
+            self.fill_ahead(&group[0], end)?;
         }
         // NEGATIVE CONTROL (feature nc-skip-log-fsync): appended entries are
         // never fsynced (lost at a power cut; only the lazy disk shows it).
@@ -219,6 +259,62 @@ impl Writer {
             synced.map_err(|e| LogError::io("fsync", &group[0].path, e))?;
         }
         Ok(())
+    }
+
+    /// Notes that the segment of `job` now holds records up to `end`, and
+    /// writes [`LOG_FILL_AHEAD_BYTES`] of zeros after them when they reached
+    /// the end of the zeros written before (the batch's fsync covers them).
+    /// Appends only ever go to the end of the last segment, so nothing past
+    /// `end` is a record.
+    fn fill_ahead(&mut self, job: &AppendJob, end: u64) -> Result<(), LogError> {
+        let fill = match &mut self.fill {
+            Some(fill) if fill.path == job.path => fill,
+            _ => self.fill.insert(Fill {
+                file: job.file.clone(),
+                path: job.path.clone(),
+                written: end,
+                zeroed: 0,
+            }),
+        };
+        fill.written = end;
+        // NEGATIVE CONTROL (feature nc-skip-log-fsync) aside, the zeros are
+        // as durable as the records they follow.
+        if end > fill.zeroed {
+            let zeros = vec![0u8; LOG_FILL_AHEAD_BYTES as usize];
+            fill.file
+                .write_all_at(&zeros, end)
+                .map_err(|e| LogError::io("write", &fill.path, e))?;
+            fill.zeroed = end + LOG_FILL_AHEAD_BYTES;
+        }
+        Ok(())
+    }
+
+    /// Cuts the zeros off the segment appended to last (durably) and
+    /// forgets it.
+    fn seal_fill(&mut self) -> Result<(), LogError> {
+        let Some(fill) = self.fill.take() else {
+            return Ok(());
+        };
+        if fill.zeroed > fill.written {
+            fill.file
+                .truncate(fill.written)
+                .map_err(|e| LogError::io("truncate", &fill.path, e))?;
+            fill.file
+                .sync()
+                .map_err(|e| LogError::io("fsync", &fill.path, e))?;
+        }
+        Ok(())
+    }
+
+    /// Forgets the fill of a segment about to be removed.
+    fn forget_fill(&mut self, remove: &[Arc<Path>]) {
+        if self
+            .fill
+            .as_ref()
+            .is_some_and(|fill| remove.contains(&fill.path))
+        {
+            self.fill = None;
+        }
     }
 
     fn create_segment(&self, path: &Path, first_index: u64) -> Result<Arc<dyn VfsFile>, LogError> {

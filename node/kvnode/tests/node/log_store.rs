@@ -1,12 +1,14 @@
 //! Proves appends, truncates, purges, the vote and the committed log id
 //! survive closing and reopening the store (on real files and on the
 //! simulated disk), that segments rotate by size and purged segments are
-//! deleted, that one appended batch costs one fsync, and that reads work
-//! from disk once the in-memory cache has let entries go.
+//! deleted, that one appended batch costs one fsync, that the zeros kept
+//! after the last segment's records are cut at rotation, at close and at
+//! recovery, and that reads work from disk once the in-memory cache has let
+//! entries go.
 
 use std::sync::Arc;
 
-use kvnode::log_store::{LOG_ENTRY_SIZE_BYTES_MAX, segment_name};
+use kvnode::log_store::{LOG_ENTRY_SIZE_BYTES_MAX, LOG_FILL_AHEAD_BYTES, segment_name};
 use kvnode::{LogStore, LogStoreOptions};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
 use openraft::{EntryPayload, RaftLogReader, Vote};
@@ -149,6 +151,60 @@ async fn lifecycle_survives_power_cuts_between_steps() {
     assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new(7, 1)));
     assert_eq!(store.read_committed().await.unwrap(), Some(log_id(1, 20)));
     assert!(!segments(&fs, &dir).is_empty());
+}
+
+/// Each segment's length, in name order (the names sort by first index).
+fn segment_lens(vfs: &dyn Vfs, dir: &std::path::Path) -> Vec<u64> {
+    let mut names = segments(vfs, dir);
+    names.sort();
+    names
+        .iter()
+        .map(|name| vfs.open(&dir.join(name)).unwrap().len().unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zeros_after_the_last_record_are_cut_at_rotation_close_and_recovery() {
+    let fs = SimFs::new();
+    let dir = sim_dir();
+    let filled = |lens: &[u64]| {
+        lens.iter()
+            .filter(|&&len| len >= LOG_FILL_AHEAD_BYTES)
+            .count()
+    };
+    let mut store = open_sim(&fs, small_segments());
+    for start in (0..60).step_by(6) {
+        append(&mut store, entries(1, start..start + 6)).await;
+        // Only the last segment holds zeros after its records; every
+        // earlier one was cut to its records when the next was created.
+        let lens = segment_lens(&fs, &dir);
+        assert_eq!(filled(&lens), 1, "{lens:?}");
+        assert!(*lens.last().unwrap() >= LOG_FILL_AHEAD_BYTES, "{lens:?}");
+    }
+    assert!(segment_lens(&fs, &dir).len() >= 5);
+    // A power cut with the zeros in place: recovery cuts them, keeps every
+    // entry, and appending goes on after the last one.
+    let cut = fs.power_cut(vfs::sim::Torn::Nothing);
+    drop(store);
+    let mut store = open_sim(&cut, small_segments());
+    assert_eq!(filled(&segment_lens(&cut, &dir)), 0);
+    assert_eq!(indexes(&mut store).await, (0..60).collect::<Vec<_>>());
+    append(&mut store, entries(2, 60..66)).await;
+    assert_eq!(filled(&segment_lens(&cut, &dir)), 1);
+    // A truncate inside the last segment leaves it ending at the cut, and
+    // appends after it fill ahead again.
+    store.truncate_after(Some(log_id(2, 62))).await.unwrap();
+    append(&mut store, entries(3, 63..64)).await;
+    // Closing cuts them.
+    drop(store);
+    assert_eq!(filled(&segment_lens(&cut, &dir)), 0);
+    let mut store = open_sim(&cut, small_segments());
+    assert_eq!(indexes(&mut store).await, (0..64).collect::<Vec<_>>());
+    assert_payloads(&all(&mut store).await, |i| match i {
+        0..60 => 1,
+        60..63 => 2,
+        _ => 3,
+    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
