@@ -31,4 +31,4 @@ pub const GROUP_COMMIT_BATCHES_MAX: usize = 256;
 /// and a quarter cheaper in CPU on ext4 here: `deploy/bench/fsync-modes.py`).
 /// The file grows by this much at a time, inside the fsync of the batch that
 /// reached the end of the zeros.
-pub const LOG_FILL_AHEAD_BYTES: u64 = 1024 * 1024;
+pub const LOG_FILL_AHEAD_BYTES: u64 = 256 * 1024;
