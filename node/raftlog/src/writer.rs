@@ -64,7 +64,8 @@ pub(crate) enum Command {
     Barrier {
         done: Box<dyn FnOnce(Result<(), LogError>) + Send>,
     },
-    /// Create a segment: create, header, fsync, directory fsync.
+    /// Create a segment: the previous one's zeros cut (and fsynced), then
+    /// create, header, fsync, directory fsync.
     Create {
         path: PathBuf,
         first_index: u64,
@@ -98,7 +99,8 @@ pub(crate) struct Writer {
     pub(crate) poison: Arc<Poison>,
     pub(crate) fsync_observer: Option<FsyncObserver>,
     /// The segment appended to last, and how far it holds records and
-    /// zeros ([`LOG_FILL_AHEAD_BYTES`]); `None` until the first append.
+    /// zeros ([`LOG_FILL_AHEAD_BYTES`]); `None` until the first append
+    /// after open, a new segment, or the removal of that segment.
     pub(crate) fill: Option<Fill>,
 }
 
@@ -239,7 +241,10 @@ impl Writer {
             wrote = true;
             end = end.max(job.offset + job.bytes.len() as u64);
         }
-        if wrote {
+        // NEGATIVE CONTROL (feature nc-skip-log-fsync): no zeros either, so
+        // nothing ever truncates and fsyncs the segment (at a rotation or
+        // close) and its records stay as unsynced as the control says.
+        if wrote && !cfg!(feature = "nc-skip-log-fsync") {
             self.fill_ahead(&group[0], end)?;
         }
         // NEGATIVE CONTROL (feature nc-skip-log-fsync): appended entries are
@@ -277,9 +282,10 @@ impl Writer {
             }),
         };
         fill.written = end;
-        // NEGATIVE CONTROL (feature nc-skip-log-fsync) aside, the zeros are
-        // as durable as the records they follow.
-        if end > fill.zeroed {
+        // The zeros are as durable as the records they follow (the group's
+        // one fsync comes after this). Records that end exactly where the
+        // zeros do extend them too: the next append would grow the file.
+        if end >= fill.zeroed {
             let zeros = vec![0u8; LOG_FILL_AHEAD_BYTES as usize];
             fill.file
                 .write_all_at(&zeros, end)

@@ -186,15 +186,38 @@ async fn zeros_after_the_last_record_are_cut_at_rotation_close_and_recovery() {
     // entry, and appending goes on after the last one.
     let cut = fs.power_cut(vfs::sim::Torn::Nothing);
     drop(store);
+    assert_eq!(
+        filled(&segment_lens(&cut, &dir)),
+        1,
+        "the zeros are as durable as the records (one fsync covers both)"
+    );
     let mut store = open_sim(&cut, small_segments());
     assert_eq!(filled(&segment_lens(&cut, &dir)), 0);
     assert_eq!(indexes(&mut store).await, (0..60).collect::<Vec<_>>());
     append(&mut store, entries(2, 60..66)).await;
     assert_eq!(filled(&segment_lens(&cut, &dir)), 1);
-    // A truncate inside the last segment leaves it ending at the cut, and
-    // appends after it fill ahead again.
+    // A truncate inside the last segment leaves it ending at the cut (no
+    // zeros), and the rotation the next batch causes cuts it at the cut,
+    // not where its records ended before: reopening finds no zeros in a
+    // segment before the last.
     store.truncate_after(Some(log_id(2, 62))).await.unwrap();
-    append(&mut store, entries(3, 63..64)).await;
+    let before = segment_lens(&cut, &dir);
+    assert_eq!(filled(&before), 0, "{before:?}");
+    append(&mut store, entries(3, 63..70)).await;
+    let after = segment_lens(&cut, &dir);
+    assert!(after.len() > before.len(), "the batch rotated: {after:?}");
+    assert_eq!(after[before.len() - 1], *before.last().unwrap());
+    assert_eq!(filled(&after), 1, "{after:?}");
+    // A truncate at a segment's first index removes it; the segment before
+    // it is the last again, takes appends and fills ahead.
+    let first_of_last = 70 - 7;
+    store
+        .truncate_after(Some(log_id(3, first_of_last - 1)))
+        .await
+        .unwrap();
+    assert_eq!(segment_lens(&cut, &dir).len(), before.len());
+    append(&mut store, entries(4, first_of_last..first_of_last + 1)).await;
+    assert_eq!(filled(&segment_lens(&cut, &dir)), 1);
     // Closing cuts them.
     drop(store);
     assert_eq!(filled(&segment_lens(&cut, &dir)), 0);
@@ -203,7 +226,7 @@ async fn zeros_after_the_last_record_are_cut_at_rotation_close_and_recovery() {
     assert_payloads(&all(&mut store).await, |i| match i {
         0..60 => 1,
         60..63 => 2,
-        _ => 3,
+        _ => 4,
     });
 }
 
