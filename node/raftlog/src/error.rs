@@ -19,6 +19,16 @@ pub enum LogError {
         #[source]
         source: io::Error,
     },
+    /// Another log store (in this process or another) has the directory
+    /// open: its `LOCK` file is held.
+    #[error(
+        "raft log directory {} is in use by another log store (its LOCK file is held)",
+        path.display()
+    )]
+    DirectoryInUse {
+        /// The log directory.
+        path: PathBuf,
+    },
     /// The data on disk is damaged (or from an incompatible format).
     #[error("raft log corrupt: {} at offset {offset}: {reason}", path.display())]
     Corrupt {
@@ -82,6 +92,7 @@ impl From<LogError> for io::Error {
     fn from(err: LogError) -> io::Error {
         let kind = match &err {
             LogError::Io { source, .. } => source.kind(),
+            LogError::DirectoryInUse { .. } => io::ErrorKind::WouldBlock,
             LogError::Corrupt { .. } => io::ErrorKind::InvalidData,
             LogError::Poisoned { .. } => io::ErrorKind::Other,
             LogError::EntryTooLarge { .. } | LogError::NotContiguous { .. } => {

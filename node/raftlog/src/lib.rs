@@ -43,6 +43,10 @@
 //!   `recovery::uncommitted`). Each is replaced whole: written to
 //!   `<name>.tmp`, fsynced, renamed over the old file, then the directory is
 //!   fsynced. No metadata file is ever truncated and rewritten in place.
+//! - `LOCK`: held (an exclusive `flock`, [`vfs::Vfs::lock_dir`]) from
+//!   before recovery until the writer thread ends, so a second store on the
+//!   same directory fails to open ([`LogError::DirectoryInUse`]) instead of
+//!   cutting a live writer's tail.
 //!
 //! ## Write path
 //! All writes (appends, vote, committed, truncate, purge) are executed in
@@ -91,7 +95,8 @@
 //! success for data that is gone). Reopening recovers the durable state.
 //!
 //! ## Recovery (open)
-//! The directory is created if needed and its parent fsynced. Leftover
+//! The directory is created if needed, its `LOCK` taken, and its parent
+//! fsynced. Leftover
 //! `*.tmp` files are deleted; segments wholly below the purge point
 //! (left by a purge interrupted between writing the purge point and deleting
 //! files) are deleted; every remaining segment is scanned. Each batch is

@@ -140,6 +140,16 @@ impl<C: RaftTypeConfig> LogStore<C> {
         fsync_observer: Option<FsyncObserver>,
     ) -> Result<Self, LogError> {
         let dir = dir.into();
+        // One store per directory, taken before recovery reads or cuts
+        // anything: recovery repairs the last segment (a torn tail, the
+        // writer's zeros), which under a live writer would cut records it
+        // had acknowledged. Held by the writer thread until its last write.
+        vfs.create_dir_all(&dir)
+            .map_err(|e| LogError::io("create directory", &dir, e))?;
+        let dir_lock = vfs.lock_dir(&dir).map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock => LogError::DirectoryInUse { path: dir.clone() },
+            _ => LogError::io("lock", &dir, e),
+        })?;
         let state = recover::<C>(&*vfs, &dir)?;
         tracing::info!(
             dir = %dir.display(),
@@ -161,6 +171,7 @@ impl<C: RaftTypeConfig> LogStore<C> {
             poison: poison.clone(),
             fsync_observer,
             fill: None,
+            _dir_lock: dir_lock,
         };
         let writer = std::thread::Builder::new()
             .name("raft-log-writer".into())

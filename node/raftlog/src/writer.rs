@@ -102,6 +102,9 @@ pub(crate) struct Writer {
     /// zeros ([`LOG_FILL_AHEAD_BYTES`]); `None` until the first append
     /// after open, a new segment, or the removal of that segment.
     pub(crate) fill: Option<Fill>,
+    /// The directory's `LOCK`, released when the thread ends (after the
+    /// store's last write and the seal of its zeros).
+    pub(crate) _dir_lock: vfs::DirLock,
 }
 
 /// The zeros past the records of the segment appended to last.

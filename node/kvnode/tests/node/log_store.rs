@@ -3,7 +3,8 @@
 //! simulated disk), that segments rotate by size and purged segments are
 //! deleted, that one appended batch costs one fsync, that the zeros kept
 //! after the last segment's records are cut at rotation, at close and at
-//! recovery, and that reads work from disk once the in-memory cache has let
+//! recovery, that a second store on a held directory is refused, and that
+//! reads work from disk once the in-memory cache has let
 //! entries go.
 
 use std::sync::Arc;
@@ -228,6 +229,40 @@ async fn zeros_after_the_last_record_are_cut_at_rotation_close_and_recovery() {
         60..63 => 2,
         _ => 4,
     });
+}
+
+/// A second store on a live log's directory (another kvnode started on
+/// the same data directory) is refused before recovery touches anything:
+/// it would otherwise cut the live segment's zeros, and with them any batch
+/// the live writer acknowledged in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_store_on_a_live_directory_is_refused_and_cuts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("raft-log");
+    let vfs: Arc<dyn Vfs> = Arc::new(RealFs);
+    let open = || LogStore::<TestConfig>::open_with(vfs.clone(), path.clone(), small_segments());
+    let mut store = open().unwrap();
+    append(&mut store, entries(1, 0..5)).await;
+    let lens = segment_lens(&*vfs, &path);
+    assert!(*lens.last().unwrap() >= LOG_FILL_AHEAD_BYTES, "{lens:?}");
+
+    let err = open().err().expect("a second store on a held directory");
+    assert!(
+        matches!(&err, kvnode::log_store::LogError::DirectoryInUse { path: p } if *p == path),
+        "{err}"
+    );
+    assert!(err.to_string().contains("LOCK"), "{err}");
+    assert_eq!(
+        segment_lens(&*vfs, &path),
+        lens,
+        "the refused open cut nothing"
+    );
+    append(&mut store, entries(1, 5..8)).await;
+
+    // Closing releases it.
+    drop(store);
+    let mut store = open().unwrap();
+    assert_eq!(indexes(&mut store).await, (0..8).collect::<Vec<_>>());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
