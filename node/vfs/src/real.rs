@@ -107,7 +107,7 @@ impl Vfs for RealFs {
             Ok(()) => Ok(DirLock(Some(file))),
             Err(std::fs::TryLockError::WouldBlock) => Err(io::Error::new(
                 io::ErrorKind::WouldBlock,
-                "another engine has this data directory open",
+                "another engine or log store has this directory open (its LOCK file is held)",
             )),
             Err(std::fs::TryLockError::Error(e)) => Err(e),
         }

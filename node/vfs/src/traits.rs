@@ -94,8 +94,10 @@ pub trait Vfs: Send + Sync + std::fmt::Debug + 'static {
         self.open(path).is_ok()
     }
     /// Takes an exclusive lock on the directory for as long as the returned
-    /// guard lives; fails with `WouldBlock` if another engine holds it. The
-    /// default takes no lock (test file systems live in one process).
+    /// guard lives (the engine and the Raft log store each lock their own
+    /// directory); fails with `WouldBlock` if another holder, in this
+    /// process or another, has it. The default takes no lock (test file
+    /// systems live in one process).
     fn lock_dir(&self, _dir: &Path) -> io::Result<DirLock> {
         Ok(DirLock(None))
     }
