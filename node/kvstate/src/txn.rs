@@ -144,7 +144,8 @@ pub enum TxnOp {
         prev_kv: bool,
     },
     /// Read a range (etcd's `RangeRequest`); sees the branch's earlier ops
-    /// (unless it names the store revision from before the transaction).
+    /// at `revision` 0, the state before the transaction at the store
+    /// revision before it, and a past revision through the change history.
     Range(RangeSpec),
 }
 
@@ -292,10 +293,11 @@ pub enum TxnError {
         /// The key.
         key: Vec<u8>,
     },
-    /// A range, a compare or a delete could not be read (a revision other
-    /// than the current one, over [`TXN_READ_KEYS_MAX`] or
-    /// [`TXN_READ_BYTES_MAX`]).
-    #[error("{at}: {source}")]
+    /// A range, a compare or a delete could not be read (a future or
+    /// compacted revision, one made inside the transaction's own entry,
+    /// over [`TXN_READ_KEYS_MAX`] or [`TXN_READ_BYTES_MAX`]).
+    // The read's own error first: a revision error starts with etcd's.
+    #[error("{source} (at {at})")]
     Read {
         /// Which.
         at: TxnPlace,
