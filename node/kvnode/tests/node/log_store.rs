@@ -246,7 +246,7 @@ async fn a_second_store_on_a_live_directory_is_refused_and_cuts_nothing() {
     let lens = segment_lens(&*vfs, &path);
     assert!(*lens.last().unwrap() >= LOG_FILL_AHEAD_BYTES, "{lens:?}");
 
-    let err = open().err().expect("a second store on a held directory");
+    let err = open().expect_err("a second store on a held directory");
     assert!(
         matches!(&err, kvnode::log_store::LogError::DirectoryInUse { path: p } if *p == path),
         "{err}"
