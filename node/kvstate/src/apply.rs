@@ -504,7 +504,6 @@ impl Applier {
             legacy,
             txn_read_bytes_left: ENTRY_TXN_READ_BYTES_MAX,
             engine,
-            history: self.history.clone(),
             base,
             now_ms,
             batch: Batch::new().seq(base),
@@ -908,10 +907,6 @@ fn load_expiries(engine: &Engine) -> Result<BTreeSet<(u64, Vec<u8>)>, ApplyError
 /// The engine batch an entry is building, and what its earlier requests did.
 struct EntryWrite<'a> {
     engine: &'a Engine,
-    /// The change history as of the entry's start (the apply extends it
-    /// only after the entry's batch is written): what a transaction's
-    /// range at a past revision reads through.
-    history: Arc<RwLock<History>>,
     /// Applied as builds before revisions did (see the module doc).
     legacy: bool,
     /// Bytes the entry's transactions may still read and return
@@ -1575,16 +1570,6 @@ impl EntryWrite<'_> {
         for (index, op) in ops.iter().enumerate() {
             let at = TxnPlace::op(succeeded, index);
             let result = match op {
-                TxnOp::Range(spec)
-                    if !self.legacy && spec.revision != 0 && spec.revision < before =>
-                {
-                    // A revision further back: through the change history,
-                    // as etcd reads its past revisions inside a write.
-                    let result =
-                        range::evaluate_past(engine, &self.history, spec, before, &mut budget)
-                            .map_err(|error| read_fault(at, error))?;
-                    TxnOpResult::Range(result)
-                }
                 TxnOp::Range(spec) => {
                     // As etcd: the revision before the transaction reads the
                     // state before it; 0 reads the transaction's writes too.

@@ -245,35 +245,16 @@ pub enum RangeError {
         /// The store revision.
         current: u64,
     },
-    /// A read of the engine alone ([`range`]) names a revision below the
-    /// store revision: past revisions are read through the change history
-    /// ([`range_at`]).
+    /// A range inside a transaction names a revision below the store
+    /// revision: a transaction reads its own revision only.
     #[error(
-        "field `revision` is {requested}, below the store revision {current}: this read serves \
-         the store revision only (past revisions are read through the change history)"
+        "field `revision` is {requested}, below the store revision {current}: a range inside \
+         a transaction reads the current revision (leave `revision` 0)"
     )]
     PastRevision {
         /// The revision asked for.
         requested: u64,
         /// The store revision.
-        current: u64,
-    },
-    /// A range inside a transaction that writes names a revision made by
-    /// an earlier write of its own Raft entry (so no client could have
-    /// been told it yet): the change history holds revisions up to the
-    /// entry's start only.
-    #[error(
-        "field `revision` is {requested}, a revision made by an earlier write batched into the \
-         same Raft entry as this transaction: a range inside a transaction that writes reads \
-         revisions up to {entry_revision} (the store revision before its entry) and {current} \
-         (the one before the transaction, or 0 for its own writes)"
-    )]
-    MadeInEntry {
-        /// The revision asked for.
-        requested: u64,
-        /// The store revision before the entry.
-        entry_revision: u64,
-        /// The store revision before the transaction.
         current: u64,
     },
     /// The revision is outside the change history's window.
@@ -426,86 +407,6 @@ pub fn range_at(
                 return Err(RangeError::HistoryUnstable { revision });
             }
             other => return other,
-        }
-    }
-}
-
-/// Reads `spec` at `spec.revision`, below `current` (the store revision
-/// before the transaction), for a transaction that writes, inside the
-/// apply of its entry: as [`range_at`] over the apply's own engine, with
-/// the transaction's `budget`, but
-/// - expiry is never judged (below the store revision a key's expiry is
-///   the delete at its own revision), so no clock enters the answer;
-/// - a revision made by an earlier write of the same entry is refused
-///   ([`RangeError::MadeInEntry`]): the history holds revisions up to the
-///   entry's start, and those are all a client can have been told;
-/// - a merge moving the records under the read is waited out however long
-///   it takes (a warning each [`HISTORY_READ_WAIT_MAX`]): every replica
-///   must give the same answer, so none may give up on a timer. Only the
-///   merge thread's relocation, which needs no lock the apply holds, ends
-///   the wait.
-///
-/// Everything else that decides the answer (the window, moved only by
-/// `Compact` entries; the history's contents up to the entry) is the same
-/// on every replica at this entry.
-pub(crate) fn evaluate_past(
-    engine: &Engine,
-    history: &RwLock<History>,
-    spec: &RangeSpec,
-    current: u64,
-    budget: &mut Budget,
-) -> Result<RangeResult, RangeError> {
-    let revision = spec.revision;
-    let as_current = RangeSpec {
-        revision: 0,
-        ..spec.clone()
-    };
-    let mut wait = HISTORY_RETRY_WAIT;
-    let mut waited = Duration::ZERO;
-    let mut next_warning = HISTORY_READ_WAIT_MAX;
-    loop {
-        let mut attempt_budget = budget.clone();
-        let attempt = {
-            let history = history.read().unwrap_or_else(PoisonError::into_inner);
-            let entry_revision = history.revision();
-            if revision > entry_revision {
-                return Err(RangeError::MadeInEntry {
-                    requested: revision,
-                    entry_revision,
-                    current,
-                });
-            }
-            history.check(revision)?;
-            let overlay = history.overlay(engine, revision, 0);
-            evaluate(
-                engine,
-                Some(&overlay),
-                &as_current,
-                0,
-                0,
-                &mut attempt_budget,
-            )
-        };
-        match attempt {
-            Err(RangeError::Engine(bitcask::Error::LocationGone { .. })) => {
-                if waited >= next_warning {
-                    tracing::warn!(
-                        revision,
-                        waited_s = waited.as_secs(),
-                        "a transaction's range at a past revision is still waiting for the \
-                         change history to follow a merge's moved records"
-                    );
-                    next_warning += HISTORY_READ_WAIT_MAX;
-                }
-                std::thread::sleep(wait);
-                waited += wait;
-                wait = (wait * 2).min(HISTORY_RETRY_WAIT_MAX);
-            }
-            Ok(result) => {
-                *budget = attempt_budget;
-                return Ok(result);
-            }
-            Err(error) => return Err(error),
         }
     }
 }

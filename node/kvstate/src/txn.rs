@@ -144,8 +144,7 @@ pub enum TxnOp {
         prev_kv: bool,
     },
     /// Read a range (etcd's `RangeRequest`); sees the branch's earlier ops
-    /// at `revision` 0, the state before the transaction at the store
-    /// revision before it, and a past revision through the change history.
+    /// (unless it names the store revision from before the transaction).
     Range(RangeSpec),
 }
 
@@ -293,11 +292,10 @@ pub enum TxnError {
         /// The key.
         key: Vec<u8>,
     },
-    /// A range, a compare or a delete could not be read (a future or
-    /// compacted revision, one made inside the transaction's own entry,
-    /// over [`TXN_READ_KEYS_MAX`] or [`TXN_READ_BYTES_MAX`]).
-    // The read's own error first: a revision error starts with etcd's.
-    #[error("{source} (at {at})")]
+    /// A range, a compare or a delete could not be read (a revision other
+    /// than the current one, over [`TXN_READ_KEYS_MAX`] or
+    /// [`TXN_READ_BYTES_MAX`]).
+    #[error("{at}: {source}")]
     Read {
         /// Which.
         at: TxnPlace,

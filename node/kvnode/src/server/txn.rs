@@ -72,17 +72,14 @@ fn check_range_end(range_end: &[u8], field: &str) -> Result<(), Status> {
 }
 
 /// A range read's failure as a status: a future or compacted revision is
-/// OUT_OF_RANGE (as etcd answers both), one a read cannot serve (a past
-/// revision of the engine alone, or one made inside a transaction's own
-/// Raft entry) FAILED_PRECONDITION, budgets and keys INVALID_ARGUMENT naming the limit.
+/// OUT_OF_RANGE (as etcd answers both), a past one inside a transaction
+/// FAILED_PRECONDITION, budgets and keys INVALID_ARGUMENT naming the limit.
 pub fn range_error(err: RangeError) -> Status {
     match err {
         RangeError::FutureRevision { .. } | RangeError::History(_) => {
             Status::out_of_range(err.to_string())
         }
-        RangeError::PastRevision { .. } | RangeError::MadeInEntry { .. } => {
-            Status::failed_precondition(err.to_string())
-        }
+        RangeError::PastRevision { .. } => Status::failed_precondition(err.to_string()),
         RangeError::KeyEmpty
         | RangeError::ReservedKey { .. }
         | RangeError::TooManyKeys { .. }

@@ -6,8 +6,7 @@
 //! "compacted" naming the oldest one served, above it "future revision".
 //! A read-only transaction (`kvstate::read_txn`) reads each range at its
 //! own revision, and judges its compares and reads its ranges at one store
-//! revision while entries apply; a transaction that writes reads them
-//! inside the apply the same way.
+//! revision while entries apply.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -18,7 +17,7 @@ use kvstate::command::{Command, Op, Outcome, Proposal, Request};
 use kvstate::history::{History, HistoryError, HistoryWindow};
 use kvstate::range::{RangeError, RangeResult, RangeSpec, range, range_at};
 use kvstate::read_txn::{read_txn, try_read_txn};
-use kvstate::txn::{Compare, CompareResult, CompareTarget, TxnOp, TxnOpResult, TxnRequest};
+use kvstate::txn::{Compare, CompareResult, CompareTarget, TxnOp, TxnRequest};
 use vfs::sim::SimFs;
 
 /// Small segments, so the workload seals many files for merges to take.
@@ -153,7 +152,22 @@ impl Cluster {
     /// Points the history at a swapped-in merge's outputs (what kvnode's
     /// merge thread does); returns the versions it forgot.
     fn relocate(&self, report: &bitcask::MergeReport) -> usize {
-        relocate(&self.engine, &self.history(), report)
+        let in_inputs = self
+            .history()
+            .read()
+            .unwrap()
+            .in_files(&report.inputs)
+            .unwrap();
+        assert!(
+            !in_inputs.is_empty(),
+            "the history named records of the inputs"
+        );
+        let moved = History::moved_records(&self.engine, &report.outputs, &in_inputs).unwrap();
+        self.history()
+            .write()
+            .unwrap()
+            .relocate(&report.inputs, &moved)
+            .unwrap()
     }
 
     /// Closes and reopens the engine, loading the applier (and with it the
@@ -164,22 +178,6 @@ impl Cluster {
         self.engine = engine(&self.fs);
         self.applier = Applier::load(&self.engine).unwrap();
     }
-}
-
-/// [`Cluster::relocate`] on its parts, for a caller whose cluster is
-/// busy applying on another thread.
-fn relocate(engine: &Engine, history: &RwLock<History>, report: &bitcask::MergeReport) -> usize {
-    let in_inputs = history.read().unwrap().in_files(&report.inputs).unwrap();
-    assert!(
-        !in_inputs.is_empty(),
-        "the history named records of the inputs"
-    );
-    let moved = History::moved_records(engine, &report.outputs, &in_inputs).unwrap();
-    history
-        .write()
-        .unwrap()
-        .relocate(&report.inputs, &moved)
-        .unwrap()
 }
 
 /// Every key of a few, overwritten, deleted, recreated and range-deleted,
@@ -284,136 +282,6 @@ fn a_past_read_with_a_limit_or_count_only_agrees_with_the_whole_read() {
         }
     }
     assert!(limited_reads > 100, "the limits cut: {limited_reads}");
-}
-
-/// A transaction that writes `w`, then reads a range at each of
-/// `revisions`.
-fn writing(revisions: &[u64]) -> TxnRequest {
-    let put = TxnOp::Put {
-        key: b"w".to_vec(),
-        value: b"1".to_vec(),
-        ttl_ms: 0,
-        lease: 0,
-        prev_kv: false,
-        ignore_value: false,
-        ignore_lease: false,
-    };
-    let ranges = revisions
-        .iter()
-        .map(|&revision| TxnOp::Range(RangeSpec { revision, ..all() }));
-    TxnRequest {
-        session: None,
-        compares: Vec::new(),
-        success: std::iter::once(put).chain(ranges).collect(),
-        failure: Vec::new(),
-    }
-}
-
-/// The ranges a successful [`writing`] transaction read.
-fn ranges_read(outcomes: &[Outcome]) -> Vec<RangeResult> {
-    let [
-        Outcome::Txn {
-            succeeded: true,
-            results,
-        },
-    ] = outcomes
-    else {
-        panic!("{outcomes:?}");
-    };
-    results[1..]
-        .iter()
-        .map(|result| match result {
-            TxnOpResult::Range(range) => range.clone(),
-            other => panic!("{other:?}"),
-        })
-        .collect()
-}
-
-/// A transaction that writes reads each range at its own revision too,
-/// inside the apply: every past revision through the history, exactly as
-/// it read when current. A merge that moved the records it reads is
-/// waited out until the history follows it (no timer decides an answer
-/// every replica must give alike); a compacted revision refuses the whole
-/// transaction with etcd's words first; a revision made earlier in its
-/// own entry is refused by name.
-#[test]
-fn a_writing_txn_reads_each_range_at_its_own_revision() {
-    let mut cluster = Cluster::new();
-    workload(&mut cluster, 30);
-    let before = cluster.applier.header().revision;
-    let revisions: Vec<u64> = cluster.seen.keys().copied().filter(|r| *r > 0).collect();
-    assert!(revisions.len() > 30 && revisions.contains(&before));
-    let expected: Vec<RangeResult> = revisions.iter().map(|r| cluster.seen[r].clone()).collect();
-    let outcomes = cluster.apply(Command::Txns(vec![writing(&revisions)]));
-    assert_eq!(ranges_read(&outcomes), expected);
-    assert_eq!(cluster.applier.header().revision, before + 1);
-
-    // A merge swapped in before the history follows it: the reads of the
-    // records it moved wait, then answer as before.
-    let inputs = cluster.engine.sealed_data_files();
-    let named = cluster.history().read().unwrap().named();
-    let report = cluster
-        .engine
-        .merge_retaining(&inputs, 0, History::retain(named))
-        .unwrap();
-    let (engine, history) = (cluster.engine.clone(), cluster.history());
-    let outcomes = std::thread::scope(|scope| {
-        let applying = scope.spawn(|| cluster.apply(Command::Txns(vec![writing(&revisions)])));
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        assert!(
-            !applying.is_finished(),
-            "the apply answered before the history followed the merge"
-        );
-        assert_eq!(relocate(&engine, &history, &report), 0);
-        applying.join().unwrap()
-    });
-    assert_eq!(ranges_read(&outcomes), expected);
-    assert_eq!(cluster.applier.header().revision, before + 2);
-
-    // Below the window: refused whole, etcd's message first.
-    let compact = before - 10;
-    cluster.apply(Command::Compact { revision: compact });
-    let current = cluster.applier.header().revision;
-    let outcomes = cluster.apply(Command::Txns(vec![writing(&[compact, compact - 1])]));
-    let [Outcome::Rejected { reason }] = &outcomes[..] else {
-        panic!("{outcomes:?}");
-    };
-    assert!(
-        reason.starts_with("mvcc: required revision has been compacted")
-            && reason.contains("(at success[2])"),
-        "{reason}"
-    );
-    assert_eq!(
-        cluster.applier.header().revision,
-        current,
-        "nothing written"
-    );
-
-    // A revision an earlier transaction of the same entry made.
-    let outcomes = cluster.apply(Command::Txns(vec![
-        writing(&[]),
-        writing(&[]),
-        writing(&[current + 1, current + 2, current]),
-    ]));
-    let [_, _, Outcome::Rejected { reason }] = &outcomes[..] else {
-        panic!("{outcomes:?}");
-    };
-    assert!(
-        reason.contains(&format!("`revision` is {}", current + 1))
-            && reason.contains("same Raft entry")
-            && reason.contains("(at success[1])"),
-        "{reason}"
-    );
-    // The same ranges one entry later read what they name.
-    let outcomes = cluster.apply(Command::Txns(vec![writing(&[current + 1, current])]));
-    let read = ranges_read(&outcomes);
-    assert_eq!(read[1], cluster.seen[&current]);
-    assert!(
-        read[0]
-            .kvs
-            .iter()
-            .any(|kv| kv.key == b"w" && kv.mod_revision == current + 1)
-    );
 }
 
 /// A read-only transaction with `ranges` in both branches (no compare).
