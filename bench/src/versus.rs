@@ -22,7 +22,11 @@
 //! three members together, connection setup included) divided by the
 //! operations acknowledged in it. raftcask-etcd's minus raftcask's is what
 //! the etcd translation costs per operation (same server processes, same
-//! load); the load generator's own CPU is not in it.
+//! load). The load generator's own CPU per operation (this process, all
+//! its threads, over the same run) is a column of its own: it shares the
+//! machine's cores with the members, so where CPU is the limit the ops/s
+//! ratio of two contenders is that of (members' + load generator's CPU
+//! per operation), not of the members' alone.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -218,6 +222,9 @@ pub struct Summary {
     /// The members' CPU time (user + system, all members) per successful
     /// operation, µs; None when not measured or nothing succeeded.
     pub cpu_us_per_op: Option<f64>,
+    /// The load generator's CPU time (this process) per successful
+    /// operation, µs; None when not measured or nothing succeeded.
+    pub load_cpu_us_per_op: Option<f64>,
 }
 
 impl Summary {
@@ -231,11 +238,25 @@ impl Summary {
             p99_ms: ms(0.99),
             p999_ms: ms(0.999),
             errors: report.errors_total(),
-            cpu_us_per_op: cpu_seconds
-                .filter(|_| report.ops_ok > 0)
-                .map(|seconds| seconds * 1e6 / report.ops_ok as f64),
+            cpu_us_per_op: per_op(report, cpu_seconds),
+            load_cpu_us_per_op: None,
         }
     }
+
+    /// With the load generator's CPU over the run (`load_seconds`).
+    pub fn with_load_cpu(self, report: &LoadReport, load_seconds: Option<f64>) -> Summary {
+        Summary {
+            load_cpu_us_per_op: per_op(report, load_seconds),
+            ..self
+        }
+    }
+}
+
+/// `seconds` of CPU per successful operation of `report`, in µs.
+fn per_op(report: &LoadReport, seconds: Option<f64>) -> Option<f64> {
+    seconds
+        .filter(|_| report.ops_ok > 0)
+        .map(|seconds| seconds * 1e6 / report.ops_ok as f64)
 }
 
 /// One cell's outcome.
@@ -402,16 +423,23 @@ pub async fn run_matrix(
                 // A member that exited mid-matrix leaves the figure empty
                 // (its errors show in the row) rather than ending the run.
                 let cpu_before = (!pids.is_empty()).then(|| cpu_seconds(pids).ok()).flatten();
+                let me = [std::process::id()];
+                let load_before = cpu_seconds(&me).ok();
                 let report =
                     run_system(config, contender.system(), Arc::new(Progress::default())).await?;
-                let cpu = cpu_before.and_then(|before| {
-                    cpu_seconds(pids)
-                        .ok()
-                        .map(|after| (after - before).max(0.0))
-                });
+                let used = |before: Option<f64>, pids: &[u32]| {
+                    before.and_then(|before| {
+                        cpu_seconds(pids)
+                            .ok()
+                            .map(|after| (after - before).max(0.0))
+                    })
+                };
+                let cpu = used(cpu_before, pids);
+                let load_cpu = used(load_before, &me);
                 let slot = Contender::ALL.iter().position(|c| *c == contender);
                 if let Some(slot) = slot {
-                    summaries[slot] = Some(Summary::of(&report, cpu));
+                    summaries[slot] =
+                        Some(Summary::of(&report, cpu).with_load_cpu(&report, load_cpu));
                 }
             }
             if let [Some(raftcask), Some(raftcask_etcd), Some(etcd)] = summaries {
@@ -449,7 +477,7 @@ fn decimals(value: Option<f64>) -> String {
 const SELF_RATIO: &str = "-";
 
 /// The headers of [`table`].
-pub const HEADERS: [&str; 15] = [
+pub const HEADERS: [&str; 16] = [
     "workload",
     "clients",
     "system",
@@ -464,6 +492,7 @@ pub const HEADERS: [&str; 15] = [
     "p99 / native",
     "CPU µs/op",
     "CPU µs/op - native",
+    "load gen µs/op",
     "ran",
 ];
 
@@ -516,6 +545,7 @@ pub fn table(title: &str, cells: &[Cell]) -> Table {
                 p99_native,
                 decimals(s.cpu_us_per_op),
                 cpu_minus_native,
+                decimals(s.load_cpu_us_per_op),
                 cell.position(contender).to_string(),
             ]);
         }
@@ -527,7 +557,10 @@ pub fn table(title: &str, cells: &[Cell]) -> Table {
          Latency per successful operation as the client sees it. CPU µs/op = the three members' \
          user+system CPU over the run (/proc/PID/stat) / operations acknowledged (n/a: not \
          measured); `- native` on the raftcask-etcd row is the etcd translation's CPU per \
-         operation. `ran` = the contender's place in the cell's order (rotating cell to cell).",
+         operation. load gen µs/op = the load generator's own user+system CPU over the run / \
+         operations acknowledged: it shares the cores, so where CPU is the limit ops/s ratios \
+         follow (members' + load generator's CPU per op). `ran` = the contender's place in the \
+         cell's order (rotating cell to cell).",
     );
     table
 }
@@ -624,6 +657,7 @@ mod tests {
             p999_ms: 9.0,
             errors: 0,
             cpu_us_per_op: cpu,
+            load_cpu_us_per_op: cpu.map(|c| c / 4.0),
         }
     }
 
@@ -651,9 +685,9 @@ mod tests {
         )];
         let markdown = table("t", &cells).to_markdown();
         for row in [
-            "| put 256 B | 64 | raftcask | 8 000 | 1.00 | 5.00 | 9.00 | 0 | 2.00 | 0.50 | - | - | 100.00 | - | 2 |",
-            "| put 256 B | 64 | raftcask-etcd | 6 000 | 1.00 | 6.00 | 9.00 | 0 | 1.50 | 0.60 | 0.75 | 1.20 | 130.00 | 30.00 | 3 |",
-            "| put 256 B | 64 | etcd | 4 000 | 1.00 | 10.00 | 9.00 | 0 | - | - | - | - | n/a | - | 1 |",
+            "| put 256 B | 64 | raftcask | 8 000 | 1.00 | 5.00 | 9.00 | 0 | 2.00 | 0.50 | - | - | 100.00 | - | 25.00 | 2 |",
+            "| put 256 B | 64 | raftcask-etcd | 6 000 | 1.00 | 6.00 | 9.00 | 0 | 1.50 | 0.60 | 0.75 | 1.20 | 130.00 | 30.00 | 32.50 | 3 |",
+            "| put 256 B | 64 | etcd | 4 000 | 1.00 | 10.00 | 9.00 | 0 | - | - | - | - | n/a | - | n/a | 1 |",
         ] {
             assert!(markdown.contains(row), "{row} missing from\n{markdown}");
         }
@@ -676,6 +710,8 @@ mod tests {
         report.ops_ok = 4000;
         assert_eq!(Summary::of(&report, None).cpu_us_per_op, None);
         assert_eq!(Summary::of(&report, Some(0.5)).cpu_us_per_op, Some(125.0));
+        let with_load = Summary::of(&report, None).with_load_cpu(&report, Some(0.1));
+        assert_eq!(with_load.load_cpu_us_per_op, Some(25.0));
     }
 
     #[test]
