@@ -99,7 +99,8 @@ struct Moved {
 #[derive(Debug)]
 pub struct MergeJob {
     shared: Arc<Shared>,
-    _slot: MergeSlot,
+    /// Taken out by [`MergeJob::run_then`] to outlive the run.
+    slot: Option<MergeSlot>,
     input_metas: Vec<Arc<FileMeta>>,
     live: Vec<(Vec<u8>, Location)>,
     cutoff: u64,
@@ -221,7 +222,7 @@ pub(crate) fn begin(
 
     Ok(MergeJob {
         shared: shared.clone(),
-        _slot: slot,
+        slot: Some(slot),
         input_metas,
         live,
         cutoff,
@@ -239,11 +240,22 @@ impl MergeJob {
         self.cutoff
     }
 
+    /// [`MergeJob::run`], then `then` with its outcome while the merge is
+    /// still the one that exists: capturing the next merge waits for
+    /// `then` too. A caller that must read the outputs, or repoint its own
+    /// index at them, before a next merge can swap them away does it here.
+    pub fn run_then<T>(mut self, then: impl FnOnce(Result<MergeReport>) -> T) -> T {
+        let slot = self.slot.take();
+        let answer = then(self.run());
+        drop(slot);
+        answer
+    }
+
     /// Writes the output, swaps it in and retires the inputs.
     pub fn run(self) -> Result<MergeReport> {
         let MergeJob {
             shared,
-            _slot,
+            slot: _,
             input_metas,
             live,
             cutoff,

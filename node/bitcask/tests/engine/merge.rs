@@ -355,3 +355,42 @@ fn a_captured_merge_is_the_same_whenever_it_runs() {
     assert_eq!(a.active_file(), b.active_file());
     assert_eq!(contents(&a, 0), contents(&b, 0));
 }
+
+#[test]
+fn the_next_merge_is_captured_only_after_run_then_returns() {
+    // kvnode repoints its change history at a merge's outputs in
+    // `run_then`: a next merge captured before that could swap the
+    // outputs away first.
+    let fs = SimFs::new();
+    let engine = open_sim(&fs, SyncPolicy::Never, 700);
+    churn(&engine);
+    let job = engine.begin_merge(&engine.sealed_data_files(), 0).unwrap();
+    let (captured_tx, captured) = std::sync::mpsc::channel();
+    let then_done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let outputs = job.run_then(|report| {
+            let report = report.unwrap();
+            scope.spawn(|| {
+                let next = engine.begin_merge(&engine.sealed_data_files(), 0);
+                // Captured (or refused) only once `run_then` let go.
+                drop(next);
+                captured_tx.send(then_done.load(Ordering::SeqCst)).unwrap();
+            });
+            assert!(
+                captured.recv_timeout(Duration::from_millis(300)).is_err(),
+                "a next merge was captured while the first's follow-up ran"
+            );
+            // The outputs are still there for the follow-up to read.
+            for output in &report.outputs {
+                assert!(engine.sealed_data_files().contains(output), "{output}");
+            }
+            then_done.store(true, Ordering::SeqCst);
+            report.outputs
+        });
+        let after_then = captured
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the next merge is captured once run_then returns");
+        assert!(after_then, "captured before run_then's follow-up finished");
+        assert!(!outputs.is_empty());
+    });
+}

@@ -566,7 +566,8 @@ pub(crate) fn open_engine(
 /// Captures the merge now (deterministic cut-off, expiry judged at
 /// `now_ms`; it keeps the records the change history names now, the same
 /// on every replica) and runs it on a thread, which then points the
-/// history at the records' new places.
+/// history at the records' new places (holding the merge slot until it
+/// has, so the next merge is captured only after).
 fn start_merge(
     engine: &Arc<Engine>,
     inputs: &[String],
@@ -583,18 +584,25 @@ fn start_merge(
             let history = history.clone();
             let spawned = std::thread::Builder::new()
                 .name("kvnode-merge".to_string())
-                .spawn(move || match job.run() {
-                    Ok(report) => {
-                        tracing::info!(
-                            cutoff = report.cutoff,
-                            inputs = report.inputs.len(),
-                            outputs = report.outputs.len(),
-                            retained = report.records_retained,
-                            "merge finished"
-                        );
-                        relocate_history(&engine, &history, generation, &report);
-                    }
-                    Err(err) => tracing::warn!(error = %err, "merge failed"),
+                // The history is repointed before the merge slot is let go:
+                // a next merge (a Merge entry applied meanwhile waits for
+                // the slot) would otherwise swap this one's outputs away
+                // before the history named them, and the versions it moved
+                // would stay unreadable until a restart rebuilt the index.
+                .spawn(move || {
+                    job.run_then(|result| match result {
+                        Ok(report) => {
+                            tracing::info!(
+                                cutoff = report.cutoff,
+                                inputs = report.inputs.len(),
+                                outputs = report.outputs.len(),
+                                retained = report.records_retained,
+                                "merge finished"
+                            );
+                            relocate_history(&engine, &history, generation, &report);
+                        }
+                        Err(err) => tracing::warn!(error = %err, "merge failed"),
+                    })
                 });
             if let Err(err) = spawned {
                 tracing::warn!(error = %err, "could not start the merge thread");
