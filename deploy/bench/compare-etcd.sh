@@ -13,7 +13,8 @@
 # rotating from cell to cell): raftcask through its native gRPC API,
 # raftcask through its etcd v3 ports (`raftcask-etcd`: the same etcd-client
 # load code as etcd) and etcd; prints one table (with each system's
-# members' CPU per operation, from /proc/PID/stat), writes an SVG, and
+# members' CPU per operation, from /proc/PID/stat, and the load
+# generator's own), writes an SVG, and
 # stops everything it started (by PID, on any exit) and removes the data.
 #
 # Usage (as root, from anywhere in a clone):
@@ -61,7 +62,7 @@ while [ $# -gt 0 ]; do
         --out) [ $# -ge 2 ] || die "--out needs a value"; OUT="$2"; shift ;;
         --no-build) BUILD=0 ;;
         --keep-data) KEEP=1 ;;
-        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
         *) die "unknown argument $1 (see --help)" ;;
     esac
     shift

@@ -95,7 +95,8 @@ struct Moved {
 /// A merge whose input is captured: the inputs and the records of theirs
 /// that were live at the cut-off. [`MergeJob::run`] writes the output and
 /// swaps it in, on any thread, while reads and writes go on. Only one merge
-/// exists at a time: capturing another waits for this one to finish or drop.
+/// exists at a time: capturing another waits for this one to finish or drop
+/// (under [`MergeJob::run_then`], for its follow-up to return).
 #[derive(Debug)]
 pub struct MergeJob {
     shared: Arc<Shared>,
@@ -244,6 +245,9 @@ impl MergeJob {
     /// still the one that exists: capturing the next merge waits for
     /// `then` too. A caller that must read the outputs, or repoint its own
     /// index at them, before a next merge can swap them away does it here.
+    /// `then` must not capture a merge on this engine, nor wait for a thread
+    /// that may be capturing one (that thread waits for `then`: deadlock).
+    /// A panic in `run` or `then` lets the slot go as it unwinds.
     pub fn run_then<T>(mut self, then: impl FnOnce(Result<MergeReport>) -> T) -> T {
         let slot = self.slot.take();
         let answer = then(self.run());

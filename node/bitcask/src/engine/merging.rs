@@ -84,7 +84,8 @@ impl Engine {
     /// (on any thread). The cut-off is the engine's state at this call, so a
     /// caller that captures at the same point of the same write stream gets
     /// the same output on every replica (the cluster captures while applying
-    /// a merge entry). Waits while another merge job exists.
+    /// a merge entry). Waits while another merge job exists (or, under
+    /// [`MergeJob::run_then`], its follow-up runs).
     pub fn begin_merge(&self, inputs: &[String], now_ms: u64) -> Result<MergeJob> {
         crate::merge::begin(&self.shared, inputs, now_ms, None)
     }

@@ -367,23 +367,26 @@ fn the_next_merge_is_captured_only_after_run_then_returns() {
     let job = engine.begin_merge(&engine.sealed_data_files(), 0).unwrap();
     let (captured_tx, captured) = std::sync::mpsc::channel();
     let then_done = AtomicBool::new(false);
+    let (engine, then_done) = (&engine, &then_done);
     std::thread::scope(|scope| {
         let outputs = job.run_then(|report| {
             let report = report.unwrap();
-            scope.spawn(|| {
-                let next = engine.begin_merge(&engine.sealed_data_files(), 0);
+            let captured_tx = captured_tx.clone();
+            let (starting_tx, starting) = std::sync::mpsc::channel();
+            scope.spawn(move || {
+                let inputs = engine.sealed_data_files();
+                starting_tx.send(()).unwrap();
+                let next = engine.begin_merge(&inputs, 0);
                 // Captured (or refused) only once `run_then` let go.
                 drop(next);
                 captured_tx.send(then_done.load(Ordering::SeqCst)).unwrap();
             });
+            // The other thread is about to capture: give it time to.
+            starting.recv_timeout(Duration::from_secs(60)).unwrap();
             assert!(
                 captured.recv_timeout(Duration::from_millis(300)).is_err(),
                 "a next merge was captured while the first's follow-up ran"
             );
-            // The outputs are still there for the follow-up to read.
-            for output in &report.outputs {
-                assert!(engine.sealed_data_files().contains(output), "{output}");
-            }
             then_done.store(true, Ordering::SeqCst);
             report.outputs
         });

@@ -584,7 +584,9 @@ fn start_merge(
             let history = history.clone();
             let spawned = std::thread::Builder::new()
                 .name("kvnode-merge".to_string())
-                // The history is repointed before the merge slot is let go:
+                // The history is repointed before the merge slot is let go
+                // (so the capture above must never run under the history
+                // lock: the relocation below takes it while holding the slot):
                 // a next merge (a Merge entry applied meanwhile waits for
                 // the slot) would otherwise swap this one's outputs away
                 // before the history named them, and the versions it moved
