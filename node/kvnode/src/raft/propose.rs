@@ -22,10 +22,22 @@ pub const LEADER_CATCH_UP_WAIT: Duration = Duration::from_secs(5);
 /// entry): then every earlier entry is applied, so the cluster time it
 /// stamps is never below an entry earlier in the log. Returns that term,
 /// which the cluster clock re-bases on when it changes.
+///
+/// A member that knows another member leads its term answers at once,
+/// nothing proposed: it can never apply an entry of that term as leader,
+/// and waiting would hold the write for [`LEADER_CATCH_UP_WAIT`] — on a
+/// member that just handed its leadership over and is shutting down (its
+/// peer port already closed, so the new leader's entries never reach it)
+/// that outlived the server's drain and the client saw its write's outcome
+/// as unknown instead of a redirect.
 pub(crate) async fn leader_caught_up(raft: &NodeRaft) -> Result<u64, ProposeError> {
     let caught_up = |m: &NodeMetrics| {
         m.last_applied
             .is_some_and(|applied| applied.leader_id.term >= m.current_term)
+    };
+    let led_by_another = |m: &NodeMetrics| m.current_leader.filter(|leader| *leader != m.id);
+    let not_leader = |leader: u64, term: u64| {
+        ProposeError::NotApplied(format!("member {leader} leads term {term}"))
     };
     {
         // Borrowed, not copied: every proposal asks.
@@ -34,10 +46,17 @@ pub(crate) async fn leader_caught_up(raft: &NodeRaft) -> Result<u64, ProposeErro
         if caught_up(&now) {
             return Ok(now.current_term);
         }
+        if let Some(leader) = led_by_another(&now) {
+            return Err(not_leader(leader, now.current_term));
+        }
     }
     let mut metrics = raft.metrics();
-    match tokio::time::timeout(LEADER_CATCH_UP_WAIT, metrics.wait_for(caught_up)).await {
-        Ok(Ok(now)) => Ok(now.current_term),
+    let settled = |m: &NodeMetrics| caught_up(m) || led_by_another(m).is_some();
+    match tokio::time::timeout(LEADER_CATCH_UP_WAIT, metrics.wait_for(settled)).await {
+        Ok(Ok(now)) => match led_by_another(&now) {
+            Some(leader) if !caught_up(&now) => Err(not_leader(leader, now.current_term)),
+            _ => Ok(now.current_term),
+        },
         Ok(Err(_)) => Err(ProposeError::Stopped),
         Err(_) => Err(ProposeError::NotApplied(
             "the leader has not applied its own first entry yet".to_string(),
